@@ -1,0 +1,208 @@
+"""Every error gpugate raises on purpose, in one tree.
+
+Each class carries a stable ``code`` (the contract clients program against) and its docstring is
+its default message. HTTP status codes are not here: the web layer maps classes to statuses in
+one table (``gpugate.web.errors``), looked up through this hierarchy.
+
+    GpugateError
+    ├── ConfigError                    the configuration is invalid (carries every problem)
+    ├── StoreError                     the store failed
+    │   ├── StoreUnavailable           the store cannot be reached
+    │   └── MigrationError             a migration could not be applied
+    ├── ListenError                    the listen address cannot be bound
+    ├── ClientError                    the request is wrong; retrying it unchanged will not help
+    │   ├── BadRequest                 BAD_REQUEST
+    │   ├── PayloadTooLarge            PAYLOAD_TOO_LARGE
+    │   ├── Unauthorized               UNAUTHORIZED
+    │   ├── UnknownModel               UNKNOWN_MODEL
+    │   ├── UnknownUpstream            UNKNOWN_UPSTREAM
+    │   ├── ExternalUpstreamForbidden  EXTERNAL_UPSTREAM_FORBIDDEN
+    │   ├── IdempotencyConflict        IDEMPOTENCY_CONFLICT
+    │   └── IdempotencyKeyReused       IDEMPOTENCY_KEY_REUSED
+    ├── Refused                        admission said no for now; retry later (Retry-After)
+    │   ├── GpuSaturated               GPU_SATURATED
+    │   ├── QueueTimeout               QUEUE_TIMEOUT
+    │   ├── QueueFull                  QUEUE_FULL
+    │   └── NoHealthyUpstream          NO_HEALTHY_UPSTREAM
+    └── UpstreamError                  the upstream failed us
+        ├── UpstreamTimeout            UPSTREAM_TIMEOUT
+        └── UpstreamUnreachable        UPSTREAM_UNREACHABLE
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class GpugateError(Exception):
+    """gpugate failed."""
+
+    code = "INTERNAL"
+
+    def __init__(self, message: str | None = None, *, retry_after_s: float | None = None) -> None:
+        self.message = message or (type(self).__doc__ or self.code).strip()
+        self.retry_after_s = retry_after_s
+        super().__init__(self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigProblem:
+    """One thing wrong with a configuration: where (a dotted key path and a line) and what."""
+
+    path: str
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = self.path or "(document)"
+        suffix = f" (line {self.line})" if self.line is not None else ""
+        return f"{where}: {self.message}{suffix}"
+
+
+class ConfigError(GpugateError):
+    """The configuration is invalid."""
+
+    code = "CONFIG_INVALID"
+
+    def __init__(self, problems: list[ConfigProblem], *, source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        head = f"{source}: " if source else ""
+        super().__init__(head + "; ".join(str(p) for p in problems))
+
+
+class StoreError(GpugateError):
+    """The store failed."""
+
+    code = "STORE_ERROR"
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached."""
+
+    code = "STORE_UNAVAILABLE"
+
+
+class MigrationError(StoreError):
+    """A store migration could not be applied."""
+
+    code = "MIGRATION_FAILED"
+
+
+class ListenError(GpugateError):
+    """The listen address cannot be bound."""
+
+    code = "LISTEN_FAILED"
+
+
+class ClientError(GpugateError):
+    """The request is wrong; retrying it unchanged will not help."""
+
+    code = "BAD_REQUEST"
+
+
+class BadRequest(ClientError):
+    """The request is malformed."""
+
+    code = "BAD_REQUEST"
+
+
+class PayloadTooLarge(ClientError):
+    """The request body is larger than this gateway accepts."""
+
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class Unauthorized(ClientError):
+    """Missing or wrong credentials."""
+
+    code = "UNAUTHORIZED"
+
+
+class UnknownModel(ClientError):
+    """No upstream serves this model."""
+
+    code = "UNKNOWN_MODEL"
+
+
+class UnknownUpstream(ClientError):
+    """No upstream has this id."""
+
+    code = "UNKNOWN_UPSTREAM"
+
+
+class ExternalUpstreamForbidden(ClientError):
+    """The request may not leave the building, and only external upstreams could serve it."""
+
+    code = "EXTERNAL_UPSTREAM_FORBIDDEN"
+
+
+class IdempotencyConflict(ClientError):
+    """A request with this Idempotency-Key is still in flight."""
+
+    code = "IDEMPOTENCY_CONFLICT"
+
+
+class IdempotencyKeyReused(ClientError):
+    """This Idempotency-Key was used with a different request body."""
+
+    code = "IDEMPOTENCY_KEY_REUSED"
+
+
+class Refused(GpugateError):
+    """Admission refused the request for now; retry later."""
+
+    code = "REFUSED"
+
+
+class GpuSaturated(Refused):
+    """The GPUs behind every candidate upstream are saturated; batch traffic is shed."""
+
+    code = "GPU_SATURATED"
+
+
+class QueueTimeout(Refused):
+    """The request waited in the admission queue longer than queue_timeout_s."""
+
+    code = "QUEUE_TIMEOUT"
+
+
+class QueueFull(Refused):
+    """The admission queue of the upstream is full."""
+
+    code = "QUEUE_FULL"
+
+
+class NoHealthyUpstream(Refused):
+    """No healthy upstream serves this model right now."""
+
+    code = "NO_HEALTHY_UPSTREAM"
+
+
+class UpstreamError(GpugateError):
+    """The upstream failed."""
+
+    code = "UPSTREAM_ERROR"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        connect_failed: bool = False,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        #: True when no byte reached the upstream (refused, connect timeout): safe to retry.
+        self.connect_failed = connect_failed
+
+
+class UpstreamTimeout(UpstreamError):
+    """The upstream did not answer in time."""
+
+    code = "UPSTREAM_TIMEOUT"
+
+
+class UpstreamUnreachable(UpstreamError):
+    """The upstream could not be reached."""
+
+    code = "UPSTREAM_UNREACHABLE"
