@@ -1,0 +1,55 @@
+"""gpugate's configuration: one typed tree, validated at start (DESIGN §2).
+
+Foundation layer: imports only :mod:`gpugate.errors`, pydantic, PyYAML and the standard library.
+
+    load_config(path)            YAML file      → GatewayConfig   (ConfigError lists every problem)
+    parse_config(text)           YAML text      → GatewayConfig
+    config_from_document(doc)    dict from JSON → GatewayConfig   (no lines)
+    env_problems(config, env)    the required *_env variables that are unset or empty
+"""
+
+from __future__ import annotations
+
+from gpugate.config.environment import env_problems
+from gpugate.config.loader import config_from_document, load_config, parse_config
+from gpugate.config.schema import (
+    GATEWAY_KEYS,
+    BudgetConfig,
+    ExporterConfig,
+    GatewayConfig,
+    GpuHealthConfig,
+    JobsConfig,
+    ModalConfig,
+    ModalRuntimeConfig,
+    PushConfig,
+    PushRuntimeConfig,
+    RuntimeConfig,
+    ServerConfig,
+    StopConditions,
+    UpstreamConfig,
+    UpstreamRuntimeConfig,
+)
+from gpugate.config.source_map import SourceMap
+
+__all__ = [
+    "GATEWAY_KEYS",
+    "BudgetConfig",
+    "ExporterConfig",
+    "GatewayConfig",
+    "GpuHealthConfig",
+    "JobsConfig",
+    "ModalConfig",
+    "ModalRuntimeConfig",
+    "PushConfig",
+    "PushRuntimeConfig",
+    "RuntimeConfig",
+    "ServerConfig",
+    "SourceMap",
+    "StopConditions",
+    "UpstreamConfig",
+    "UpstreamRuntimeConfig",
+    "config_from_document",
+    "env_problems",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,82 @@
+"""``runtimes[]``: the places a job can run, one model per ``kind``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from gpugate.config.fields import (
+    ConfigModel,
+    EnvName,
+    HttpUrl,
+    Identifier,
+    Name,
+    Seconds,
+)
+
+RUNTIME_KINDS = ("upstream", "push", "modal")
+
+
+class BudgetConfig(ConfigModel):
+    """A runtime's daily spend guard: over budget at 2x ``daily_cents`` spent today (UTC)."""
+
+    daily_cents: float = Field(ge=0)
+    cents_per_second: float = Field(ge=0)
+
+
+class PushConfig(ConfigModel):
+    """Where a push worker listens, and the variable holding the secret it shares with us."""
+
+    url: HttpUrl
+    secret_env: EnvName
+
+
+class ModalConfig(ConfigModel):
+    """Which Modal function runs the jobs, and the variables holding the Modal token."""
+
+    app: Name
+    function: Name
+    environment: Name | None = None
+    token_id_env: EnvName = "MODAL_TOKEN_ID"  # noqa: S105 - a variable's name, not a secret
+    token_secret_env: EnvName = "MODAL_TOKEN_SECRET"  # noqa: S105 - ditto
+
+
+class _RuntimeBase(ConfigModel):
+    id: Identifier
+    kind: str  # narrowed to one literal by each kind; declared here to come second in a dump
+    models: list[Name] = Field(default_factory=list)
+    enabled: bool = True
+
+
+class UpstreamRuntimeConfig(_RuntimeBase):
+    """Jobs forwarded through the gateway's own upstreams; no ``models`` = every upstream model."""
+
+    kind: Literal["upstream"] = "upstream"
+    max_concurrency: int | None = Field(None, ge=1)
+    budget: BudgetConfig | None = None
+
+
+class PushRuntimeConfig(_RuntimeBase):
+    """A home or local machine running the push worker; serves only the ``models`` listed."""
+
+    kind: Literal["push"] = "push"
+    push: PushConfig
+    max_concurrency: int = Field(2, ge=1)
+    budget: BudgetConfig | None = BudgetConfig(daily_cents=1000, cents_per_second=0.02)
+
+
+class ModalRuntimeConfig(_RuntimeBase):
+    """A serverless Modal function; serves only the ``models`` listed."""
+
+    kind: Literal["modal"] = "modal"
+    modal: ModalConfig
+    max_concurrency: int = Field(2, ge=1)
+    idle_exit_s: Seconds = 60.0
+    budget: BudgetConfig | None = BudgetConfig(daily_cents=1000, cents_per_second=0.05)
+
+
+RuntimeConfig = Annotated[
+    UpstreamRuntimeConfig | PushRuntimeConfig | ModalRuntimeConfig,
+    Field(discriminator="kind"),
+]

@@ -1,0 +1,227 @@
+"""The configuration tree: :class:`GatewayConfig` and its blocks (DESIGN §2, a contract).
+
+The blocks live in their own modules (:mod:`.gpu_health`, :mod:`.upstream`, :mod:`.runtime`)
+and are re-exported here. The process keys (``listen``, ``store``, ``admin_token_env``,
+``gpu_health``, ``jobs``, ``server``) come from the file only; the *gateway document*
+(``upstreams``, ``runtimes``, ``fallback_chain``, ``default_runtime``, ``stop_conditions``)
+lives in the store as versions and is replaced with :meth:`GatewayConfig.with_gateway_document`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, Self
+
+from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
+
+from gpugate.config import summary
+from gpugate.config.fields import (
+    ConfigModel,
+    EnvName,
+    ListenAddress,
+    PositiveSeconds,
+    Seconds,
+    StoreUrl,
+    split_listen,
+)
+from gpugate.config.gpu_health import ExporterConfig, GpuHealthConfig
+from gpugate.config.paths import Finding, describe, format_path, quoted_list
+from gpugate.config.rules import IMPLIED_RUNTIME_ID, resolve_implied, rule_findings
+from gpugate.config.runtime import (
+    BudgetConfig,
+    ModalConfig,
+    ModalRuntimeConfig,
+    PushConfig,
+    PushRuntimeConfig,
+    RuntimeConfig,
+    UpstreamRuntimeConfig,
+)
+from gpugate.config.source_map import SourceMap
+from gpugate.config.upstream import UpstreamConfig
+from gpugate.config.validation import RULES_CHECKED, validate_document
+from gpugate.errors import ConfigError, ConfigProblem
+
+__all__ = [
+    "GATEWAY_KEYS",
+    "BudgetConfig",
+    "ExporterConfig",
+    "GatewayConfig",
+    "GpuHealthConfig",
+    "JobsConfig",
+    "ModalConfig",
+    "ModalRuntimeConfig",
+    "PushConfig",
+    "PushRuntimeConfig",
+    "RuntimeConfig",
+    "ServerConfig",
+    "StopConditions",
+    "UpstreamConfig",
+    "UpstreamRuntimeConfig",
+]
+
+GATEWAY_KEYS = ("upstreams", "runtimes", "fallback_chain", "default_runtime", "stop_conditions")
+
+
+class StopConditions(ConfigModel):
+    """When a runtime is disabled and drained automatically."""
+
+    max_submits_per_job: int = Field(3, ge=1)
+    max_stuck: int = Field(3, ge=1)
+    disable_on_auth_error: bool = True
+
+
+class JobsConfig(ConfigModel):
+    """The timing of the job loops (dispatcher sweep, reaper)."""
+
+    sweep_s: PositiveSeconds = 60.0
+    reap_s: PositiveSeconds = 15.0
+    quiet_s: PositiveSeconds = 60.0
+    max_rescues: int = Field(3, ge=0)
+    dispatcher_lease_s: PositiveSeconds = 600.0
+    max_attempts_per_runtime: int = Field(2, ge=1)
+
+
+class ServerConfig(ConfigModel):
+    """The HTTP server's limits and log format."""
+
+    shutdown_grace_s: Seconds = 30.0
+    max_body_bytes: int = Field(10 * 1024 * 1024, ge=1)
+    idempotency_ttl_s: PositiveSeconds = 86400.0
+    log_format: Literal["text", "json"] = "text"
+
+
+def _implied_runtimes() -> list[RuntimeConfig]:
+    return [UpstreamRuntimeConfig(id=IMPLIED_RUNTIME_ID)]
+
+
+class GatewayConfig(ConfigModel):
+    """The whole configuration of one gateway process, validated."""
+
+    listen: ListenAddress = "127.0.0.1:8080"
+    store: StoreUrl = "sqlite:///./gpugate.db"
+    admin_token_env: EnvName | None = "GPUGATE_ADMIN_TOKEN"  # noqa: S105 - a name, not a secret
+    gpu_health: GpuHealthConfig | None = None
+    upstreams: list[UpstreamConfig] = Field(min_length=1)
+    runtimes: list[RuntimeConfig] = Field(default_factory=_implied_runtimes)
+    fallback_chain: list[str] = Field([IMPLIED_RUNTIME_ID], min_length=1)
+    default_runtime: str = IMPLIED_RUNTIME_ID
+    stop_conditions: StopConditions = StopConditions()
+    jobs: JobsConfig = JobsConfig()
+    server: ServerConfig = ServerConfig()
+
+    _source_map: SourceMap = PrivateAttr(default_factory=SourceMap)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _implied_keys(cls, data: Any) -> Any:
+        return resolve_implied(data) if isinstance(data, Mapping) else data
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self, info: ValidationInfo) -> Self:
+        if info.context and info.context.get(RULES_CHECKED):
+            return self
+        findings = rule_findings(self.model_dump())
+        if findings:
+            raise ValueError("; ".join(f"{format_path(f.path)}: {f.message}" for f in findings))
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when the settings are: where they were read from does not count."""
+        if not isinstance(other, GatewayConfig):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # lists inside: not hashable
+
+    @property
+    def source_map(self) -> SourceMap:
+        """The line of each key in the file this config was read from (empty if none)."""
+        return self._source_map
+
+    def with_source_map(self, source_map: SourceMap) -> Self:
+        """This config, remembering the lines of the file it was read from."""
+        copy = self.model_copy()
+        copy._source_map = source_map  # noqa: SLF001 - our own private attribute, on our copy
+        return copy
+
+    @property
+    def host(self) -> str:
+        """The host part of ``listen``, without the brackets of an IPv6 address."""
+        return split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        """The port part of ``listen``."""
+        return split_listen(self.listen)[1]
+
+    def upstream(self, upstream_id: str) -> UpstreamConfig:
+        """The upstream with this id; :class:`KeyError` naming the defined ones if none."""
+        for upstream in self.upstreams:
+            if upstream.id == upstream_id:
+                return upstream
+        known = quoted_list([u.id for u in self.upstreams])
+        raise KeyError(f"no upstream {upstream_id!r} (defined: {known})")
+
+    def runtime(self, runtime_id: str) -> RuntimeConfig:
+        """The runtime with this id; :class:`KeyError` naming the defined ones if none."""
+        for runtime in self.runtimes:
+            if runtime.id == runtime_id:
+                return runtime
+        known = quoted_list([r.id for r in self.runtimes])
+        raise KeyError(f"no runtime {runtime_id!r} (defined: {known})")
+
+    def models(self) -> list[str]:
+        """Every model some upstream serves, sorted."""
+        return sorted({model for upstream in self.upstreams for model in upstream.models})
+
+    def upstreams_serving(self, model: str) -> list[UpstreamConfig]:
+        """The upstreams that list ``model``, in file order."""
+        return [upstream for upstream in self.upstreams if model in upstream.models]
+
+    def runtime_models(self, runtime_id: str) -> list[str]:
+        """The models a runtime serves: its ``models``, or for ``kind: upstream`` without any,
+        every upstream model."""
+        runtime = self.runtime(runtime_id)
+        if runtime.kind == "upstream" and not runtime.models:
+            return self.models()
+        return list(runtime.models)
+
+    def gateway_document(self) -> dict[str, Any]:
+        """The part that lives in the store: upstreams, runtimes, chain, default, stop conditions.
+
+        JSON-able, in the file's schema, without the ``None`` values that are defaults.
+        """
+        return self.model_dump(mode="json", include=set(GATEWAY_KEYS))
+
+    def process_document(self) -> dict[str, Any]:
+        """The part only the file sets: listen, store, admin token, GPU health, jobs, server."""
+        return self.model_dump(mode="json", exclude=set(GATEWAY_KEYS))
+
+    def with_gateway_document(
+        self, document: Mapping[str, Any], *, source: str = "<gateway document>"
+    ) -> GatewayConfig:
+        """This config with its gateway document replaced whole by ``document``.
+
+        Validated like a file: :class:`ConfigError` lists every problem. Keys that are not part
+        of the gateway document (``listen``, ...) are problems too, never silently applied.
+        """
+        if not isinstance(document, Mapping):
+            got = describe(document)
+            problem = ConfigProblem("", f"expected a mapping of gateway config keys, got {got}")
+            raise ConfigError([problem], source=source)
+        allowed = ", ".join(GATEWAY_KEYS)
+        stray = [
+            Finding((str(key),), f"not part of the gateway config (allowed: {allowed})")
+            for key in document
+            if key not in GATEWAY_KEYS
+        ]
+        # The document's keys first, so problems come in the document's order; no lines: the
+        # document is not the file, and the file's process keys are valid already.
+        merged = {key: value for key, value in document.items() if key in GATEWAY_KEYS}
+        merged.update(self.process_document())
+        config = validate_document(GatewayConfig, merged, SourceMap(), source=source, found=stray)
+        return config.with_source_map(self.source_map.without(frozenset(GATEWAY_KEYS)))
+
+    def summary_lines(self) -> list[str]:
+        """A one-screen summary for ``gpugate check-config``."""
+        return summary.summary_lines(self)

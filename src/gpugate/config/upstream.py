@@ -1,0 +1,55 @@
+"""``upstreams[]``: the model servers the gateway forwards HTTP to."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from gpugate.config.fields import (
+    ConfigModel,
+    EnvName,
+    GpuId,
+    HttpUrl,
+    Identifier,
+    Name,
+    PositiveSeconds,
+    UrlPath,
+)
+
+
+class UpstreamConfig(ConfigModel):
+    """One model server: its endpoint URLs, the models it serves, the GPUs it runs on.
+
+    Exactly one of ``url`` and ``urls``, unique ``models`` and the form of ``gpu_ids`` are
+    checked with the cross-field rules (:mod:`.rules`), so they are reported even when another
+    key of the same upstream is wrong.
+    """
+
+    id: Identifier
+    url: HttpUrl | None = None
+    urls: Annotated[list[HttpUrl], Field(min_length=1)] | None = None
+    models: list[Name] = Field(min_length=1)
+    gpu_ids: list[GpuId] = Field(default_factory=list)
+    max_inflight: int = Field(64, ge=1)
+    queue_timeout_s: PositiveSeconds = 30.0
+    timeout_s: PositiveSeconds = 300.0
+    external: bool = False
+    max_queue: int = Field(1024, ge=0)
+    connect_timeout_s: PositiveSeconds = 5.0
+    first_byte_timeout_s: PositiveSeconds | None = None
+    health_path: UrlPath = "/health"
+    api_key_env: EnvName | None = None
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The endpoint base URLs, without a trailing slash."""
+        urls = self.urls if self.urls is not None else [self.url] if self.url else []
+        return tuple(url.rstrip("/") for url in urls)
+
+    @property
+    def effective_first_byte_timeout_s(self) -> float:
+        """How long to wait for the first byte: ``first_byte_timeout_s``, else ``timeout_s``."""
+        if self.first_byte_timeout_s is None:
+            return self.timeout_s
+        return self.first_byte_timeout_s
