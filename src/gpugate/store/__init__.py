@@ -1,0 +1,43 @@
+"""The durable state of a gateway, behind one interface with a SQLite and a PostgreSQL backend.
+
+This package's top level holds the interface and its values only; the services import it without
+loading a driver. ``gpugate.store.factory.open_store(dsn, clock=...)`` (used by the composition
+root) picks the backend from the DSN and returns the store unopened: ``await store.open()``
+connects, ``await store.migrate()`` brings the schema up to date.
+"""
+
+from __future__ import annotations
+
+from gpugate.store.base import (
+    CONFIG_SAVED,
+    CONFIG_SEEDED,
+    CONFIG_SUBJECT,
+    AuditEvent,
+    AuditRecord,
+    ConfigVersion,
+    IdemBegin,
+    IdemRecord,
+    InFlight,
+    Mismatch,
+    Replay,
+    Started,
+    Store,
+    request_fingerprint,
+)
+
+__all__ = [
+    "CONFIG_SAVED",
+    "CONFIG_SEEDED",
+    "CONFIG_SUBJECT",
+    "AuditEvent",
+    "AuditRecord",
+    "ConfigVersion",
+    "IdemBegin",
+    "IdemRecord",
+    "InFlight",
+    "Mismatch",
+    "Replay",
+    "Started",
+    "Store",
+    "request_fingerprint",
+]

@@ -1,0 +1,401 @@
+"""The PostgreSQL store: many gateway replicas on one database, through a small connection pool.
+
+Every method is one transaction on a pooled connection. Races between replicas are settled by the
+database: config numbering under a table lock, idempotency keys by ``INSERT ... ON CONFLICT``,
+migrations under a transaction-scoped advisory lock (one per schema, so isolated schemas on one
+server do not wait for each other). JSON is jsonb, response bodies bytea, times timestamptz.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from gpugate.errors import MigrationError, StoreError, StoreUnavailable
+from gpugate.store.base import (
+    CONFIG_SAVED,
+    CONFIG_SEEDED,
+    CONFIG_SUBJECT,
+    AuditEvent,
+    AuditRecord,
+    ConfigVersion,
+    IdemBegin,
+    IdemRecord,
+    Started,
+    check_limit,
+    idem_verdict,
+)
+from gpugate.store.migrations import Migration, load_migrations, pending
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
+    from psycopg.rows import TupleRow
+
+    from gpugate.clock import Clock
+
+    Connection = psycopg.AsyncConnection[TupleRow]
+
+_LOCK_MIGRATIONS = (
+    "SELECT pg_advisory_xact_lock(hashtext('gpugate.migrate/' || coalesce(current_schema(), '')))"
+)
+_CREATE_SCHEMA_MIGRATIONS = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL
+)"""
+_RECORD_MIGRATION = """
+INSERT INTO schema_migrations (version, name, applied_at) VALUES (%(version)s, %(name)s, %(now)s)
+"""
+_HAS_SCHEMA_MIGRATIONS = "SELECT to_regclass('schema_migrations') IS NOT NULL"
+_SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM schema_migrations"
+
+_LOCK_CONFIG = "LOCK TABLE config_versions IN EXCLUSIVE MODE"
+_CONFIG_COLUMNS = "version, document, created_at, actor, note"
+_SELECT_CONFIG = f"SELECT {_CONFIG_COLUMNS} FROM config_versions"  # noqa: S608 -- constants only
+_SAVE_CONFIG = f"""
+INSERT INTO config_versions (version, document, created_at, actor, note)
+SELECT coalesce(max(version), 0) + 1, %(document)s, %(now)s, %(actor)s, %(note)s
+FROM config_versions
+RETURNING {_CONFIG_COLUMNS}"""  # noqa: S608 -- constants only; values are bound
+_SEED_CONFIG = """
+INSERT INTO config_versions (version, document, created_at, actor, note)
+VALUES (1, %(document)s, %(now)s, %(actor)s, 'seeded')
+RETURNING version, document, created_at, actor, note"""
+
+_AUDIT_COLUMNS = "id, at, actor, action, subject, detail"
+_INSERT_AUDIT = """
+INSERT INTO audit_events (at, actor, action, subject, detail)
+VALUES (%(at)s, %(actor)s, %(action)s, %(subject)s, %(detail)s)
+RETURNING id, at, actor, action, subject, detail"""
+
+_IDEM_BEGIN = """
+INSERT INTO idempotency AS held (key, fingerprint, state, created_at, expires_at, owner)
+VALUES (%(key)s, %(fingerprint)s, 'in_flight', %(now)s, %(expires_at)s, %(owner)s)
+ON CONFLICT (key) DO UPDATE SET
+    fingerprint = excluded.fingerprint, state = 'in_flight', status = NULL, headers = NULL,
+    body = NULL, created_at = excluded.created_at, expires_at = excluded.expires_at,
+    owner = excluded.owner
+WHERE held.expires_at <= excluded.created_at
+RETURNING key"""
+_IDEM_HELD = """
+SELECT key, fingerprint, state, status, headers, body, created_at, expires_at
+FROM idempotency WHERE key = %(key)s"""
+_IDEM_COMPLETE = """
+UPDATE idempotency
+SET state = 'completed', status = %(status)s, headers = %(headers)s, body = %(body)s,
+    expires_at = coalesce(%(expires_at)s, expires_at)
+WHERE key = %(key)s AND owner = %(owner)s AND state = 'in_flight' AND expires_at > %(now)s"""
+_IDEM_ABANDON = """
+DELETE FROM idempotency
+WHERE key = %(key)s AND owner = %(owner)s AND state = 'in_flight' AND expires_at > %(now)s"""
+_IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= %(now)s"
+
+
+class PostgresStore:
+    """The shared store: PostgreSQL through a psycopg connection pool."""
+
+    backend = "postgresql"
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        clock: Clock,
+        min_size: int = 1,
+        max_size: int = 10,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        self._dsn = dsn
+        self._shown = redact_dsn(dsn)
+        self._clock = clock
+        self._min_size = min_size
+        self._max_size = max_size
+        self._connect_timeout_s = connect_timeout_s
+        self._pool: AsyncConnectionPool[Connection] | None = None
+        self._schema: int | None = None
+
+    def __repr__(self) -> str:
+        schema = "?" if self._schema is None else str(self._schema)
+        closed = "" if self._pool is not None else " closed"
+        return f"<PostgresStore dsn={self._shown} schema={schema}{closed}>"
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        try:
+            self._schema = await self._probe()
+            pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+                self._dsn,
+                min_size=self._min_size,
+                max_size=self._max_size,
+                open=False,
+                timeout=self._connect_timeout_s,
+                name="gpugate-store",
+            )
+            try:
+                await pool.open(wait=True, timeout=self._connect_timeout_s)
+            except BaseException:
+                await pool.close()
+                raise
+        except psycopg.Error as exc:
+            raise StoreUnavailable(
+                f"cannot reach the PostgreSQL store at {self._shown}: {_first_line(exc)}"
+            ) from exc
+        self._pool = pool
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def ping(self) -> None:
+        async with self._transaction() as conn:
+            await conn.execute("SELECT 1")
+
+    async def migrate(self) -> list[str]:
+        migrations = load_migrations("postgres")
+        now = self._clock.now()
+        async with self._transaction() as conn:
+            await conn.execute(_LOCK_MIGRATIONS)
+            await conn.execute(_CREATE_SCHEMA_MIGRATIONS)
+            cursor = await conn.execute("SELECT version FROM schema_migrations")
+            applied = {row[0] for row in await cursor.fetchall()}
+            names = [
+                await _apply(conn, migration, now) for migration in pending(migrations, applied)
+            ]
+            self._schema = await _schema_version(conn)
+        return names
+
+    async def schema_version(self) -> int:
+        async with self._transaction() as conn:
+            self._schema = await _schema_version(conn)
+        return self._schema
+
+    async def current_config(self) -> ConfigVersion | None:
+        async with self._transaction() as conn:
+            return await _current_config(conn)
+
+    async def get_config(self, version: int) -> ConfigVersion | None:
+        async with self._transaction() as conn:
+            cursor = await conn.execute(
+                f"{_SELECT_CONFIG} WHERE version = %(version)s", {"version": version}
+            )
+            row = await cursor.fetchone()
+        return None if row is None else _config(row)
+
+    async def list_configs(self, limit: int = 50) -> list[ConfigVersion]:
+        sql = f"{_SELECT_CONFIG} ORDER BY version DESC LIMIT %(limit)s"
+        async with self._transaction() as conn:
+            cursor = await conn.execute(sql, {"limit": check_limit(limit)})
+            return [_config(row) for row in await cursor.fetchall()]
+
+    async def save_config(
+        self, document: dict[str, Any], *, actor: str, note: str
+    ) -> ConfigVersion:
+        now = self._clock.now()
+        params = {"document": Jsonb(document), "now": now, "actor": actor, "note": note}
+        async with self._transaction() as conn:
+            await conn.execute(_LOCK_CONFIG)
+            saved = _config(await _one(await conn.execute(_SAVE_CONFIG, params)))
+            detail = {"version": saved.version, "note": note}
+            await _insert_audit(conn, now, AuditEvent(actor, CONFIG_SAVED, CONFIG_SUBJECT, detail))
+        return saved
+
+    async def seed_config(
+        self, document: dict[str, Any], *, actor: str
+    ) -> tuple[ConfigVersion, bool]:
+        now = self._clock.now()
+        params = {"document": Jsonb(document), "now": now, "actor": actor}
+        async with self._transaction() as conn:
+            await conn.execute(_LOCK_CONFIG)
+            current = await _current_config(conn)
+            if current is not None:
+                return current, False
+            seeded = _config(await _one(await conn.execute(_SEED_CONFIG, params)))
+            event = AuditEvent(actor, CONFIG_SEEDED, CONFIG_SUBJECT, {"version": seeded.version})
+            await _insert_audit(conn, now, event)
+        return seeded, True
+
+    async def append_audit(self, event: AuditEvent) -> AuditRecord:
+        async with self._transaction() as conn:
+            return await _insert_audit(conn, self._clock.now(), event)
+
+    async def list_audit(
+        self,
+        *,
+        action: str | None = None,
+        subject: str | None = None,
+        limit: int = 100,
+        before_id: int | None = None,
+    ) -> list[AuditRecord]:
+        sql = _audit_query(action=action is not None, subject=subject is not None)
+        sql += "" if before_id is None else " AND id < %(before_id)s"
+        sql += " ORDER BY id DESC LIMIT %(limit)s"
+        params = {"action": action, "subject": subject, "before_id": before_id}
+        params["limit"] = check_limit(limit)
+        async with self._transaction() as conn:
+            cursor = await conn.execute(sql, params)
+            return [_audit(row) for row in await cursor.fetchall()]
+
+    async def idem_begin(
+        self, key: str, fingerprint: str, *, ttl_s: float, owner: str
+    ) -> IdemBegin:
+        now = self._clock.now()
+        params = {"key": key, "fingerprint": fingerprint, "owner": owner, "now": now}
+        params["expires_at"] = now + timedelta(seconds=ttl_s)
+        async with self._transaction() as conn:
+            cursor = await conn.execute(_IDEM_BEGIN, params)
+            if await cursor.fetchone() is not None:
+                return Started()
+            # The conflicting row is locked by the upsert above, so it is still there.
+            row = await _one(await conn.execute(_IDEM_HELD, params))
+        completed = _idem_record(row) if row[2] == "completed" else None
+        return idem_verdict(fingerprint, row[1], completed)
+
+    async def idem_complete(
+        self,
+        key: str,
+        owner: str,
+        status: int,
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+        *,
+        ttl_s: float | None = None,
+    ) -> bool:
+        now = self._clock.now()
+        expires_at = None if ttl_s is None else now + timedelta(seconds=ttl_s)
+        params = {"key": key, "owner": owner, "status": status, "body": body, "now": now}
+        params |= {"headers": Jsonb([list(pair) for pair in headers]), "expires_at": expires_at}
+        async with self._transaction() as conn:
+            cursor = await conn.execute(_IDEM_COMPLETE, params)
+            return cursor.rowcount == 1
+
+    async def idem_abandon(self, key: str, owner: str) -> bool:
+        params = {"key": key, "owner": owner, "now": self._clock.now()}
+        async with self._transaction() as conn:
+            cursor = await conn.execute(_IDEM_ABANDON, params)
+            return cursor.rowcount == 1
+
+    async def idem_purge_expired(self) -> int:
+        async with self._transaction() as conn:
+            cursor = await conn.execute(_IDEM_PURGE, {"now": self._clock.now()})
+            return cursor.rowcount
+
+    # --- connections ---------------------------------------------------------------------------
+
+    async def _probe(self) -> int:
+        """Connect once outside the pool: fails fast, with libpq's own reason."""
+        timeout = max(2, round(self._connect_timeout_s))
+        async with await psycopg.AsyncConnection.connect(
+            self._dsn, connect_timeout=timeout
+        ) as conn:
+            return await _schema_version(conn)
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[Connection]:
+        """A pooled connection in a transaction; the one place psycopg's exceptions become ours."""
+        pool = self._pool
+        if pool is None:
+            raise StoreUnavailable(f"the PostgreSQL store {self._shown} is not open")
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                yield conn
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"PostgreSQL store {self._shown}: {_first_line(exc)}") from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"PostgreSQL store {self._shown}: {_first_line(exc)}") from exc
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN without its password, fit for a log line or an error message."""
+    parts = urlsplit(dsn)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{parts.username}@{host}" if parts.username else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    query = [(name, value) for name, value in parse_qsl(parts.query) if name != "password"]
+    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query), ""))
+
+
+async def _apply(conn: Connection, migration: Migration, now: datetime) -> str:
+    try:
+        await conn.execute(migration.sql)
+    except psycopg.Error as exc:
+        raise MigrationError(
+            f"migration postgres/{migration.name} failed: {_first_line(exc)}"
+        ) from exc
+    params = {"version": migration.version, "name": migration.name, "now": now}
+    await conn.execute(_RECORD_MIGRATION, params)
+    return migration.name
+
+
+async def _schema_version(conn: Connection) -> int:
+    (exists,) = await _one(await conn.execute(_HAS_SCHEMA_MIGRATIONS))
+    if not exists:
+        return 0
+    return int((await _one(await conn.execute(_SCHEMA_VERSION)))[0])
+
+
+async def _current_config(conn: Connection) -> ConfigVersion | None:
+    cursor = await conn.execute(f"{_SELECT_CONFIG} ORDER BY version DESC LIMIT 1")
+    row = await cursor.fetchone()
+    return None if row is None else _config(row)
+
+
+async def _insert_audit(conn: Connection, at: datetime, event: AuditEvent) -> AuditRecord:
+    params = {"at": at, "actor": event.actor, "action": event.action, "subject": event.subject}
+    params["detail"] = Jsonb(event.detail)
+    return _audit(await _one(await conn.execute(_INSERT_AUDIT, params)))
+
+
+async def _one(cursor: psycopg.AsyncCursor[TupleRow]) -> TupleRow:
+    row = await cursor.fetchone()
+    if row is None:
+        raise StoreError("the statement returned no row")
+    return row
+
+
+def _audit_query(*, action: bool, subject: bool) -> str:
+    sql = f"SELECT {_AUDIT_COLUMNS} FROM audit_events WHERE true"  # noqa: S608 -- constants only
+    if action:
+        sql += " AND action = %(action)s"
+    if subject:
+        sql += " AND subject = %(subject)s"
+    return sql
+
+
+def _config(row: TupleRow) -> ConfigVersion:
+    version, document, created_at, actor, note = row
+    return ConfigVersion(version, document, _utc(created_at), actor, note)
+
+
+def _audit(row: TupleRow) -> AuditRecord:
+    id_, at, actor, action, subject, detail = row
+    return AuditRecord(id_, _utc(at), actor, action, subject, detail)
+
+
+def _idem_record(row: TupleRow) -> IdemRecord:
+    key, fingerprint, _state, status, headers, body, created_at, expires_at = row
+    pairs = tuple((str(name), str(value)) for name, value in headers)
+    return IdemRecord(
+        key, fingerprint, status, pairs, bytes(body), _utc(created_at), _utc(expires_at)
+    )
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.astimezone(UTC)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
