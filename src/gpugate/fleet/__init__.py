@@ -1,0 +1,50 @@
+"""The simulated fleet: fake OpenAI-compatible model servers and a fake NVIDIA dcgm-exporter.
+
+Tests, demos and benchmarks run against it. It imports nothing of the rest of gpugate (an
+import-linter contract), so it cannot repeat the gateway's bugs; importing it starts nothing.
+
+- `ModelServer` + `ServerBehaviour`: one model server, steered by ``POST /_control``.
+- `FakeExporter` + `GpuReadings`: one dcgm-exporter, steered by ``POST /_control/gpus/{i}``.
+- `Fleet`, `FleetSpec`, `ServerSpec`, `ExporterSpec`, `demo_spec`, `serve_forever`: several
+  of them on local ports at once.
+"""
+
+from gpugate.fleet.behaviour import ServerBehaviour
+from gpugate.fleet.control import ControlError
+from gpugate.fleet.exporter import MODES, ExporterMode, FakeExporter, HostLabel
+from gpugate.fleet.exposition import DEFAULT_COUNTERS, OPTIONAL_COUNTERS
+from gpugate.fleet.fleet import (
+    EXPORTER,
+    ExporterSpec,
+    Fleet,
+    FleetSpec,
+    ServerSpec,
+    demo_spec,
+    serve_forever,
+)
+from gpugate.fleet.gpu import XID_MESSAGES, GpuReadings, xid_message
+from gpugate.fleet.model_server import ModelServer
+from gpugate.fleet.server_stats import ServerStats
+
+__all__ = [
+    "DEFAULT_COUNTERS",
+    "EXPORTER",
+    "MODES",
+    "OPTIONAL_COUNTERS",
+    "XID_MESSAGES",
+    "ControlError",
+    "ExporterMode",
+    "ExporterSpec",
+    "FakeExporter",
+    "Fleet",
+    "FleetSpec",
+    "GpuReadings",
+    "HostLabel",
+    "ModelServer",
+    "ServerBehaviour",
+    "ServerSpec",
+    "ServerStats",
+    "demo_spec",
+    "serve_forever",
+    "xid_message",
+]

@@ -1,0 +1,328 @@
+"""A fake OpenAI-compatible model server (vLLM-like), steerable at runtime.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
+``GET /v1/models``, ``GET /health``, ``GET /metrics`` (vLLM's gauges); and for tests
+``GET|POST /_control``, ``POST /_control/reset``, ``GET /_stats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Self
+
+from aiohttp import web
+
+from gpugate.fleet import replies
+from gpugate.fleet.behaviour import ServerBehaviour
+from gpugate.fleet.control import ControlError
+from gpugate.fleet.replies import Completion, InvalidRequestError
+from gpugate.fleet.server_stats import ServerStats
+from gpugate.fleet.site import LocalSite, abort
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+MODELS = "/v1/models"
+HEALTH = "/health"
+METRICS = "/metrics"
+ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS, MODELS, HEALTH, METRICS)
+
+_JSON = "application/json"
+_MAX_BODY = 64 * 1024 * 1024
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+_KEY_HEADERS = ("Idempotency-Key", "X-Gpugate-Job")
+
+
+class _RefusalError(Exception):
+    """A model request answered with an OpenAI-shaped error instead of a completion."""
+
+    def __init__(self, status: int, message: str, kind: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = replies.error_body(message, kind, code)
+
+
+Build = Callable[[dict[str, Any], str, ServerBehaviour], Completion | bytes]
+
+
+class ModelServer:
+    """A fake model server named `name` serving `models`.
+
+    Use it as an async context manager (``async with ModelServer(["m"], name="a") as s``), or
+    `start`/`stop` it; `make_app()` gives a fresh aiohttp application for other runners (give
+    them ``handler_cancellation=True`` so a held request notices its client leaving).
+    `update(**fields)` and `reset()` are the in-process form of the control API.
+    """
+
+    def __init__(
+        self,
+        models: Sequence[str],
+        *,
+        name: str,
+        behaviour: ServerBehaviour | None = None,
+        embedding_dim: int = 8,
+    ) -> None:
+        if not models:
+            raise ValueError("a model server serves at least one model")
+        self.name = name
+        self.models = tuple(models)
+        self._served = frozenset(self.models)
+        self.embedding_dim = embedding_dim
+        self._initial = behaviour or ServerBehaviour()
+        self._behaviour = self._initial
+        self._stats = ServerStats(ROUTES, self.models)
+        self._unhung = asyncio.Event()
+        self._unhung.set()
+        self._ids = itertools.count(1)
+        self._site = LocalSite(self.make_app)
+        self._models_body = replies.models_body(self.models, int(time.time()), "gpugate-fleet")
+        self._headers = {"X-Fleet-Server": name}
+        self._apply(self._initial)
+
+    def __repr__(self) -> str:
+        where = self._site.url if self._site.running else "stopped"
+        stats = self._stats
+        return (
+            f"<ModelServer {self.name} {where} models={list(self.models)}"
+            f" open={stats.open_requests} requests={sum(stats.requests.values())}>"
+        )
+
+    # -- in-process control ---------------------------------------------------------------
+
+    @property
+    def behaviour(self) -> ServerBehaviour:
+        return self._behaviour
+
+    @property
+    def stats(self) -> ServerStats:
+        return self._stats
+
+    def update(self, **fields: Any) -> ServerBehaviour:
+        """Change some behaviour fields (validated like ``POST /_control``)."""
+        return self._apply(self._behaviour.patched(fields))
+
+    def reset(self) -> None:
+        """Back to the behaviour it was built with, counters zeroed (``POST /_control/reset``)."""
+        self._apply(self._initial)
+        self._stats = ServerStats(ROUTES, self.models)
+
+    def _apply(self, behaviour: ServerBehaviour) -> ServerBehaviour:
+        self._behaviour = behaviour
+        if behaviour.hang:
+            self._unhung.clear()
+        else:
+            self._unhung.set()
+        return behaviour
+
+    # -- running ----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self._site.url
+
+    async def start(self, host: str = "127.0.0.1", port: int | None = None) -> str:
+        return await self._site.start(host, port)
+
+    async def stop(self) -> None:
+        await self._site.stop()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=_MAX_BODY)
+        app.router.add_post(CHAT, self._chat)
+        app.router.add_post(COMPLETIONS, self._completions)
+        app.router.add_post(EMBEDDINGS, self._embeddings)
+        app.router.add_get(MODELS, self._models)
+        app.router.add_get(HEALTH, self._health)
+        app.router.add_get(METRICS, self._metrics)
+        app.router.add_get("/_control", self._get_control)
+        app.router.add_post("/_control", self._post_control)
+        app.router.add_post("/_control/reset", self._post_reset)
+        app.router.add_get("/_stats", self._get_stats)
+        return app
+
+    # -- model routes -----------------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, CHAT, self._build_chat)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, COMPLETIONS, self._build_text)
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, EMBEDDINGS, self._build_embeddings)
+
+    def _build_chat(self, body: dict[str, Any], model: str, b: ServerBehaviour) -> Completion:
+        prompt, used = replies.chat_prompt(body)
+        pieces = replies.cut(replies.answer_text(self.name, prompt), b.chunks)
+        ident = f"chatcmpl-{self.name}-{next(self._ids)}"
+        return Completion("chat", ident, int(time.time()), model, (pieces,), used)
+
+    def _build_text(self, body: dict[str, Any], model: str, b: ServerBehaviour) -> Completion:
+        prompts = replies.completion_prompts(body)
+        pieces = tuple(replies.cut(replies.answer_text(self.name, p), b.chunks) for p in prompts)
+        used = sum(replies.tokens(prompt) for prompt in prompts)
+        ident = f"cmpl-{self.name}-{next(self._ids)}"
+        return Completion("text", ident, int(time.time()), model, pieces, used)
+
+    def _build_embeddings(self, body: dict[str, Any], model: str, _: ServerBehaviour) -> bytes:
+        inputs = replies.embedding_inputs(body)
+        as_base64 = body.get("encoding_format") == "base64"
+        return replies.embeddings_body(model, inputs, self.embedding_dim, as_base64=as_base64)
+
+    async def _serve(self, request: web.Request, route: str, build: Build) -> web.StreamResponse:
+        stats = self._stats
+        stats.requests[route] += 1
+        for header in _KEY_HEADERS:
+            if (key := request.headers.get(header)) is not None:
+                stats.executed(key)
+                break
+        try:
+            body = await self._body(request)
+            model = body["model"]
+            answer = build(body, model, self._behaviour)
+        except _RefusalError as refusal:
+            return self._refuse(refusal)
+        except InvalidRequestError as exc:
+            return self._refuse(_RefusalError(400, str(exc), "invalid_request_error"))
+        stream = body.get("stream") is True and isinstance(answer, Completion)
+        stats.opened(model, stream=stream)
+        try:
+            return await self._perform(request, answer, stream=stream, body=body)
+        except asyncio.CancelledError:
+            stats.disconnects += 1
+            raise
+        finally:
+            stats.closed(model, stream=stream)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _RefusalError(
+                400, f"the body is not valid JSON: {exc}", "invalid_request_error"
+            ) from exc
+        if not isinstance(body, dict):
+            raise _RefusalError(400, "the body must be a JSON object", "invalid_request_error")
+        model = body.get("model")
+        if not isinstance(model, str):
+            raise _RefusalError(400, "model: expected a string", "invalid_request_error")
+        if model not in self._served:
+            message = f"The model `{model}` does not exist."
+            raise _RefusalError(404, message, "invalid_request_error", "model_not_found")
+        return body
+
+    def _refuse(self, refusal: _RefusalError) -> web.Response:
+        return web.Response(
+            status=refusal.status, body=refusal.body, content_type=_JSON, headers=self._headers
+        )
+
+    async def _perform(
+        self,
+        request: web.Request,
+        answer: Completion | bytes,
+        *,
+        stream: bool,
+        body: dict[str, Any],
+    ) -> web.StreamResponse:
+        behaviour = self._behaviour
+        if behaviour.hang:
+            await self._unhung.wait()
+            behaviour = self._behaviour
+        if behaviour.delay_s > 0:
+            await asyncio.sleep(behaviour.delay_s)
+        if behaviour.fail_status is not None:
+            message = f"{self.name}: injected failure (fail_status={behaviour.fail_status})"
+            return self._refuse(
+                _RefusalError(behaviour.fail_status, message, "server_error", "injected")
+            )
+        if behaviour.drop_connection:
+            self._stats.resets += 1
+            abort(request)
+            return web.StreamResponse()
+        if isinstance(answer, bytes):
+            return web.Response(body=answer, content_type=_JSON, headers=self._headers)
+        if not stream:
+            return web.Response(body=answer.body(), content_type=_JSON, headers=self._headers)
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        return await self._stream(request, answer.stream(include_usage=include_usage), behaviour)
+
+    async def _stream(
+        self, request: web.Request, events: replies.Stream, behaviour: ServerBehaviour
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={**_SSE_HEADERS, **self._headers})
+        await response.prepare(request)
+        reset_after = behaviour.reset_after_chunks
+        try:
+            for event in events.head:
+                await response.write(event)
+            for sent, event in enumerate(events.steps):
+                if sent == reset_after:
+                    return self._reset(request, response)
+                await self._pause(behaviour.chunk_delay_s)
+                await response.write(event)
+            if reset_after == len(events.steps):
+                return self._reset(request, response)
+            await self._pause(behaviour.chunk_delay_s)
+            for event in events.tail:
+                await response.write(event)
+            await response.write_eof()
+        except ConnectionResetError:
+            self._stats.disconnects += 1
+        return response
+
+    def _reset(self, request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+        self._stats.resets += 1
+        abort(request)
+        return response
+
+    @staticmethod
+    async def _pause(seconds: float) -> None:
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+
+    # -- other routes -----------------------------------------------------------------------
+
+    async def _models(self, _: web.Request) -> web.Response:
+        self._stats.requests[MODELS] += 1
+        return web.Response(body=self._models_body, content_type=_JSON, headers=self._headers)
+
+    async def _health(self, _: web.Request) -> web.Response:
+        self._stats.requests[HEALTH] += 1
+        return web.Response(status=self._behaviour.health_status, headers=self._headers)
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        self._stats.requests[METRICS] += 1
+        text = self._stats.exposition(self._behaviour.max_running)
+        return web.Response(
+            text=text, content_type="text/plain", charset="utf-8", headers=self._headers
+        )
+
+    async def _get_control(self, _: web.Request) -> web.Response:
+        return web.json_response(self._behaviour.as_json())
+
+    async def _post_control(self, request: web.Request) -> web.Response:
+        try:
+            patch = json.loads(await request.read() or b"{}")
+            behaviour = self._apply(self._behaviour.patched(patch))
+        except (ValueError, ControlError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(behaviour.as_json())
+
+    async def _post_reset(self, _: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response(self._behaviour.as_json())
+
+    async def _get_stats(self, _: web.Request) -> web.Response:
+        return web.json_response(self._stats.as_json())
