@@ -1,0 +1,289 @@
+"""Endpoint state and picking: which URL of which upstream gets the next request.
+
+An :class:`EndpointState` is the live, in-memory view of one endpoint: requests in flight, a
+latency EWMA, and its health as seen by two observers.
+
+* **Passive health** (outlier ejection) watches real traffic. :func:`record_failure` ejects the
+  endpoint when the failures in a rolling window reach ``failure_ratio`` (with at least
+  ``min_samples`` outcomes), or after ``consecutive_failures`` in a row — but never on a single
+  failure. An ejected endpoint sits out ``cooldown_s``; then it is *half-open*: exactly one probe
+  request may go through (:func:`try_acquire_probe`, or :func:`claim`). The probe's success
+  closes the circuit and resets the cooldown; its failure ejects again for twice as long, up to
+  ``max_cooldown_s``.
+* **Active health** is an optional prober's verdict (:func:`mark_probe_result`): down after
+  ``down_after_failed_probes`` failed probes in a row, up again after one success. It is
+  independent of passive health: an endpoint is available only when both allow it.
+
+:func:`pick` is the pure policy: among available endpoints, the less loaded of two random ones
+(power of two choices), ties to the lower latency EWMA, then at random.
+
+The request path uses them in this order, with no ``await`` between ``pick`` and ``claim``::
+
+    ep = pick(candidates, rng, now, exclude=tried)
+    probe = claim(ep, now)
+    try:
+        ...                                   # record_success / record_failure / record_latency
+    finally:
+        release(ep, probe=probe)
+
+Times are seconds on a monotonic clock (``Clock.monotonic()``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from gpugate.errors import NoHealthyUpstream
+
+if TYPE_CHECKING:
+    import random
+    from collections.abc import Collection, Sequence
+
+DEFAULT_EWMA_ALPHA = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class EjectionPolicy:
+    """When passive and active health take an endpoint out of rotation, and for how long."""
+
+    min_samples: int = 5
+    window_s: float = 10.0
+    failure_ratio: float = 0.5
+    consecutive_failures: int = 5
+    cooldown_s: float = 5.0
+    max_cooldown_s: float = 60.0
+    down_after_failed_probes: int = 2
+
+    def __post_init__(self) -> None:
+        problems = [
+            message
+            for ok, message in (
+                (self.min_samples >= 1, "min_samples must be at least 1"),
+                (self.window_s > 0, "window_s must be positive"),
+                (0 < self.failure_ratio <= 1, "failure_ratio must be in (0, 1]"),
+                (self.consecutive_failures >= 2, "consecutive_failures must be at least 2"),
+                (self.cooldown_s > 0, "cooldown_s must be positive"),
+                (self.max_cooldown_s >= self.cooldown_s, "max_cooldown_s must be >= cooldown_s"),
+                (self.down_after_failed_probes >= 1, "down_after_failed_probes must be >= 1"),
+            )
+            if not ok
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+class Health(StrEnum):
+    """An endpoint's health at one moment."""
+
+    HEALTHY = "healthy"
+    EJECTED = "ejected"  # passive health took it out; cooldown running
+    HALF_OPEN = "half-open"  # cooldown over; one probe request may go through
+    DOWN = "down"  # the active prober says so
+
+
+@dataclass(slots=True, eq=False, repr=False)
+class EndpointState:
+    """One endpoint URL of an upstream: load, latency and health. Mutable; compared by identity."""
+
+    upstream_id: str
+    url: str
+    policy: EjectionPolicy = field(default_factory=EjectionPolicy)
+    outstanding: int = 0
+    latency_ewma_s: float | None = None
+    # passive health
+    outcomes: deque[tuple[float, bool]] = field(default_factory=deque)  # (time, ok) in the window
+    window_failures: int = 0
+    failure_streak: int = 0
+    ejected_until: float | None = None  # None: the circuit is closed
+    cooldown_s: float = 0.0  # of the current ejection; 0 when closed
+    ejections: int = 0  # ever, for operators
+    probing: bool = False  # the half-open probe is in flight
+    # active health
+    down: bool = False
+    failed_probes: int = 0
+    last_probe_at: float | None = None
+
+    def __repr__(self) -> str:
+        if self.down:
+            state = "down"
+        elif self.probing:
+            state = "probing"
+        elif self.ejected_until is not None:
+            state = f"ejected until={self.ejected_until:g} cooldown={self.cooldown_s:g}s"
+        else:
+            state = "healthy"
+        return f"<Endpoint {self.upstream_id} {self.url} out={self.outstanding} {state}>"
+
+
+def health(ep: EndpointState, now: float) -> Health:
+    """``ep``'s health at ``now``."""
+    if ep.down:
+        return Health.DOWN
+    if ep.ejected_until is None:
+        return Health.HEALTHY
+    return Health.HALF_OPEN if now >= ep.ejected_until else Health.EJECTED
+
+
+def is_available(ep: EndpointState, now: float) -> bool:
+    """Whether a request may go to ``ep`` now: healthy, or half-open with its probe slot free."""
+    state = health(ep, now)
+    return state is Health.HEALTHY or (state is Health.HALF_OPEN and not ep.probing)
+
+
+def pick(
+    candidates: Sequence[EndpointState],
+    rng: random.Random,
+    now: float,
+    *,
+    exclude: Collection[str] = frozenset(),
+) -> EndpointState:
+    """The endpoint for the next request: power of two choices by least outstanding requests.
+
+    Only available endpoints whose url is not in ``exclude`` compete. Ties on outstanding go to
+    the lower latency EWMA, then at random. Raises :class:`~gpugate.errors.NoHealthyUpstream`
+    when none is available. Pure: changes nothing (see :func:`claim`).
+    """
+    available = [ep for ep in candidates if ep.url not in exclude and is_available(ep, now)]
+    if not available:
+        raise _nothing_available(candidates, now, exclude)
+    if len(available) == 1:
+        return available[0]
+    first, second = rng.sample(available, 2)
+    return _less_loaded(first, second, rng)
+
+
+def _less_loaded(a: EndpointState, b: EndpointState, rng: random.Random) -> EndpointState:
+    if a.outstanding != b.outstanding:
+        return a if a.outstanding < b.outstanding else b
+    la, lb = a.latency_ewma_s, b.latency_ewma_s
+    if la is not None and lb is not None and la != lb:
+        return a if la < lb else b
+    return a if rng.random() < 0.5 else b
+
+
+def _nothing_available(
+    candidates: Sequence[EndpointState], now: float, exclude: Collection[str]
+) -> NoHealthyUpstream:
+    if not candidates:
+        return NoHealthyUpstream("no endpoint serves this request")
+    counts: dict[str, int] = {}
+    for ep in candidates:
+        reason = "already tried" if ep.url in exclude else str(health(ep, now))
+        if reason == Health.HALF_OPEN:
+            reason = "probing"
+        counts[reason] = counts.get(reason, 0) + 1
+    summary = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
+    waits = [ep.ejected_until - now for ep in candidates if ep.ejected_until is not None]
+    retry_after = float(max(1, math.ceil(min(waits)))) if waits else None
+    return NoHealthyUpstream(
+        f"no healthy endpoint among {len(candidates)} ({summary})", retry_after_s=retry_after
+    )
+
+
+def try_acquire_probe(ep: EndpointState, now: float) -> bool:
+    """Take ``ep``'s one probe slot if it is half-open and the slot is free; whether it did."""
+    if health(ep, now) is not Health.HALF_OPEN or ep.probing:
+        return False
+    ep.probing = True
+    return True
+
+
+def claim(ep: EndpointState, now: float) -> bool:
+    """Count a request going to ``ep``; returns whether it is ``ep``'s half-open probe.
+
+    Call right after :func:`pick` (no ``await`` between). Raises
+    :class:`~gpugate.errors.NoHealthyUpstream` if ``ep`` is not available any more.
+    """
+    if not is_available(ep, now):
+        raise NoHealthyUpstream(f"endpoint {ep.url} of {ep.upstream_id} is {health(ep, now)}")
+    probe = try_acquire_probe(ep, now)
+    ep.outstanding += 1
+    return probe
+
+
+def release(ep: EndpointState, *, probe: bool) -> None:
+    """The request :func:`claim` counted has ended.
+
+    A probe that recorded no outcome (cancelled, or a client error that says nothing about
+    the endpoint) gives its slot back, so the next request may probe.
+    """
+    ep.outstanding = max(0, ep.outstanding - 1)
+    if probe:
+        ep.probing = False
+
+
+def record_success(ep: EndpointState, now: float) -> None:
+    """A request to ``ep`` succeeded. The half-open probe's success closes the circuit."""
+    _observe(ep, now, ok=True)
+    ep.failure_streak = 0
+    if ep.probing:
+        _close(ep)
+
+
+def record_failure(ep: EndpointState, now: float) -> None:
+    """A request to ``ep`` failed (connect error or 5xx); may eject it."""
+    _observe(ep, now, ok=False)
+    ep.failure_streak += 1
+    if ep.probing:
+        _eject(ep, now, min(2 * ep.cooldown_s, ep.policy.max_cooldown_s))
+    elif ep.ejected_until is None and _should_eject(ep):
+        _eject(ep, now, ep.policy.cooldown_s)
+
+
+def record_latency(ep: EndpointState, seconds: float, *, alpha: float = DEFAULT_EWMA_ALPHA) -> None:
+    """Fold one request's latency into ``ep``'s EWMA (the first sample sets it)."""
+    previous = ep.latency_ewma_s
+    ep.latency_ewma_s = seconds if previous is None else alpha * seconds + (1 - alpha) * previous
+
+
+def mark_probe_result(ep: EndpointState, ok: bool, now: float) -> None:
+    """An active health probe of ``ep`` came back ``ok`` or not."""
+    ep.last_probe_at = now
+    if ok:
+        ep.failed_probes = 0
+        ep.down = False
+        return
+    ep.failed_probes += 1
+    if ep.failed_probes >= ep.policy.down_after_failed_probes:
+        ep.down = True
+
+
+def _observe(ep: EndpointState, now: float, *, ok: bool) -> None:
+    ep.outcomes.append((now, ok))
+    if not ok:
+        ep.window_failures += 1
+    horizon = now - ep.policy.window_s
+    while ep.outcomes and ep.outcomes[0][0] <= horizon:
+        _, old_ok = ep.outcomes.popleft()
+        if not old_ok:
+            ep.window_failures -= 1
+
+
+def _should_eject(ep: EndpointState) -> bool:
+    policy = ep.policy
+    if ep.failure_streak >= policy.consecutive_failures:  # at least 2, by EjectionPolicy
+        return True
+    if ep.window_failures < 2:  # never on a single failure
+        return False
+    samples = len(ep.outcomes)
+    return samples >= policy.min_samples and ep.window_failures / samples >= policy.failure_ratio
+
+
+def _eject(ep: EndpointState, now: float, cooldown_s: float) -> None:
+    ep.ejected_until = now + cooldown_s
+    ep.cooldown_s = cooldown_s
+    ep.probing = False
+    ep.ejections += 1
+
+
+def _close(ep: EndpointState) -> None:
+    ep.ejected_until = None
+    ep.cooldown_s = 0.0
+    ep.probing = False
+    ep.failure_streak = 0
+    ep.outcomes.clear()
+    ep.window_failures = 0

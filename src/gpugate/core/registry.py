@@ -1,0 +1,128 @@
+"""The fleet as the request path sees it: upstreams, their endpoints, their admission pools.
+
+In memory, no I/O. Built from the config's upstreams; :meth:`Registry.reconfigure` swaps in a new
+set while keeping the live state (load, health, queue) of every endpoint and upstream that stays.
+A *guard* (the GPU monitor, when it is active) may take whole upstreams out of rotation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpugate.core.admission import AdmissionPool
+from gpugate.core.picking import EjectionPolicy, EndpointState, is_available
+from gpugate.errors import NoHealthyUpstream, UnknownModel, UnknownUpstream
+
+if TYPE_CHECKING:
+    from gpugate.clock import Clock
+    from gpugate.config import UpstreamConfig
+
+#: Says why an upstream is out of rotation (e.g. "GPU 1 faulted: XID 79"), or None when it is in.
+Guard = Callable[[str], str | None]
+
+
+@dataclass(slots=True, eq=False)
+class UpstreamState:
+    """One upstream: its config, its endpoints' live state and its admission pool."""
+
+    config: UpstreamConfig
+    endpoints: list[EndpointState]
+    pool: AdmissionPool
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+    def __repr__(self) -> str:
+        return f"<Upstream {self.id} endpoints={len(self.endpoints)} {self.pool!r}>"
+
+
+class Registry:
+    """Upstreams by id and by model, with the endpoints a request may go to."""
+
+    def __init__(
+        self,
+        upstreams: Sequence[UpstreamConfig],
+        clock: Clock,
+        *,
+        policy: EjectionPolicy | None = None,
+    ) -> None:
+        self._clock = clock
+        self._policy = policy or EjectionPolicy()
+        self._by_id: dict[str, UpstreamState] = {}
+        self._by_model: dict[str, list[UpstreamState]] = {}
+        self.guard: Guard | None = None
+        self.reconfigure(upstreams)
+
+    def reconfigure(self, upstreams: Sequence[UpstreamConfig]) -> None:
+        """Swap in a new set of upstreams, keeping the state of what stays the same."""
+        old = self._by_id
+        by_id: dict[str, UpstreamState] = {}
+        for cfg in upstreams:
+            kept = old.get(cfg.id)
+            if kept is None:
+                state = UpstreamState(
+                    cfg,
+                    [EndpointState(cfg.id, url, self._policy) for url in cfg.endpoints],
+                    AdmissionPool(cfg.max_inflight, cfg.max_queue, self._clock),
+                )
+            else:
+                by_url = {ep.url: ep for ep in kept.endpoints}
+                endpoints = [
+                    by_url.get(url) or EndpointState(cfg.id, url, self._policy)
+                    for url in cfg.endpoints
+                ]
+                kept.pool.resize(cfg.max_inflight)
+                state = UpstreamState(cfg, endpoints, kept.pool)
+            by_id[cfg.id] = state
+        by_model: dict[str, list[UpstreamState]] = {}
+        for state in by_id.values():
+            for model in state.config.models:
+                by_model.setdefault(model, []).append(state)
+        self._by_id, self._by_model = by_id, by_model
+
+    def upstream(self, upstream_id: str) -> UpstreamState:
+        try:
+            return self._by_id[upstream_id]
+        except KeyError:
+            known = ", ".join(sorted(self._by_id))
+            raise UnknownUpstream(f"no upstream {upstream_id!r} (known: {known})") from None
+
+    def upstreams(self) -> list[UpstreamState]:
+        return list(self._by_id.values())
+
+    def serving(self, model: str) -> list[UpstreamState]:
+        """Every upstream configured for ``model``; :class:`UnknownModel` when there is none."""
+        try:
+            return self._by_model[model]
+        except KeyError:
+            raise UnknownModel(f"no upstream serves model {model!r}") from None
+
+    def out_of_rotation(self, upstream: UpstreamState) -> str | None:
+        """Why the guard keeps ``upstream`` out of rotation, or None."""
+        return self.guard(upstream.id) if self.guard is not None else None
+
+    def in_rotation(self, upstreams: Sequence[UpstreamState]) -> list[UpstreamState]:
+        """The upstreams the guard allows; :class:`NoHealthyUpstream` naming why if none."""
+        allowed = [u for u in upstreams if self.out_of_rotation(u) is None]
+        if not allowed and upstreams:
+            reasons = "; ".join(f"{u.id}: {self.out_of_rotation(u)}" for u in upstreams)
+            raise NoHealthyUpstream(f"every upstream is out of rotation ({reasons})")
+        return allowed
+
+    def models(self) -> list[str]:
+        """Models with at least one endpoint a request could go to now."""
+        now = self._clock.monotonic()
+        return sorted(
+            model
+            for model, states in self._by_model.items()
+            if any(
+                self.out_of_rotation(u) is None and any(is_available(ep, now) for ep in u.endpoints)
+                for u in states
+            )
+        )
+
+    def __repr__(self) -> str:
+        return f"<Registry upstreams={len(self._by_id)} models={len(self._by_model)}>"
