@@ -1,0 +1,1 @@
+"""Adapters: each owns one outside system (model servers over HTTP, exporters, object storage)."""

@@ -1,0 +1,139 @@
+"""The only sender of model traffic: one pooled aiohttp session, errors translated where they enter.
+
+Why aiohttp and not httpx: docs/decisions.md §1 (12x less CPU per request at 64 connections).
+Headers travel as raw ``(bytes, bytes)`` pairs and bodies as raw chunks: nothing is parsed or
+re-serialised on the way through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+import aiohttp
+
+from gpugate.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
+
+# RFC 9110 §7.6.1 connection-specific fields, plus what the client library sets itself.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length"}
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Per-request limits, in seconds."""
+
+    connect_s: float
+    first_byte_s: float
+    total_s: float
+
+
+class UpstreamResponse:
+    """An upstream's response whose headers have arrived; the body is read as it comes."""
+
+    __slots__ = ("_resp", "headers", "status")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+        self.headers: list[tuple[bytes, bytes]] = [
+            (k.lower(), v) for k, v in resp.raw_headers if k.lower() not in HOP_BY_HOP
+        ]
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Body chunks as they arrive; a failure mid-body raises :class:`UpstreamError`."""
+        try:
+            async for chunk in self._resp.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamTimeout("the upstream stopped sending before the end") from exc
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            raise UpstreamError(f"the upstream broke off the response: {exc}") from exc
+
+    async def read(self) -> bytes:
+        """The whole body (for small, non-streaming responses)."""
+        parts = [chunk async for chunk in self.chunks()]
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """Done with the body: the connection returns to the pool if it was read to the end,
+        and is closed otherwise (so an abandoned generation stops on the upstream)."""
+        if self._resp.content.at_eof():
+            self._resp.release()
+        else:
+            self._resp.close()
+
+
+class UpstreamClient:
+    """A pooled keep-alive HTTP client for model servers."""
+
+    def __init__(self, *, limit: int = 0, keepalive_s: float = 30.0) -> None:
+        self._limit = limit
+        self._keepalive_s = keepalive_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=self._limit, keepalive_timeout=self._keepalive_s, ttl_dns_cache=300
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        headers: Iterable[tuple[bytes, bytes]],
+        body: bytes | AsyncIterator[bytes] | None,
+        timeouts: Timeouts,
+    ) -> UpstreamResponse:
+        """Send a request and wait for the response headers (bounded by ``first_byte_s``)."""
+        assert self._session is not None, "UpstreamClient.start() was not awaited"
+        out = [
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in headers
+            if name.lower() not in _NOT_FORWARDED
+        ]
+        timeout = aiohttp.ClientTimeout(total=timeouts.total_s, sock_connect=timeouts.connect_s)
+        try:
+            async with asyncio.timeout(timeouts.first_byte_s):
+                resp = await self._session.request(
+                    method, url, headers=out, data=body, timeout=timeout, allow_redirects=False
+                )
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise UpstreamTimeout(f"connect to {url} timed out", connect_failed=True) from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamUnreachable(
+                f"cannot connect to {url}: {exc.os_error.strerror or exc}", connect_failed=True
+            ) from exc
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamTimeout(f"{url} sent no response within the timeout") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnreachable(f"{url} failed before responding: {exc}") from exc
+        return UpstreamResponse(resp)
+
+    def __repr__(self) -> str:
+        state = "open" if self._session is not None else "closed"
+        return f"<UpstreamClient {state}>"

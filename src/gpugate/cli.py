@@ -1,0 +1,176 @@
+"""The ``gpugate`` command. Each subcommand parses its arguments, calls one function, presents.
+
+Exit codes: 0 success, 1 a failure the message explains (invalid config, port taken, store down),
+2 a usage error (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpugate import __version__
+from gpugate.config import env_problems, load_config
+from gpugate.errors import ConfigError, GpugateError
+
+DESCRIPTION = """\
+gpugate: the front door for a team's GPU work. An OpenAI-compatible gateway that routes to
+healthy model servers, couples routing to GPU health from dcgm-exporter, and runs async jobs
+durably along a fallback chain of runtimes."""
+
+
+def _run(coro: object) -> object:
+    import uvloop
+
+    return uvloop.run(coro)  # type: ignore[arg-type]
+
+
+def _print_problems(error: ConfigError) -> None:
+    """Every problem on stderr: one line when there is one, else a count and a line each."""
+    source = f"{error.source}: " if error.source else ""
+    problems = error.problems
+    if len(problems) == 1 and not problems[0].path:
+        line = f" (line {problems[0].line})" if problems[0].line is not None else ""
+        print(f"{source}{problems[0].message}{line}", file=sys.stderr)
+        return
+    print(f"{source}{len(problems)} problem{'s' if len(problems) != 1 else ''}", file=sys.stderr)
+    for problem in problems:
+        print(f"  {problem}", file=sys.stderr)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from gpugate.logs import configure_logging
+    from gpugate.server import bind, serve_gateway
+
+    config = load_config(args.config, environ=os.environ, require_env=True)
+    configure_logging(args.log_format or config.server.log_format, args.log_level)
+    host, port = (config.host, config.port) if args.listen is None else _split_listen(args.listen)
+    sock = bind(host, port)
+    print(f"gpugate {__version__} listening on http://{host}:{sock.getsockname()[1]}", flush=True)
+    clean = _run(serve_gateway(config, sock))
+    return 0 if clean else 1
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = load_config(args.file)
+    missing = env_problems(config, os.environ)
+    for line in config.summary_lines():
+        print(line)
+    if missing and args.strict_env:
+        raise ConfigError(missing, source=str(args.file))
+    for problem in missing:
+        print(f"warning: {problem} (needed at `serve`)")
+    print(f"{args.file}: valid")
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from gpugate.wiring import upgrade_store
+
+    dsn = args.store or load_config(args.config).store
+    applied = _run(upgrade_store(dsn))
+    assert isinstance(applied, list)
+    print("applied: " + ", ".join(applied) if applied else "the store is up to date")
+    return 0
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from gpugate.demo import run_fleet
+
+    _run(run_fleet(gpus=args.gpus, host_label=args.host_label))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gpugate.demo import run_demo
+    from gpugate.logs import configure_logging
+
+    configure_logging("text", args.log_level)
+    host, port = _split_listen(args.listen)
+    clean = _run(run_demo(host, port, workdir=Path(args.workdir), scenario=args.scenario))
+    return 0 if clean else 1
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"gpugate {__version__}")
+    return 0
+
+
+def _split_listen(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise GpugateError(f"--listen must be HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpugate", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"gpugate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="run the gateway (the production entry point)")
+    p.add_argument("--config", required=True, type=Path, help="the YAML config file")
+    p.add_argument("--listen", help="HOST:PORT, overrides `listen` in the file")
+    p.add_argument("--log-format", choices=["text", "json"], help="overrides server.log_format")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "check-config",
+        help="validate a config file: every problem as `path.to.key: reason (line N)`",
+        description="Validate a config file. Prints every problem and exits 1, or a summary and "
+        "exits 0. Unset environment variables that `serve` needs are warnings here "
+        "(errors with --strict-env).",
+    )
+    p.add_argument("file", type=Path)
+    p.add_argument("--strict-env", action="store_true", help="unset required env vars are errors")
+    p.set_defaults(func=cmd_check_config)
+
+    p = sub.add_parser("db", help="store maintenance")
+    db = p.add_subparsers(dest="db_command", required=True, metavar="DB_COMMAND")
+    p = db.add_parser("upgrade", help="apply pending store migrations")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--store", help="sqlite:///path.db or postgresql://user@host/db")
+    where.add_argument("--config", type=Path, help="take `store` from this config file")
+    p.set_defaults(func=cmd_db_upgrade)
+
+    p = sub.add_parser(
+        "fleet", help="run the simulated fleet alone (fake model servers + exporter)"
+    )
+    p.add_argument("--gpus", type=int, default=2, help="GPUs on the fake exporter (default 2)")
+    p.add_argument("--host-label", choices=["Hostname", "hostname"], default="Hostname")
+    p.set_defaults(func=cmd_fleet)
+
+    p = sub.add_parser("demo", help="gateway + simulated fleet in one command, embedded SQLite")
+    p.add_argument("--scenario", help="play a scripted incident (as capabilities land)")
+    p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
+    p.add_argument("--workdir", default=".gpugate", help="state directory (default ./.gpugate)")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("version", help="print the version")
+    p.set_defaults(func=cmd_version)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = args.func(args)
+    except ConfigError as exc:
+        _print_problems(exc)
+        return 1
+    except GpugateError as exc:
+        print(f"gpugate: error: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    assert isinstance(result, int)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

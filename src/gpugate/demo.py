@@ -1,0 +1,142 @@
+"""``gpugate demo`` and ``gpugate fleet``: the simulated fleet, alone or behind a real gateway.
+
+The demo writes its config to ``<workdir>/demo.yaml`` (a real file, loaded like any other) and
+starts from a fresh embedded SQLite store at ``<workdir>/demo.db`` each time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+from pathlib import Path
+
+from gpugate.config import load_config
+from gpugate.errors import GpugateError
+from gpugate.fleet import Fleet, FleetSpec, HostLabel, demo_spec
+from gpugate.server import bind, serve_gateway
+
+DEMO_TOKEN = "demo-admin-token"  # noqa: S105 - printed on purpose: it guards a loopback demo
+SCENARIOS: dict[str, str] = {}  # name -> what it shows; filled as capabilities land
+
+
+def _fleet_spec(gpus: int = 2, host_label: HostLabel = "Hostname") -> FleetSpec:
+    spec = demo_spec()
+    exporter = dataclasses.replace(spec.exporter, host_label=host_label)
+    return dataclasses.replace(spec, gpus=gpus, exporter=exporter)
+
+
+async def run_fleet(*, gpus: int = 2, host_label: HostLabel = "Hostname") -> None:
+    """Run the simulated fleet until SIGINT or SIGTERM, printing where each member listens."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with Fleet(_fleet_spec(gpus, host_label)) as fleet:
+        for line in fleet.describe():
+            print(line, flush=True)  # noqa: T201 - the command's output
+        print("Ctrl-C stops.", flush=True)  # noqa: T201
+        await stop.wait()
+
+
+def demo_config(fleet: Fleet, *, store: Path, listen: str) -> str:
+    """The demo gateway's YAML: the seed's upstreams on the simulated fleet's ports."""
+    s = fleet.servers
+    return f"""\
+# Written by `gpugate demo` for the simulated fleet started with it (ports change per run).
+listen: {listen}
+store: sqlite:///{store}
+admin_token_env: GPUGATE_ADMIN_TOKEN
+
+gpu_health:
+  dcgm_url: {fleet.exporter.url}/metrics
+  poll_s: 5
+  staleness_s: 20
+
+upstreams:
+  - id: qwen-35b
+    url: {s["qwen-35b"].url}
+    models: [qwen-35b]
+    gpu_ids: [0]
+  - id: cleanup-3b
+    url: {s["cleanup-3b"].url}
+    models: [cleanup-3b]
+    gpu_ids: [1]
+  - id: tei-embeddings
+    url: {s["tei-embeddings"].url}
+    models: [bge-m3]
+    gpu_ids: [1]
+  - id: doc-classifier
+    url: {s["doc-classifier"].url}
+    models: [doc-classifier]
+    gpu_ids: [1]
+
+server:
+  shutdown_grace_s: 5
+"""
+
+
+def banner(fleet: Fleet, *, url: str, workdir: Path, token: str) -> list[str]:
+    """What the demo prints once it is up: where things are and what to try."""
+    chat = '{"model":"qwen-35b","messages":[{"role":"user","content":"hello"}]}'
+    stream = '{"model":"qwen-35b","stream":true,"messages":[{"role":"user","content":"hello"}]}'
+    return [
+        "",
+        f"gpugate demo is up: {url}",
+        f"  config  {workdir / 'demo.yaml'}    store  {workdir / 'demo.db'}",
+        f"  admin token  {token}",
+        "  simulated fleet:",
+        *(f"    {line}" for line in fleet.describe()),
+        "",
+        "Try:",
+        f"  curl -s {url}/readyz",
+        f"  curl -s {url}/v1/models",
+        f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' -d '{chat}'",
+        f"  curl -sN {url}/v1/chat/completions -H 'content-type: application/json' -d '{stream}'",
+        (
+            f"  curl -s {url}/v1/embeddings -H 'content-type: application/json'"
+            ' -d \'{"model":"bge-m3","input":"hello"}\''
+        ),
+        (
+            '  pip install openai && python -c "from openai import OpenAI; '
+            f"c = OpenAI(base_url='{url}/v1', api_key='none'); "
+            "print(c.chat.completions.create(model='qwen-35b', "
+            "messages=[{'role': 'user', 'content': 'hi'}]).choices[0].message.content)\""
+        ),
+        f"  curl -s {url}/metrics | grep ^gateway_requests_total",
+        "",
+        "Ctrl-C stops.",
+    ]
+
+
+def _fresh_store(workdir: Path) -> Path:
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    db = workdir / "demo.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    return db
+
+
+async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None = None) -> bool:
+    """Gateway + simulated fleet until SIGINT/SIGTERM; True when it started and stopped cleanly."""
+    if scenario is not None and scenario not in SCENARIOS:
+        known = ", ".join(sorted(SCENARIOS)) or "none yet"
+        raise GpugateError(f"unknown scenario {scenario!r} (known: {known})")
+    environ = dict(os.environ)
+    token = environ.setdefault("GPUGATE_ADMIN_TOKEN", DEMO_TOKEN)
+    sock = bind(host, port)  # first, so a taken port fails before anything starts
+    actual_port = sock.getsockname()[1]
+    url = f"http://{host}:{actual_port}"
+    db = await asyncio.to_thread(_fresh_store, workdir)
+    async with Fleet(_fleet_spec()) as fleet:
+        config_path = workdir / "demo.yaml"
+        text = demo_config(fleet, store=db, listen=f"{host}:{actual_port}")
+        await asyncio.to_thread(config_path.write_text, text)
+        config = load_config(config_path, environ=environ, require_env=True)
+
+        async def announce() -> None:
+            print("\n".join(banner(fleet, url=url, workdir=workdir, token=token)), flush=True)  # noqa: T201
+
+        return await serve_gateway(config, sock, environ=environ, on_started=announce)

@@ -1,0 +1,95 @@
+"""Every Prometheus metric gpugate exports, declared once on the app's own registry.
+
+This is the only module that imports ``prometheus_client``. A fresh :class:`Metrics` is built per
+app (and per test), so nothing is registered globally and two gateways in one process do not
+collide. Families keep the ``gateway_`` prefix (DESIGN §3).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from gpugate import __version__
+
+# Buckets that resolve the gateway's own sub-millisecond overhead as well as long generations.
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    """The gateway's metric families on a private registry."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.build_info = Info("gateway_build", "gpugate build information", registry=r)
+        self.build_info.info({"version": __version__})
+        self.config_version = Gauge(
+            "gateway_config_version", "Number of the gateway config version in effect", registry=r
+        )
+        self.requests = Counter(
+            "gateway_requests_total",
+            "Data-plane requests by model, upstream, class and response code",
+            ["model", "upstream", "class", "code"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Time from request received to response complete",
+            ["model", "class"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "gateway_overhead_seconds",
+            "Time spent in the gateway itself, excluding the upstream",
+            buckets=_OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.upstream_ttfb = Histogram(
+            "gateway_upstream_ttfb_seconds",
+            "Time from sending to an upstream to its response headers",
+            ["upstream"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gateway_queue_wait_seconds",
+            "Time a request waited in an upstream's admission queue",
+            ["upstream", "class"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.upstream_inflight = Gauge(
+            "gateway_upstream_inflight",
+            "Requests admitted to an upstream and not finished",
+            ["upstream"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "gateway_queue_depth",
+            "Requests waiting for admission, by upstream and class",
+            ["upstream", "class"],
+            registry=r,
+        )
+        self.endpoint_healthy = Gauge(
+            "gateway_endpoint_healthy",
+            "1 when the endpoint is in rotation, 0 when ejected or failing its probe",
+            ["upstream", "endpoint"],
+            registry=r,
+        )
+        self.idempotent_replays = Counter(
+            "gateway_idempotent_replays_total",
+            "Responses served from the idempotency store without an upstream call",
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        """The exposition text of every family."""
+        return generate_latest(self.registry)
+
+    def __repr__(self) -> str:
+        return f"<Metrics families={len(list(self.registry.collect()))}>"

@@ -1,0 +1,107 @@
+"""Serving an ASGI app: bind first (so a taken port is one clear error), then run uvicorn.
+
+Uvicorn owns the signals: on SIGTERM or SIGINT it stops accepting, lets in-flight requests finish
+for up to the grace period, then runs the app's lifespan shutdown, which stops every loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from gpugate.config import GatewayConfig
+from gpugate.errors import ListenError
+from gpugate.web.app import create_app
+from gpugate.wiring import build_gateway
+
+log = logging.getLogger("gpugate.server")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or a :class:`ListenError` that says what is wrong."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, True)  # noqa: FBT003
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ListenError(f"cannot listen on {host}:{port}: address already in use") from exc
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise ListenError(f"cannot listen on {host}:{port}: no such local address") from exc
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.setblocking(False)  # noqa: FBT003
+    return sock
+
+
+def _absorb_reraised_sigterm() -> None:
+    """Uvicorn re-raises the signal that stopped it once it has shut down; with the default
+    SIGTERM disposition that would kill the process *after* a clean shutdown (exit -15).
+    A no-op handler lets the shutdown end in exit code 0, as a supervisor expects."""
+    if threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
+
+
+def make_server(app: ASGIApp, grace_s: float) -> uvicorn.Server:
+    """A uvicorn server for ``app`` with gpugate's settings (serve it with pre-bound sockets)."""
+    return uvicorn.Server(_uvicorn_config(app, grace_s))
+
+
+def _uvicorn_config(app: ASGIApp, grace_s: float) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_config=None,  # our logging (gpugate.logs) is already configured
+        timeout_graceful_shutdown=max(1, round(grace_s)),
+        timeout_keep_alive=30,
+        server_header=False,
+        date_header=False,
+    )
+
+
+async def serve(
+    app: ASGIApp,
+    sock: socket.socket,
+    *,
+    grace_s: float,
+    on_started: Callable[[], Awaitable[None]] | None = None,
+) -> bool:
+    """Serve until a signal; True when startup and shutdown were clean."""
+    _absorb_reraised_sigterm()
+    server = make_server(app, grace_s)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    if on_started is not None:
+        while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn has no event
+            await asyncio.sleep(0.01)
+        if server.started:
+            await on_started()
+    await task
+    return server.started
+
+
+async def serve_gateway(
+    config: GatewayConfig,
+    sock: socket.socket,
+    *,
+    environ: Mapping[str, str] | None = None,
+    on_started: Callable[[], Awaitable[None]] | None = None,
+) -> bool:
+    """Build the gateway, serve it until a signal, then stop it: the whole life of ``serve``."""
+    async with build_gateway(config, environ=environ) as gateway:
+        app = create_app(gateway)
+        return await serve(app, sock, grace_s=config.server.shutdown_grace_s, on_started=on_started)

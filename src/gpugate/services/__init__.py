@@ -1,0 +1,1 @@
+"""Services: the loops and request paths that combine the core with the adapters."""

@@ -1,0 +1,88 @@
+"""Idempotency-Key for the sync path, as the IETF draft describes it.
+
+The first completed non-streaming response (status, headers, body) under a key is kept in the store
+for ``idempotency_ttl_s``; a replay gets it back byte-identical, before admission, with
+``Idempotent-Replayed: true`` — and it survives a restart because it lives in the store.
+
+A duplicate that arrives while the first request is still in flight gets 409
+``IDEMPOTENCY_CONFLICT`` at once (it does not wait: a client that retries after a timeout should
+not hold a second connection open for the length of a generation). The same key with a different
+request body gets 422 ``IDEMPOTENCY_KEY_REUSED``. Responses with a 5xx status, streams and
+requests that failed in the gateway are not kept: the key is released so the client may retry.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from gpugate.errors import BadRequest, IdempotencyConflict, IdempotencyKeyReused
+from gpugate.store import InFlight, Mismatch, Replay, Store, request_fingerprint
+
+MAX_KEY_LENGTH = 255
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """The right to complete (or abandon) one key: held by the request that started it."""
+
+    key: str
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A response kept under a key, to be replayed byte for byte."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+class Idempotency:
+    """Begin, complete or abandon a keyed request against the store."""
+
+    def __init__(self, store: Store, ttl_s: float) -> None:
+        self._store = store
+        self._ttl_s = ttl_s
+
+    async def begin(self, key: str, method: str, path: str, body: bytes) -> Ticket | StoredResponse:
+        """A ticket to go ahead, or the stored response to replay; raises on conflict/reuse."""
+        if not key or len(key) > MAX_KEY_LENGTH:
+            raise BadRequest(f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters")
+        owner = uuid.uuid4().hex
+        outcome = await self._store.idem_begin(
+            key, request_fingerprint(method, path, body), ttl_s=self._ttl_s, owner=owner
+        )
+        if isinstance(outcome, Replay):
+            record = outcome.record
+            headers = [
+                (name.encode("latin-1"), value.encode("latin-1")) for name, value in record.headers
+            ]
+            return StoredResponse(record.status, headers, record.body)
+        if isinstance(outcome, InFlight):
+            raise IdempotencyConflict(
+                f"a request with Idempotency-Key {key!r} is still in flight", retry_after_s=1
+            )
+        if isinstance(outcome, Mismatch):
+            raise IdempotencyKeyReused(
+                f"Idempotency-Key {key!r} was used with a different request body"
+            )
+        return Ticket(key, owner)
+
+    async def complete(
+        self, ticket: Ticket, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        """Keep the response for replays (5xx responses release the key instead)."""
+        if status >= 500:
+            await self.abandon(ticket)
+            return
+        pairs = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
+        await self._store.idem_complete(ticket.key, ticket.owner, status, pairs, body)
+
+    async def abandon(self, ticket: Ticket) -> None:
+        """Release the key so the client may retry it."""
+        await self._store.idem_abandon(ticket.key, ticket.owner)
+
+    def __repr__(self) -> str:
+        return f"<Idempotency ttl={self._ttl_s:g}s>"

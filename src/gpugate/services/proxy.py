@@ -1,0 +1,268 @@
+"""The synchronous request path, written once in order:
+
+    candidates (model → upstreams in rotation → endpoints) → choose an upstream (P2C)
+    → admission (per-upstream pool, by class) → pick + claim an endpoint → send
+    → on a connect failure, once more on another endpoint → a :class:`Reply` to relay.
+
+The :class:`Reply` owns the admission slot and the endpoint claim until :meth:`Reply.aclose`,
+which the web layer calls in a ``finally`` — so a client that goes away frees both at once.
+Upstream responses, errors included, are passed through unchanged; our own errors are raised as
+gpugate errors for the web layer to present.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+from gpugate.adapters.upstream_client import Timeouts, UpstreamClient, UpstreamResponse
+from gpugate.clock import Clock
+from gpugate.core import picking
+from gpugate.core.admission import Slot
+from gpugate.core.classes import RequestClass
+from gpugate.core.picking import EndpointState
+from gpugate.core.registry import Registry, UpstreamState
+from gpugate.errors import GpugateError, UpstreamError
+from gpugate.metrics import Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """A request to forward: where to (a model or one named upstream) and what to send."""
+
+    method: str
+    path: str  # path and query as the upstream should see them
+    headers: list[tuple[bytes, bytes]]
+    body: bytes | AsyncIterator[bytes] | None
+    cls: RequestClass
+    received_at: float  # clock.monotonic() when the request arrived
+    model: str | None = None
+    upstream_id: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Reply:
+    """An upstream's response with headers in hand; the body is relayed by the caller."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    upstream: UpstreamState
+    endpoint: EndpointState
+    overhead_s: float
+    _response: UpstreamResponse
+    _slot: Slot
+    _probe: bool
+    _proxy: Proxy
+    _outbound: Outbound
+    _closed: bool = field(default=False)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives. A break mid-body raises :class:`UpstreamError` and counts
+        against the endpoint's health."""
+        try:
+            async for chunk in self._response.chunks():
+                yield chunk
+        except UpstreamError:
+            picking.record_failure(self.endpoint, self._proxy.clock.monotonic())
+            raise
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    def close(self, code: str | None = None) -> None:
+        """Release the upstream connection, the endpoint claim and the admission slot; record
+        the request. ``code`` is what the client finally got (default: the upstream status)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._response.release()
+        picking.release(self.endpoint, probe=self._probe)
+        self._slot.release()
+        self._proxy.finished(self._outbound, self.upstream, code or str(self.status))
+
+
+class Proxy:
+    """Forwards requests to the fleet; see the module docstring for the order of things."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        client: UpstreamClient,
+        clock: Clock,
+        metrics: Metrics,
+        *,
+        secrets: Mapping[str, str] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.registry = registry
+        self.clock = clock
+        self._client = client
+        self._metrics = metrics
+        self._secrets = dict(secrets or {})
+        self._rng = rng or random.Random()  # noqa: S311 - load spreading, not security
+
+    def candidates(self, out: Outbound) -> list[UpstreamState]:
+        """The upstreams this request may go to (raises UnknownModel/UnknownUpstream/...)."""
+        if out.upstream_id is not None:
+            upstreams = [self.registry.upstream(out.upstream_id)]
+        else:
+            assert out.model is not None
+            upstreams = self.registry.serving(out.model)
+        return self.registry.in_rotation(upstreams)
+
+    async def open(self, out: Outbound) -> Reply:
+        """Admit, pick, send; the reply's headers have arrived when this returns.
+
+        A connect failure (nothing reached the upstream) is retried once on another endpoint,
+        of the same upstream or another serving the model; nothing else is ever retried.
+        """
+        upstreams = self.candidates(out)
+        tried: set[str] = set()
+        upstream_time = 0.0
+        while True:
+            endpoints = [ep for u in upstreams for ep in u.endpoints]
+            chosen = picking.pick(endpoints, self._rng, self.clock.monotonic(), exclude=tried)
+            upstream = next(u for u in upstreams if chosen in u.endpoints)
+            slot = await self._admit(upstream, out.cls)
+            try:
+                return await self._send(out, upstream, slot, tried, upstream_time)
+            except UpstreamError as exc:
+                slot.release()
+                if not (
+                    exc.connect_failed
+                    and len(tried) == 1
+                    and self._retryable(out, endpoints, tried)
+                ):
+                    raise
+            except BaseException:
+                slot.release()
+                raise
+
+    async def _admit(self, upstream: UpstreamState, cls: RequestClass) -> Slot:
+        pool = upstream.pool
+        if pool.inflight < pool.max_inflight and not pool.queued:
+            return await pool.acquire(cls, upstream.config.queue_timeout_s)
+        depth = self._metrics.queue_depth.labels(upstream.id, cls.value)
+        depth.inc()
+        started = self.clock.monotonic()
+        try:
+            return await pool.acquire(cls, upstream.config.queue_timeout_s)
+        finally:
+            depth.dec()
+            waited = self.clock.monotonic() - started
+            self._metrics.queue_wait.labels(upstream.id, cls.value).observe(waited)
+
+    async def _send(
+        self,
+        out: Outbound,
+        upstream: UpstreamState,
+        slot: Slot,
+        tried: set[str],
+        upstream_time: float,
+    ) -> Reply:
+        now = self.clock.monotonic()
+        endpoint = picking.pick(upstream.endpoints, self._rng, now, exclude=tried)
+        probe = picking.claim(endpoint, now)
+        sent_at = self.clock.monotonic()
+        try:
+            response = await self._client.send(
+                out.method,
+                endpoint.url + out.path,
+                self._headers(out, upstream),
+                out.body,
+                self._timeouts(upstream),
+            )
+        except UpstreamError:
+            picking.release(endpoint, probe=probe)
+            picking.record_failure(endpoint, self.clock.monotonic())
+            tried.add(endpoint.url)
+            raise
+        except BaseException:
+            picking.release(endpoint, probe=probe)
+            raise
+        ttfb = self.clock.monotonic() - sent_at
+        return self._reply(
+            out=out,
+            upstream=upstream,
+            endpoint=endpoint,
+            response=response,
+            slot=slot,
+            probe=probe,
+            ttfb=ttfb,
+            upstream_time=upstream_time + ttfb,
+        )
+
+    def _reply(  # noqa: PLR0913 - one place assembles the reply from the pieces of the path
+        self,
+        *,
+        out: Outbound,
+        upstream: UpstreamState,
+        endpoint: EndpointState,
+        response: UpstreamResponse,
+        slot: Slot,
+        probe: bool,
+        ttfb: float,
+        upstream_time: float,
+    ) -> Reply:
+        now = self.clock.monotonic()
+        if response.status >= 500:
+            picking.record_failure(endpoint, now)
+        else:
+            picking.record_success(endpoint, now)
+        picking.record_latency(endpoint, ttfb)
+        self._metrics.upstream_ttfb.labels(upstream.id).observe(ttfb)
+        self._metrics.upstream_inflight.labels(upstream.id).set(upstream.pool.inflight)
+        overhead = max(0.0, now - out.received_at - upstream_time)
+        return Reply(
+            response.status,
+            response.headers,
+            upstream,
+            endpoint,
+            overhead,
+            response,
+            slot,
+            probe,
+            self,
+            out,
+        )
+
+    def _retryable(self, out: Outbound, endpoints: list[EndpointState], tried: set[str]) -> bool:
+        """Another endpoint is available and the body can be sent again (bytes, not a stream)."""
+        if isinstance(out.body, AsyncIterator):
+            return False
+        now = self.clock.monotonic()
+        return any(ep.url not in tried and picking.is_available(ep, now) for ep in endpoints)
+
+    def _headers(self, out: Outbound, upstream: UpstreamState) -> list[tuple[bytes, bytes]]:
+        key_env = upstream.config.api_key_env
+        if key_env is None:
+            return out.headers
+        headers = [(k, v) for k, v in out.headers if k.lower() != b"authorization"]
+        headers.append((b"authorization", b"Bearer " + self._secrets.get(key_env, "").encode()))
+        return headers
+
+    def _timeouts(self, upstream: UpstreamState) -> Timeouts:
+        cfg = upstream.config
+        first_byte = cfg.first_byte_timeout_s or cfg.timeout_s
+        return Timeouts(
+            connect_s=cfg.connect_timeout_s, first_byte_s=first_byte, total_s=cfg.timeout_s
+        )
+
+    def finished(self, out: Outbound, upstream: UpstreamState | None, code: str) -> None:
+        """Record one finished request (the reply's, or a refusal before any reply)."""
+        m = self._metrics
+        model = out.model or ""
+        m.requests.labels(model, upstream.id if upstream else "", out.cls.value, code).inc()
+        m.request_duration.labels(model, out.cls.value).observe(
+            self.clock.monotonic() - out.received_at
+        )
+        if upstream is not None:
+            m.upstream_inflight.labels(upstream.id).set(upstream.pool.inflight)
+
+    def refused(self, out: Outbound, error: GpugateError) -> None:
+        """Record a request that ended with one of our errors before any upstream reply."""
+        self.finished(out, None, error.code)
+
+    def __repr__(self) -> str:
+        return f"<Proxy {self.registry!r}>"

@@ -1,0 +1,42 @@
+"""The ASGI application over a built :class:`~gpugate.wiring.Gateway`: routes, middleware."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from gpugate.errors import GpugateError
+from gpugate.web import models, ops
+from gpugate.web.dataplane import DataPlane
+from gpugate.web.errors import error_response
+from gpugate.web.requestid import RequestIdMiddleware
+from gpugate.wiring import Gateway
+
+
+async def _gpugate_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GpugateError)
+    return error_response(exc)
+
+
+def create_app(gateway: Gateway) -> ASGIApp:
+    """The HTTP face of ``gateway``. The gateway's lifetime is the caller's (see ``wiring``)."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            gateway.stopping = True
+
+    app = Starlette(
+        routes=[*ops.routes, *models.routes],
+        lifespan=lifespan,
+        exception_handlers={GpugateError: _gpugate_error},
+    )
+    app.state.gateway = gateway
+    return RequestIdMiddleware(DataPlane(app, gateway))

@@ -1,0 +1,302 @@
+"""The data plane over raw ASGI: the OpenAI-compatible routes and ``/u/{upstream}/{path}``.
+
+These are the hot routes, so they bypass the framework: the body is read once, only ``model`` and
+``stream`` are looked at, the original bytes are forwarded, and the upstream's response is relayed
+chunk by chunk as it arrives (no buffering, no re-serialisation). Everything else falls through to
+the Starlette app.
+
+While a response is in progress a watcher waits for the client to go away; when it does, the
+upstream connection is closed and the admission slot freed at once. An upstream that breaks off an
+SSE stream ends it with a final event (``event: error`` whose data is an OpenAI-shaped error with
+code ``UPSTREAM_ERROR`` or ``UPSTREAM_TIMEOUT``), which the ``openai`` client raises as an
+``APIError``; any other body is cut off (the connection is closed without the final chunk), so a
+truncation is never silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gpugate.core.classes import RequestClass, parse_request_class
+from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge, UpstreamError
+from gpugate.services.idempotency import StoredResponse, Ticket
+from gpugate.services.proxy import Outbound, Reply
+from gpugate.web.errors import error_body, error_headers, status_of
+from gpugate.wiring import Gateway
+
+log = logging.getLogger("gpugate.proxy")
+
+OPENAI_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+RAW_PREFIX = "/u/"
+_JSON = [(b"content-type", b"application/json")]
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response was complete."""
+
+
+class BrokenStream(Exception):
+    """The upstream broke off a non-SSE body: drop the connection so the client sees it."""
+
+
+class DataPlane:
+    """ASGI middleware that serves the data-plane routes and passes everything else on."""
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if path in OPENAI_ROUTES and scope["method"] == "POST":
+                await self._openai(scope, receive, send)
+                return
+            if path.startswith(RAW_PREFIX):
+                await self._raw(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    async def _openai(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gw = self.gateway
+        received_at = gw.clock.monotonic()
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        out: Outbound | None = None
+        try:
+            body = await _read_body(receive, headers, gw.config.server.max_body_bytes)
+            model, stream = _routing_fields(body)
+            cls = parse_request_class(
+                _header(headers, b"x-request-class"), default=RequestClass.INTERACTIVE
+            )
+            out = Outbound(
+                "POST", _path_and_query(scope), headers, body, cls, received_at, model=model
+            )
+            ticket: Ticket | None = None
+            key = _header(headers, b"idempotency-key")
+            if key is not None:
+                begun = await gw.idempotency.begin(key, "POST", scope["path"], body)
+                if isinstance(begun, StoredResponse):
+                    gw.metrics.idempotent_replays.inc()
+                    await _send_stored(send, begun)
+                    return
+                ticket = begun
+            await self._forward(out, receive, send, ticket, keep=not stream, body_done=None)
+        except GpugateError as exc:
+            if out is not None:
+                gw.proxy.refused(out, exc)
+            await _send_error(send, exc)
+        except ClientGone:
+            return
+
+    async def _raw(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gw = self.gateway
+        received_at = gw.clock.monotonic()
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        rest = scope["path"][len(RAW_PREFIX) :]
+        upstream_id, _, tail = rest.partition("/")
+        out: Outbound | None = None
+        try:
+            cls = parse_request_class(
+                _header(headers, b"x-request-class"), default=RequestClass.INTERACTIVE
+            )
+            limit = gw.config.server.max_body_bytes
+            _check_length(headers, limit)
+            body_done: asyncio.Event | None = None
+            body: AsyncIterator[bytes] | None = None
+            if _has_body(scope["method"], headers):
+                body_done = asyncio.Event()
+                body = _stream_body(receive, limit, body_done)
+            query = scope.get("query_string", b"")
+            path = "/" + tail + ("?" + query.decode("latin-1") if query else "")
+            out = Outbound(
+                scope["method"], path, headers, body, cls, received_at, upstream_id=upstream_id
+            )
+            await self._forward(out, receive, send, None, keep=False, body_done=body_done)
+        except GpugateError as exc:
+            if out is not None:
+                gw.proxy.refused(out, exc)
+            await _send_error(send, exc)
+        except ClientGone:
+            return
+
+    async def _forward(
+        self,
+        out: Outbound,
+        receive: Receive,
+        send: Send,
+        ticket: Ticket | None,
+        *,
+        keep: bool,
+        body_done: asyncio.Event | None,
+    ) -> None:
+        """Open the upstream request and relay its response, watching for the client to go.
+
+        The watcher reads ``receive`` only once the request body has been consumed (at once for
+        a body read up front; after the upload for a streamed one), never competing with it.
+        """
+        work = asyncio.ensure_future(self._relay(out, send, ticket, keep=keep))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(receive, body_done))
+        try:
+            await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            client_gone = not work.done()
+            if client_gone:
+                work.cancel()  # _relay's finally closes the upstream and frees the slot
+                await asyncio.gather(work, return_exceptions=True)
+        if client_gone:
+            log.info("client disconnected; upstream request closed")
+            return
+        work.result()  # re-raise what the relay raised (GpugateError before the response started)
+
+    async def _relay(self, out: Outbound, send: Send, ticket: Ticket | None, *, keep: bool) -> None:
+        gw = self.gateway
+        try:
+            reply = await gw.proxy.open(out)
+        except GpugateError:
+            if ticket is not None:
+                await gw.idempotency.abandon(ticket)
+            raise
+        code: str | None = None
+        kept: list[bytes] | None = [] if ticket is not None and keep else None
+        try:
+            await send(_start(reply))
+            try:
+                async for chunk in reply.chunks():
+                    if kept is not None:
+                        kept.append(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except UpstreamError as exc:
+                code = exc.code
+                await _end_broken_stream(send, reply, exc)
+                kept = None
+                return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            reply.close(code)
+            if ticket is not None:
+                await _settle(gw, ticket, reply, kept)
+
+
+async def _settle(gw: Gateway, ticket: Ticket, reply: Reply, kept: list[bytes] | None) -> None:
+    """Keep a complete response under its key, or release the key."""
+    if kept is None:
+        await gw.idempotency.abandon(ticket)
+        return
+    headers = [*reply.headers, (b"x-gateway-upstream", reply.upstream.id.encode())]
+    await gw.idempotency.complete(ticket, reply.status, headers, b"".join(kept))
+
+
+def _start(reply: Reply) -> dict[str, Any]:
+    headers = [
+        *reply.headers,
+        (b"x-gateway-upstream", reply.upstream.id.encode()),
+        (b"x-gateway-overhead-ms", f"{reply.overhead_s * 1000:.3f}".encode()),
+    ]
+    return {"type": "http.response.start", "status": reply.status, "headers": headers}
+
+
+async def _end_broken_stream(send: Send, reply: Reply, exc: UpstreamError) -> None:
+    content_type = next((v for k, v in reply.headers if k == b"content-type"), b"")
+    if not content_type.startswith(b"text/event-stream"):
+        raise BrokenStream(exc.message) from exc
+    event = b"event: error\ndata: " + error_body(exc) + b"\n\n"
+    await send({"type": "http.response.body", "body": event, "more_body": False})
+
+
+async def _wait_for_disconnect(receive: Receive, body_done: asyncio.Event | None) -> None:
+    if body_done is not None:
+        await body_done.wait()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _body_chunks(receive: Receive, limit: int) -> AsyncIterator[bytes]:
+    """The request body as it arrives, refusing more than ``limit`` bytes."""
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return
+
+
+async def _read_body(receive: Receive, headers: list[tuple[bytes, bytes]], limit: int) -> bytes:
+    _check_length(headers, limit)
+    return b"".join([chunk async for chunk in _body_chunks(receive, limit)])
+
+
+async def _stream_body(receive: Receive, limit: int, done: asyncio.Event) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in _body_chunks(receive, limit):
+            yield chunk
+    finally:
+        done.set()
+
+
+def _has_body(method: str, headers: list[tuple[bytes, bytes]]) -> bool:
+    if method in ("GET", "HEAD", "OPTIONS", "DELETE"):
+        return _header(headers, b"content-length") not in (None, "0") or (
+            _header(headers, b"transfer-encoding") is not None
+        )
+    return True
+
+
+def _check_length(headers: list[tuple[bytes, bytes]], limit: int) -> None:
+    declared = _header(headers, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds max_body_bytes ({limit})")
+
+
+def _routing_fields(body: bytes) -> tuple[str, bool]:
+    """``model`` and ``stream`` from a JSON body: all the routing needs."""
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise BadRequest("the request body must be a JSON object")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("the request body needs a `model` (a non-empty string)")
+    return model, doc.get("stream") is True
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _path_and_query(scope: Scope) -> str:
+    query: bytes = scope.get("query_string", b"")
+    path: str = scope["path"]
+    return path + "?" + query.decode("latin-1") if query else path
+
+
+async def _send_stored(send: Send, stored: StoredResponse) -> None:
+    headers = [*stored.headers, (b"idempotent-replayed", b"true")]
+    await send({"type": "http.response.start", "status": stored.status, "headers": headers})
+    await send({"type": "http.response.body", "body": stored.body, "more_body": False})
+
+
+async def _send_error(send: Send, exc: GpugateError) -> None:
+    headers = _JSON + [(k.encode(), v.encode()) for k, v in error_headers(exc).items()]
+    await send({"type": "http.response.start", "status": status_of(exc), "headers": headers})
+    await send({"type": "http.response.body", "body": error_body(exc), "more_body": False})

@@ -1,0 +1,87 @@
+"""The one table from gpugate's errors to HTTP, and the OpenAI-shaped error body.
+
+Lookup walks the exception's MRO, so a new subclass inherits its parent's status until it earns
+its own row (Starlette's exception handlers work the same way).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TypeVar
+
+from starlette.responses import Response
+
+from gpugate import errors
+
+T = TypeVar("T")
+
+STATUS: dict[type[errors.GpugateError], int] = {
+    errors.GpugateError: 500,
+    errors.StoreError: 503,
+    errors.ConfigError: 422,
+    errors.ClientError: 400,
+    errors.BadRequest: 400,
+    errors.PayloadTooLarge: 413,
+    errors.Unauthorized: 401,
+    errors.UnknownModel: 404,
+    errors.UnknownUpstream: 404,
+    errors.ExternalUpstreamForbidden: 403,
+    errors.IdempotencyConflict: 409,
+    errors.IdempotencyKeyReused: 422,
+    errors.Refused: 503,
+    errors.GpuSaturated: 429,
+    errors.QueueTimeout: 503,
+    errors.QueueFull: 503,
+    errors.NoHealthyUpstream: 503,
+    errors.UpstreamError: 502,
+    errors.UpstreamTimeout: 504,
+    errors.UpstreamUnreachable: 502,
+}
+
+# OpenAI's `type` field: what kind of problem, for clients that branch on it.
+_TYPES: dict[type[errors.GpugateError], str] = {
+    errors.GpugateError: "server_error",
+    errors.ClientError: "invalid_request_error",
+    errors.Unauthorized: "authentication_error",
+    errors.Refused: "overloaded_error",
+    errors.GpuSaturated: "rate_limit_error",
+    errors.UpstreamError: "upstream_error",
+}
+
+
+def _lookup(table: dict[type[errors.GpugateError], T], exc: errors.GpugateError) -> T:
+    for cls in type(exc).__mro__:
+        if cls in table:
+            return table[cls]
+    return table[errors.GpugateError]
+
+
+def status_of(exc: errors.GpugateError) -> int:
+    """The HTTP status for an error of ours."""
+    return _lookup(STATUS, exc)
+
+
+def error_body(exc: errors.GpugateError) -> bytes:
+    """``{"error": {"message", "type", "code"}}`` as OpenAI clients expect it."""
+    body = {"error": {"message": exc.message, "type": _lookup(_TYPES, exc), "code": exc.code}}
+    return json.dumps(body).encode()
+
+
+def error_headers(exc: errors.GpugateError) -> dict[str, str]:
+    """Retry-After (whole seconds, at least 1) on refusals and when the error carries one."""
+    status = status_of(exc)
+    if exc.retry_after_s is None and status not in (429, 503):
+        return {}
+    seconds = max(1, math.ceil(exc.retry_after_s if exc.retry_after_s is not None else 1))
+    return {"retry-after": str(seconds)}
+
+
+def error_response(exc: errors.GpugateError) -> Response:
+    """The whole HTTP response for an error of ours."""
+    return Response(
+        error_body(exc),
+        status_code=status_of(exc),
+        headers=error_headers(exc),
+        media_type="application/json",
+    )

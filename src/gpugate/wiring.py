@@ -1,0 +1,189 @@
+"""The composition root: the one place that builds every part of a gateway and wires them together.
+
+``build_gateway(config)`` is an async context manager: on entry it opens the store, applies its
+migrations, seeds (or loads) the gateway config version and starts every loop; on exit it stops
+the loops in reverse order and closes the store. Nothing else in gpugate names a concrete back end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from gpugate.adapters.upstream_client import UpstreamClient
+from gpugate.clock import Clock, SystemClock
+from gpugate.config import GatewayConfig
+from gpugate.core.registry import Registry
+from gpugate.errors import GpugateError
+from gpugate.metrics import Metrics
+from gpugate.services.idempotency import Idempotency
+from gpugate.services.prober import Prober
+from gpugate.services.proxy import Proxy
+from gpugate.services.readiness import Readiness, probe
+from gpugate.store import Store
+from gpugate.store.factory import open_store
+
+log = logging.getLogger("gpugate")
+
+
+@dataclass(slots=True)
+class Gateway:
+    """Everything a running gateway is made of; handed to the web layer."""
+
+    config: GatewayConfig
+    config_version: int
+    store: Store
+    metrics: Metrics
+    clock: Clock
+    environ: Mapping[str, str]
+    started_at: datetime
+    registry: Registry
+    proxy: Proxy
+    idempotency: Idempotency
+    prober: Prober
+    stopping: bool = field(default=False)
+
+    @property
+    def admin_token(self) -> str | None:
+        """The admin token, or None (the admin API then refuses everything)."""
+        name = self.config.admin_token_env
+        return (self.environ.get(name) or None) if name else None
+
+    async def readiness(self) -> Readiness:
+        """Store reachable, config loaded, not shutting down: each check listed."""
+
+        async def store_ok() -> str:
+            await self.store.ping()
+            return f"{self.store.backend} reachable"
+
+        async def config_ok() -> str:
+            return f"version {self.config_version} loaded"
+
+        async def accepting() -> str:
+            if self.stopping:
+                raise GpugateError("shutting down")
+            return "accepting requests"
+
+        checks = (
+            await probe("store", store_ok),
+            await probe("config", config_ok),
+            await probe("lifecycle", accepting),
+        )
+        return Readiness(checks)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Gateway config_version={self.config_version} store={self.store.backend} "
+            f"upstreams={len(self.config.upstreams)} stopping={self.stopping}>"
+        )
+
+
+async def _load_config_version(
+    store: Store, file_config: GatewayConfig
+) -> tuple[GatewayConfig, int]:
+    """The file seeds the store on first start; from then on the store's version is in effect."""
+    current, seeded = await store.seed_config(file_config.gateway_document(), actor="config-file")
+    if seeded:
+        log.info("seeded gateway config version %d from the config file", current.version)
+        return file_config, current.version
+    config = file_config.with_gateway_document(current.document)
+    if current.document != file_config.gateway_document():
+        log.warning(
+            "the store holds gateway config version %d, which differs from the config file; "
+            "the store's version is in effect (change it with `gpugate config import`)",
+            current.version,
+        )
+    return config, current.version
+
+
+def _secrets(config: GatewayConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """The values of the environment variables the config names for upstream credentials."""
+    names = {u.api_key_env for u in config.upstreams if u.api_key_env}
+    return {name: environ[name] for name in names if name in environ}
+
+
+@asynccontextmanager
+async def build_gateway(
+    file_config: GatewayConfig,
+    *,
+    environ: Mapping[str, str] | None = None,
+    clock: Clock | None = None,
+    probe_interval_s: float = 5.0,
+) -> AsyncIterator[Gateway]:
+    """Build, start and finally stop a whole gateway (loops stop before the store closes)."""
+    clock = clock or SystemClock()
+    environ = os.environ if environ is None else environ
+    async with AsyncExitStack() as stack:
+        store = open_store(file_config.store, clock=clock)
+        await store.open()
+        stack.push_async_callback(store.close)
+        applied = await store.migrate()
+        if applied:
+            log.info("store migrations applied: %s", ", ".join(applied))
+        config, version = await _load_config_version(store, file_config)
+        metrics = Metrics()
+        metrics.config_version.set(version)
+        client = UpstreamClient()
+        await client.start()
+        stack.push_async_callback(client.close)
+        registry = Registry(config.upstreams, clock)
+        proxy = Proxy(registry, client, clock, metrics, secrets=_secrets(config, environ))
+        prober = Prober(registry, client, clock, metrics, interval_s=probe_interval_s)
+        gateway = Gateway(
+            config=config,
+            config_version=version,
+            store=store,
+            metrics=metrics,
+            clock=clock,
+            environ=environ,
+            started_at=clock.now(),
+            registry=registry,
+            proxy=proxy,
+            idempotency=Idempotency(store, config.server.idempotency_ttl_s),
+            prober=prober,
+        )
+        loops = _Loops()
+        stack.push_async_callback(loops.stop)
+        loops.start("prober", prober.run())
+        try:
+            yield gateway
+        finally:
+            gateway.stopping = True
+
+
+class _Loops:
+    """Owns the gateway's background tasks: started by name, all cancelled and awaited at stop."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        self._tasks[name] = asyncio.create_task(coro, name=f"gpugate.{name}")
+        self._tasks[name].add_done_callback(self._report)
+
+    @staticmethod
+    def _report(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("loop %s died", task.get_name(), exc_info=task.exception())
+
+    async def stop(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks.clear()
+
+
+async def upgrade_store(dsn: str, *, clock: Clock | None = None) -> list[str]:
+    """Apply pending migrations to the store at ``dsn`` (``gpugate db upgrade``)."""
+    store = open_store(dsn, clock=clock or SystemClock())
+    await store.open()
+    try:
+        return await store.migrate()
+    finally:
+        await store.close()

@@ -1,0 +1,120 @@
+"""`gpugate check-config`, `db upgrade`, `version` and `--help`, as a user runs them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpugate.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def test_check_config_reports_a_wrong_type_an_unknown_key_and_a_missing_runtime_with_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["check-config", str(EXAMPLES / "invalid.yaml")])
+    err = capsys.readouterr().err
+    assert 1 == code
+    assert "upstreams[0].max_inflight: expected an integer, got 'lots' (line 11)" in err
+    assert "upstreams[0].gpu_id: unknown key" in err
+    assert "(line 12)" in err
+    assert "fallback_chain[1]: names runtime 'nope', which is not defined" in err
+    assert "(line 22)" in err
+    assert "3 problems" in err
+
+
+def test_the_design_example_validates_with_a_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["check-config", str(EXAMPLES / "gateway.yaml")])
+    out = capsys.readouterr().out
+    assert 0 == code
+    assert "fallback chain  local -> home-1 -> modal-beta" in out
+    assert out.rstrip().endswith("examples/gateway.yaml: valid")
+
+
+def test_unset_secrets_are_warnings_for_check_config_and_errors_with_strict_env(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("HOME1_WORKER_SECRET", "MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+    assert 0 == main(["check-config", str(EXAMPLES / "gateway.yaml")])
+    assert "warning: runtimes[1].push.secret_env" in capsys.readouterr().out
+    assert 1 == main(["check-config", "--strict-env", str(EXAMPLES / "gateway.yaml")])
+    err = capsys.readouterr().err
+    assert "runtimes[1].push.secret_env: environment variable HOME1_WORKER_SECRET is not set" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "no such file"),
+        ("upstreams: [\n", "invalid YAML"),
+    ],
+    ids=["missing-file", "malformed-yaml"],
+)
+def test_a_missing_file_or_malformed_yaml_is_one_clear_line_and_no_traceback(
+    tmp_path: Path, content: str | None, expected: str
+) -> None:
+    path = tmp_path / "gateway.yaml"
+    if content is not None:
+        path.write_text(content)
+    result = subprocess.run(
+        [sys.executable, "-m", "gpugate", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert 1 == result.returncode
+    lines = result.stderr.strip().splitlines()
+    assert 1 == len(lines), result.stderr
+    assert expected in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_db_upgrade_applies_migrations_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dsn = f"sqlite:///{tmp_path / 'store.db'}"
+    assert 0 == main(["db", "upgrade", "--store", dsn])
+    assert "applied: 0001_initial" in capsys.readouterr().out
+    assert 0 == main(["db", "upgrade", "--store", dsn])
+    assert "the store is up to date" in capsys.readouterr().out
+
+
+def test_db_upgrade_names_a_bad_dsn(capsys: pytest.CaptureFixture[str]) -> None:
+    assert 1 == main(["db", "upgrade", "--store", "mysql://x/y"])
+    assert "sqlite:///" in capsys.readouterr().err
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpugate import __version__
+
+    assert 0 == main(["version"])
+    assert f"gpugate {__version__}\n" == capsys.readouterr().out
+
+
+def _subcommands(parser: object) -> list[list[str]]:
+    """Every command path of the CLI, e.g. ["serve"], ["db", "upgrade"]."""
+    import argparse
+
+    assert isinstance(parser, argparse.ArgumentParser)
+    paths: list[list[str]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                paths.append([name])
+                paths.extend([name, *rest] for rest in _subcommands(sub))
+    return paths
+
+
+@pytest.mark.parametrize("command", _subcommands(build_parser()), ids=" ".join)
+def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert 0 == exit_info.value.code
+    assert "usage: gpugate " + " ".join(command) in capsys.readouterr().out

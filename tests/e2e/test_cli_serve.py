@@ -1,0 +1,153 @@
+"""The real `gpugate` command as a subprocess: serve, graceful shutdown, port in use, demo."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gpugate.fleet import ModelServer, ServerBehaviour
+from harness import eventually
+
+pytestmark = pytest.mark.e2e
+
+GPUGATE = [sys.executable, "-m", "gpugate"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def gpugate(
+    *args: str, env: dict[str, str] | None = None
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    proc = await asyncio.create_subprocess_exec(
+        *GPUGATE,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def wait_ready(
+    http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process
+) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.returncode is not None:
+            out, err = await proc.communicate()
+            pytest.fail(f"gpugate exited {proc.returncode}: {out.decode()} {err.decode()}")
+        try:
+            async with http.get(url + "/readyz") as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientConnectionError:
+            pass
+        await asyncio.sleep(0.05)
+    pytest.fail("gpugate did not become ready within 20 s")
+
+
+def write_config(path: Path, *, port: int, upstream_url: str, grace_s: float = 10) -> Path:
+    path.write_text(
+        f"""\
+listen: 127.0.0.1:{port}
+store: sqlite:///{path.parent / "gw.db"}
+upstreams:
+  - id: slow
+    url: {upstream_url}
+    models: [slow-model]
+server:
+  shutdown_grace_s: {grace_s}
+"""
+    )
+    return path
+
+
+async def test_sigterm_lets_a_slow_request_finish_and_exits_0_within_the_grace_period(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    behaviour = ServerBehaviour(delay_s=1.5)
+    async with ModelServer(["slow-model"], name="slow", behaviour=behaviour) as slow:
+        port = free_port()
+        config = write_config(tmp_path / "gw.yaml", port=port, upstream_url=slow.url, grace_s=10)
+        async with gpugate("serve", "--config", str(config)) as proc:
+            url = f"http://127.0.0.1:{port}"
+            await wait_ready(http, url, proc)
+            body = {"model": "slow-model", "messages": [{"role": "user", "content": "hi"}]}
+            request = asyncio.ensure_future(http.post(url + "/v1/chat/completions", json=body))
+            await eventually(lambda: slow.stats.open_requests == 1, what="request in flight")
+            sent_term_at = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            response = await request
+            assert 200 == response.status
+            assert (await response.json())["choices"]
+            code = await asyncio.wait_for(proc.wait(), timeout=10)
+            assert 0 == code
+            assert time.monotonic() - sent_term_at < 10
+
+
+async def test_a_port_already_in_use_is_one_clear_error_and_a_nonzero_exit(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = write_config(tmp_path / "gw.yaml", port=port, upstream_url="http://127.0.0.1:9")
+        async with gpugate("serve", "--config", str(config)) as proc:
+            _, err = await asyncio.wait_for(proc.communicate(), timeout=20)
+    assert 1 == proc.returncode
+    assert f"cannot listen on 127.0.0.1:{port}: address already in use" in err.decode()
+    assert "Traceback" not in err.decode()
+
+
+async def test_serve_refuses_to_start_when_the_store_is_unreachable(tmp_path: Path) -> None:
+    config = tmp_path / "gw.yaml"
+    config.write_text(
+        f"listen: 127.0.0.1:{free_port()}\nstore: postgresql://nobody@127.0.0.1:1/none\n"
+        "upstreams: [{id: a, url: 'http://127.0.0.1:9', models: [m]}]\n"
+    )
+    async with gpugate("serve", "--config", str(config)) as proc:
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert 1 == proc.returncode
+    assert "127.0.0.1:1" in err.decode()
+    assert "Traceback" not in err.decode()
+
+
+async def test_demo_brings_up_the_gateway_and_the_fleet_and_stops_on_sigterm(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    port = free_port()
+    workdir = tmp_path / "state"
+    async with gpugate("demo", "--listen", f"127.0.0.1:{port}", "--workdir", str(workdir)) as proc:
+        url = f"http://127.0.0.1:{port}"
+        await wait_ready(http, url, proc)
+        async with http.get(url + "/v1/models") as resp:
+            models = sorted(m["id"] for m in (await resp.json())["data"])
+        assert ["bge-m3", "cleanup-3b", "doc-classifier", "qwen-35b"] == models
+        body = {"model": "qwen-35b", "messages": [{"role": "user", "content": "hi"}]}
+        async with http.post(url + "/v1/chat/completions", json=body) as resp:
+            assert 200 == resp.status
+            assert "qwen-35b" == resp.headers["X-Gateway-Upstream"]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=15)
+    assert 0 == proc.returncode
+    assert f"gpugate demo is up: {url}" in out.decode()
+    assert (workdir / "demo.yaml").exists()
