@@ -136,3 +136,28 @@ async def open_another(
 async def store(open_another: Callable[[], Awaitable[Store]]) -> Store:
     """An open, migrated store on an empty database."""
     return await open_another()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say in the run's output how the store contract suite went on each back end."""
+    counts: dict[str, dict[str, int]] = {}
+    for outcome in ("passed", "failed", "error", "skipped"):
+        for report in terminalreporter.stats.get(outcome, []):
+            nodeid = getattr(report, "nodeid", "")
+            if "tests/store/" not in nodeid or getattr(report, "when", "call") not in (
+                "call",
+                "setup",
+            ):
+                continue
+            if outcome == "passed" and report.when != "call":
+                continue
+            backend = next((b for b in ("sqlite", "postgresql") if f"[{b}" in nodeid), None)
+            if backend is not None:
+                by = counts.setdefault(backend, {})
+                by[outcome] = by.get(outcome, 0) + 1
+    if counts:
+        parts = [
+            f"{backend}: " + ", ".join(f"{n} {o}" for o, n in sorted(by.items()))
+            for backend, by in sorted(counts.items())
+        ]
+        terminalreporter.write_line("store contract suite — " + " | ".join(parts))
