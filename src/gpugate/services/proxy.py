@@ -214,6 +214,7 @@ class Proxy:
         self._metrics.upstream_ttfb.labels(upstream.id).observe(ttfb)
         self._metrics.upstream_inflight.labels(upstream.id).set(upstream.pool.inflight)
         overhead = max(0.0, now - out.received_at - upstream_time)
+        self._metrics.overhead.observe(overhead)
         return Reply(
             response.status,
             response.headers,

@@ -175,13 +175,15 @@ class DataPlane:
             except UpstreamError as exc:
                 code = exc.code
                 await _end_broken_stream(send, reply, exc)
-                kept = None
                 return
+            if ticket is not None:  # kept before the client sees the end, so a retry replays
+                await _settle(gw, ticket, reply, kept)
+                ticket = None
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             reply.close(code)
             if ticket is not None:
-                await _settle(gw, ticket, reply, kept)
+                await gw.idempotency.abandon(ticket)
 
 
 async def _settle(gw: Gateway, ticket: Ticket, reply: Reply, kept: list[bytes] | None) -> None:

@@ -1,0 +1,197 @@
+"""What the client sees when the fleet misbehaves: each fault of the data-plane issue, one test."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import aiohttp
+import openai
+import pytest
+
+from gpugate.fleet import ServerBehaviour
+from harness import eventually, make_config, model_servers, serving, upstream
+
+CHAT = [{"role": "user", "content": "hi"}]
+BODY = {"model": "m", "messages": CHAT}
+
+
+def dead_url() -> str:
+    """A loopback URL where nothing listens (connection refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def test_a_refused_connection_is_retried_once_on_the_other_endpoint(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("live", ["m"])) as (live,):
+        config = make_config(sqlite_dsn, [upstream("u", [dead_url(), live.url], ["m"])])
+        async with serving(config) as gw:
+            statuses = []
+            for _ in range(10):
+                async with http.post(gw.v1 + "/chat/completions", json=BODY) as resp:
+                    statuses.append(resp.status)
+    assert [200] * 10 == statuses
+    assert 10 == live.stats.requests["/v1/chat/completions"]
+
+
+async def test_a_refused_connection_is_retried_on_another_upstream_serving_the_model(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("live", ["m"])) as (live,):
+        upstreams = [upstream("dead", [dead_url()], ["m"]), upstream("live", [live.url], ["m"])]
+        async with serving(make_config(sqlite_dsn, upstreams)) as gw:
+            served_by = []
+            for _ in range(6):
+                async with http.post(gw.v1 + "/chat/completions", json=BODY) as resp:
+                    assert 200 == resp.status
+                    served_by.append(resp.headers["X-Gateway-Upstream"])
+    assert ["live"] * 6 == served_by
+
+
+async def test_a_hanging_upstream_gives_504_within_the_timeout(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m"]), behaviour=ServerBehaviour(hang=True)) as (server,):
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"], timeout_s=0.5)])
+        async with serving(config) as gw:
+            started = time.monotonic()
+            async with http.post(gw.v1 + "/chat/completions", json=BODY) as resp:
+                body = await resp.json()
+            elapsed = time.monotonic() - started
+            await eventually(lambda: server.stats.open_requests == 0, what="upstream released")
+            pool = gw.gateway.registry.upstream("u").pool
+            assert 0 == pool.inflight
+    assert 504 == resp.status
+    assert "UPSTREAM_TIMEOUT" == body["error"]["code"]
+    assert 0.5 <= elapsed < 2.0
+
+
+async def test_an_upstream_reset_mid_stream_ends_the_stream_with_an_error_event(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    behaviour = ServerBehaviour(reset_after_chunks=2, chunk_delay_s=0.01)
+    async with model_servers(("u", ["m"]), behaviour=behaviour) as (server,):
+        async with serving(make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])) as gw:
+            async with http.post(
+                gw.v1 + "/chat/completions", json={**BODY, "stream": True}
+            ) as resp:
+                raw = (await resp.read()).decode()
+            client = openai.AsyncOpenAI(base_url=gw.v1, api_key="unused", max_retries=0)
+            stream = await client.chat.completions.create(model="m", messages=CHAT, stream=True)
+            with pytest.raises(openai.APIError, match="broke off"):
+                async for _ in stream:
+                    pass
+            await client.close()
+    events = [e for e in raw.split("\n\n") if e.strip()]
+    assert events[-1].startswith("event: error\ndata: {")
+    assert '"code": "UPSTREAM_ERROR"' in events[-1]
+    assert "[DONE]" not in raw
+
+
+async def test_a_client_leaving_mid_stream_closes_the_upstream_and_frees_the_slot(
+    sqlite_dsn: str,
+) -> None:
+    behaviour = ServerBehaviour(chunk_delay_s=0.2, chunks=50)
+    async with model_servers(("u", ["m"]), behaviour=behaviour) as (server,):
+        async with serving(make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])) as gw:
+            pool = gw.gateway.registry.upstream("u").pool
+            async with aiohttp.ClientSession() as session:
+                resp = await session.post(
+                    gw.v1 + "/chat/completions", json={**BODY, "stream": True}
+                )
+                await resp.content.readline()  # the first event has arrived
+                assert 1 == server.stats.open_streams
+                assert 1 == pool.inflight
+                resp.close()  # the client goes away
+                left_at = time.monotonic()
+            await eventually(
+                lambda: server.stats.open_streams == 0, within_s=1.0, what="upstream closed"
+            )
+            closed_after = time.monotonic() - left_at
+            await eventually(lambda: pool.inflight == 0, within_s=1.0, what="slot freed")
+    assert 1 == server.stats.disconnects
+    assert closed_after < 1.0
+
+
+async def test_a_model_whose_every_endpoint_is_down_answers_503_fast(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    config = make_config(sqlite_dsn, [upstream("u", [dead_url(), dead_url()], ["m"])])
+    async with serving(config, probe_interval_s=0.05) as gw:
+        endpoints = gw.gateway.registry.upstream("u").endpoints
+        await eventually(lambda: all(ep.down for ep in endpoints), what="both probed down")
+        started = time.monotonic()
+        async with http.post(gw.v1 + "/chat/completions", json=BODY) as resp:
+            body = await resp.json()
+        elapsed = time.monotonic() - started
+    assert 503 == resp.status
+    assert "NO_HEALTHY_UPSTREAM" == body["error"]["code"]
+    assert "Retry-After" in resp.headers
+    assert elapsed < 0.05, f"took {elapsed * 1000:.1f} ms"
+
+
+async def test_an_unknown_model_is_404_and_bad_bodies_are_400(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m"])) as (server,):
+        async with serving(make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])) as gw:
+            url = gw.v1 + "/chat/completions"
+            async with http.post(url, json={**BODY, "model": "nope"}) as unknown:
+                unknown_body = await unknown.json()
+            async with http.post(url, data=b"{not json") as garbled:
+                garbled_body = await garbled.json()
+            async with http.post(url, json={"messages": CHAT}) as no_model:
+                no_model_body = await no_model.json()
+    assert (404, "UNKNOWN_MODEL") == (unknown.status, unknown_body["error"]["code"])
+    assert (400, "BAD_REQUEST") == (garbled.status, garbled_body["error"]["code"])
+    assert (400, "BAD_REQUEST") == (no_model.status, no_model_body["error"]["code"])
+
+
+async def test_a_body_over_max_body_bytes_is_413(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m"])) as (server,):
+        config = make_config(
+            sqlite_dsn, [upstream("u", [server.url], ["m"])], server={"max_body_bytes": 1000}
+        )
+        async with serving(config) as gw:
+            big = {**BODY, "messages": [{"role": "user", "content": "x" * 2000}]}
+            async with http.post(gw.v1 + "/chat/completions", json=big) as resp:
+                body = await resp.json()
+    assert (413, "PAYLOAD_TOO_LARGE") == (resp.status, body["error"]["code"])
+    assert 0 == server.stats.requests["/v1/chat/completions"]
+
+
+async def test_the_upstreams_own_errors_pass_through_unchanged(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m"]), behaviour=ServerBehaviour(fail_status=429)) as (server,):
+        async with serving(make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])) as gw:
+            async with http.post(gw.v1 + "/chat/completions", json=BODY) as via_gateway:
+                through = await via_gateway.read()
+            async with http.post(server.url + "/v1/chat/completions", json=BODY) as direct:
+                straight = await direct.read()
+    assert 429 == via_gateway.status == direct.status
+    assert straight == through
+
+
+async def test_raw_pass_through_forwards_method_path_query_and_body(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m"])) as (server,):
+        async with serving(make_config(sqlite_dsn, [upstream("tei", [server.url], ["m"])])) as gw:
+            async with http.get(gw.url + "/u/tei/v1/models?x=1") as models:
+                listed = await models.json()
+            async with http.post(
+                gw.url + "/u/tei/v1/embeddings", json={"model": "m", "input": "a"}
+            ) as emb:
+                embedded = await emb.json()
+            async with http.get(gw.url + "/u/nope/health") as unknown:
+                unknown_body = await unknown.json()
+    assert ["m"] == [m["id"] for m in listed["data"]]
+    assert "tei" == emb.headers["X-Gateway-Upstream"]
+    assert 1 == len(embedded["data"])
+    assert (404, "UNKNOWN_UPSTREAM") == (unknown.status, unknown_body["error"]["code"])

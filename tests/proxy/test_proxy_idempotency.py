@@ -1,0 +1,92 @@
+"""Idempotency-Key on the sync path: replay byte-identical, before admission, across restarts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import aiohttp
+
+from gpugate.fleet import ServerBehaviour
+from harness import eventually, make_config, model_servers, serving, upstream
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def post(
+    http: aiohttp.ClientSession, url: str, key: str, body: dict[str, object] = BODY
+) -> tuple[int, Mapping[str, str], bytes]:
+    headers = {"Idempotency-Key": key}
+    async with http.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
+        return resp.status, resp.headers.copy(), await resp.read()
+
+
+async def test_a_replay_is_byte_identical_and_never_reaches_the_upstream(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m"])) as (server,):
+        async with serving(make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])) as gw:
+            first = await post(http, gw.url, "key-1")
+            again = await post(http, gw.url, "key-1")
+    assert 200 == first[0] == again[0]
+    assert first[2] == again[2]
+    assert "true" == again[1]["Idempotent-Replayed"]
+    assert "Idempotent-Replayed" not in first[1]
+    assert "u" == again[1]["X-Gateway-Upstream"]
+    assert {"key-1": 1} == server.stats.executions
+
+
+async def test_a_replay_survives_a_gateway_restart(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m"])) as (server,):
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])
+        async with serving(config) as gw:
+            first = await post(http, gw.url, "key-2")
+        async with serving(config) as gw:
+            again = await post(http, gw.url, "key-2")
+    assert first[2] == again[2]
+    assert "true" == again[1]["Idempotent-Replayed"]
+    assert {"key-2": 1} == server.stats.executions
+
+
+async def test_the_same_key_with_a_different_body_is_refused_and_changes_nothing(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m"])) as (server,):
+        async with serving(make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])) as gw:
+            first = await post(http, gw.url, "key-3")
+            other = {**BODY, "messages": [{"role": "user", "content": "something else"}]}
+            status, _, body = await post(http, gw.url, "key-3", other)
+            again = await post(http, gw.url, "key-3")
+    assert 422 == status
+    assert b"IDEMPOTENCY_KEY_REUSED" in body
+    assert first[2] == again[2]
+    assert {"key-3": 1} == server.stats.executions
+
+
+async def test_a_duplicate_while_the_first_is_in_flight_gets_409_at_once(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m"]), behaviour=ServerBehaviour(delay_s=0.5)) as (server,):
+        async with serving(make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])) as gw:
+            first = asyncio.ensure_future(post(http, gw.url, "key-4"))
+            await eventually(lambda: server.stats.open_requests == 1, what="first in flight")
+            status, headers, body = await post(http, gw.url, "key-4")
+            assert 200 == (await first)[0]
+    assert 409 == status
+    assert b"IDEMPOTENCY_CONFLICT" in body
+    assert "Retry-After" in headers
+
+
+async def test_a_5xx_from_the_upstream_is_not_kept_so_the_client_may_retry(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m"]), behaviour=ServerBehaviour(fail_status=500)) as (server,):
+        async with serving(make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])) as gw:
+            failed = await post(http, gw.url, "key-5")
+            server.update(fail_status=None)
+            retried = await post(http, gw.url, "key-5")
+    assert (500, 200) == (failed[0], retried[0])
+    assert "Idempotent-Replayed" not in retried[1]
+    assert {"key-5": 2} == server.stats.executions
