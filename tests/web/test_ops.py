@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpugate.logs import configure_logging, request_id
-from harness import make_config, serving, upstream
+from harness import make_config, model_servers, serving, upstream
 
 UPSTREAM = [upstream("a", ["http://127.0.0.1:9"], ["m"])]
 
@@ -71,14 +71,25 @@ async def test_metrics_expose_the_gateway_families_in_prometheus_format(
     assert expected <= names
 
 
-async def test_a_request_id_is_echoed_or_made_up(
+async def test_a_request_id_is_echoed_or_made_up_unique(
     sqlite_dsn: str, http: aiohttp.ClientSession
 ) -> None:
-    async with serving(make_config(sqlite_dsn, UPSTREAM)) as gw:
-        async with http.get(gw.url + "/healthz", headers={"X-Request-Id": "abc-123"}) as resp:
-            assert "abc-123" == resp.headers["X-Request-Id"]
-        async with http.get(gw.url + "/healthz") as resp:
-            assert 32 == len(resp.headers["X-Request-Id"])
+    async with model_servers(("u", ["m"])) as (server,):
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])
+        async with serving(config) as gw:
+            async with http.get(gw.url + "/healthz", headers={"X-Request-Id": "abc-123"}) as resp:
+                assert "abc-123" == resp.headers["X-Request-Id"]
+            made_up = []
+            for url in (gw.url + "/healthz", gw.url + "/healthz", gw.v1 + "/chat/completions"):
+                body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+                async with http.post(url, json=body) if "chat" in url else http.get(url) as resp:
+                    made_up.append(resp.headers["X-Request-Id"])
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            headers = {"X-Request-Id": "rid-9"}
+            async with http.post(gw.v1 + "/chat/completions", json=body, headers=headers) as resp:
+                assert "rid-9" == resp.headers["X-Request-Id"]
+    assert 3 == len(set(made_up))
+    assert all(made_up)
 
 
 def test_json_logs_are_one_object_per_line_with_the_request_id(

@@ -44,34 +44,41 @@ class Timeouts:
 class UpstreamResponse:
     """An upstream's response whose headers have arrived; the body is read as it comes."""
 
-    __slots__ = ("_resp", "headers", "status")
+    __slots__ = ("_content", "_resp", "headers", "status")
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
+        self._content = resp.content
         self.status = resp.status
         self.headers: list[tuple[bytes, bytes]] = [
             (k.lower(), v) for k, v in resp.raw_headers if k.lower() not in HOP_BY_HOP
         ]
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """Body chunks as they arrive; a failure mid-body raises :class:`UpstreamError`."""
+    async def read_chunk(self) -> bytes:
+        """The next piece of the body as soon as it arrives, ``b""`` at the end; a failure
+        mid-body raises :class:`UpstreamError`."""
         try:
-            async for chunk in self._resp.content.iter_any():
-                yield chunk
+            return await self._content.readany()
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamTimeout("the upstream stopped sending before the end") from exc
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
             raise UpstreamError(f"the upstream broke off the response: {exc}") from exc
 
+    def at_eof(self) -> bool:
+        """Whether the whole body has been read."""
+        return self._content.at_eof()
+
     async def read(self) -> bytes:
         """The whole body (for small, non-streaming responses)."""
-        parts = [chunk async for chunk in self.chunks()]
+        parts = []
+        while chunk := await self.read_chunk():
+            parts.append(chunk)
         return b"".join(parts)
 
     def release(self) -> None:
         """Done with the body: the connection returns to the pool if it was read to the end,
         and is closed otherwise (so an abandoned generation stops on the upstream)."""
-        if self._resp.content.at_eof():
+        if self._content.at_eof():
             self._resp.release()
         else:
             self._resp.close()
@@ -84,6 +91,7 @@ class UpstreamClient:
         self._limit = limit
         self._keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -116,12 +124,19 @@ class UpstreamClient:
             for name, value in headers
             if name.lower() not in _NOT_FORWARDED
         ]
-        timeout = aiohttp.ClientTimeout(total=timeouts.total_s, sock_connect=timeouts.connect_s)
+        timeout = self._timeouts.get(timeouts)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(total=timeouts.total_s, sock_connect=timeouts.connect_s)
+            self._timeouts[timeouts] = timeout
+        request = self._session.request(
+            method, url, headers=out, data=body, timeout=timeout, allow_redirects=False
+        )
         try:
-            async with asyncio.timeout(timeouts.first_byte_s):
-                resp = await self._session.request(
-                    method, url, headers=out, data=body, timeout=timeout, allow_redirects=False
-                )
+            if timeouts.first_byte_s < timeouts.total_s:
+                async with asyncio.timeout(timeouts.first_byte_s):
+                    resp = await request
+            else:  # the total timeout bounds the first byte too: spare the extra timer
+                resp = await request
         except aiohttp.ConnectionTimeoutError as exc:
             raise UpstreamTimeout(f"connect to {url} timed out", connect_failed=True) from exc
         except aiohttp.ClientConnectorError as exc:

@@ -95,6 +95,17 @@ class AdmissionPool:
     def queued_by_class(self) -> dict[RequestClass, int]:
         return {cls: len(queue) for cls, queue in self._queues.items()}
 
+    def try_acquire(self) -> Slot | None:
+        """A slot if one is free and nobody waits (the hot path: no coroutine, no queue)."""
+        if self._inflight < self._max_inflight and not self.queued:
+            self._inflight += 1
+            return Slot(self._release_slot)
+        return None
+
+    def queued_in(self, cls: RequestClass) -> int:
+        """How many ``cls`` requests wait now."""
+        return len(self._queues[cls])
+
     async def acquire(self, cls: RequestClass, timeout_s: float) -> Slot:
         """A slot, at once if one is free, else after waiting in the ``cls`` queue.
 

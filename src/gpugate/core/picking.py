@@ -150,10 +150,12 @@ def pick(
     available = [ep for ep in candidates if ep.url not in exclude and is_available(ep, now)]
     if not available:
         raise _nothing_available(candidates, now, exclude)
-    if len(available) == 1:
+    n = len(available)
+    if n == 1:
         return available[0]
-    first, second = rng.sample(available, 2)
-    return _less_loaded(first, second, rng)
+    i = rng.randrange(n)
+    j = rng.randrange(n - 1)
+    return _less_loaded(available[i], available[j + (j >= i)], rng)
 
 
 def _less_loaded(a: EndpointState, b: EndpointState, rng: random.Random) -> EndpointState:

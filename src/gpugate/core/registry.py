@@ -53,6 +53,7 @@ class Registry:
         self._policy = policy or EjectionPolicy()
         self._by_id: dict[str, UpstreamState] = {}
         self._by_model: dict[str, list[UpstreamState]] = {}
+        self._owner: dict[EndpointState, UpstreamState] = {}
         self.guard: Guard | None = None
         self.reconfigure(upstreams)
 
@@ -81,7 +82,8 @@ class Registry:
         for state in by_id.values():
             for model in state.config.models:
                 by_model.setdefault(model, []).append(state)
-        self._by_id, self._by_model = by_id, by_model
+        owner = {ep: state for state in by_id.values() for ep in state.endpoints}
+        self._by_id, self._by_model, self._owner = by_id, by_model, owner
 
     def upstream(self, upstream_id: str) -> UpstreamState:
         try:
@@ -89,6 +91,10 @@ class Registry:
         except KeyError:
             known = ", ".join(sorted(self._by_id))
             raise UnknownUpstream(f"no upstream {upstream_id!r} (known: {known})") from None
+
+    def owner(self, endpoint: EndpointState) -> UpstreamState:
+        """The upstream ``endpoint`` belongs to."""
+        return self._owner[endpoint]
 
     def upstreams(self) -> list[UpstreamState]:
         return list(self._by_id.values())
@@ -104,8 +110,10 @@ class Registry:
         """Why the guard keeps ``upstream`` out of rotation, or None."""
         return self.guard(upstream.id) if self.guard is not None else None
 
-    def in_rotation(self, upstreams: Sequence[UpstreamState]) -> list[UpstreamState]:
+    def in_rotation(self, upstreams: Sequence[UpstreamState]) -> Sequence[UpstreamState]:
         """The upstreams the guard allows; :class:`NoHealthyUpstream` naming why if none."""
+        if self.guard is None:
+            return upstreams
         allowed = [u for u in upstreams if self.out_of_rotation(u) is None]
         if not allowed and upstreams:
             reasons = "; ".join(f"{u.id}: {self.out_of_rotation(u)}" for u in upstreams)

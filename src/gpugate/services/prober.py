@@ -79,7 +79,8 @@ class Prober:
             log.warning("endpoint %s of %s is %s", ep.url, upstream.id, "down" if ep.down else "up")
         if not ok:
             self.failures += 1
-        self._metrics.endpoint_healthy.labels(upstream.id, ep.url).set(0 if ep.down else 1)
+        in_rotation = picking.is_available(ep, self._clock.monotonic())
+        self._metrics.endpoint_healthy.labels(upstream.id, ep.url).set(1 if in_rotation else 0)
         return ok
 
     def __repr__(self) -> str:

@@ -13,13 +13,15 @@ gpugate errors for the web layer to present.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 from gpugate.adapters.upstream_client import Timeouts, UpstreamClient, UpstreamResponse
 from gpugate.clock import Clock
 from gpugate.core import picking
-from gpugate.core.admission import Slot
+from gpugate.core.admission import AdmissionPool, Slot
 from gpugate.core.classes import RequestClass
 from gpugate.core.picking import EndpointState
 from gpugate.core.registry import Registry, UpstreamState
@@ -57,18 +59,18 @@ class Reply:
     _outbound: Outbound
     _closed: bool = field(default=False)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives. A break mid-body raises :class:`UpstreamError` and counts
-        against the endpoint's health."""
+    async def read_chunk(self) -> bytes:
+        """The next piece of the body as it arrives, ``b""`` at the end. A break mid-body raises
+        :class:`UpstreamError` and counts against the endpoint's health."""
         try:
-            async for chunk in self._response.chunks():
-                yield chunk
+            return await self._response.read_chunk()
         except UpstreamError:
             picking.record_failure(self.endpoint, self._proxy.clock.monotonic())
             raise
 
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
+    def at_eof(self) -> bool:
+        """Whether the whole body has been read (the last chunk can end the response)."""
+        return self._response.at_eof()
 
     def close(self, code: str | None = None) -> None:
         """Release the upstream connection, the endpoint claim and the admission slot; record
@@ -80,6 +82,10 @@ class Reply:
         picking.release(self.endpoint, probe=self._probe)
         self._slot.release()
         self._proxy.finished(self._outbound, self.upstream, code or str(self.status))
+
+
+def _inflight(pool: AdmissionPool) -> int:
+    return pool.inflight
 
 
 class Proxy:
@@ -101,8 +107,21 @@ class Proxy:
         self._metrics = metrics
         self._secrets = dict(secrets or {})
         self._rng = rng or random.Random()  # noqa: S311 - load spreading, not security
+        self._counted: dict[tuple[str, str, str, str], Any] = {}  # metric children, by labels
+        self._timed: dict[tuple[str, str], Any] = {}
+        self.bind_gauges()
 
-    def candidates(self, out: Outbound) -> list[UpstreamState]:
+    def bind_gauges(self) -> None:
+        """In-flight and queue-depth gauges read the pools when scraped, not on every request."""
+        m = self._metrics
+        for upstream in self.registry.upstreams():
+            pool = upstream.pool
+            m.upstream_inflight.labels(upstream.id).set_function(partial(_inflight, pool))
+            for cls in RequestClass:
+                depth = m.queue_depth.labels(upstream.id, cls.value)
+                depth.set_function(partial(pool.queued_in, cls))
+
+    def candidates(self, out: Outbound) -> Sequence[UpstreamState]:
         """The upstreams this request may go to (raises UnknownModel/UnknownUpstream/...)."""
         if out.upstream_id is not None:
             upstreams = [self.registry.upstream(out.upstream_id)]
@@ -121,10 +140,14 @@ class Proxy:
         tried: set[str] = set()
         upstream_time = 0.0
         while True:
-            endpoints = [ep for u in upstreams for ep in u.endpoints]
+            endpoints = (
+                upstreams[0].endpoints
+                if len(upstreams) == 1
+                else [ep for u in upstreams for ep in u.endpoints]
+            )
             chosen = picking.pick(endpoints, self._rng, self.clock.monotonic(), exclude=tried)
-            upstream = next(u for u in upstreams if chosen in u.endpoints)
-            slot = await self._admit(upstream, out.cls)
+            upstream = self.registry.owner(chosen)
+            slot = upstream.pool.try_acquire() or await self._admit(upstream, out.cls)
             try:
                 return await self._send(out, upstream, slot, tried, upstream_time)
             except UpstreamError as exc:
@@ -140,16 +163,11 @@ class Proxy:
                 raise
 
     async def _admit(self, upstream: UpstreamState, cls: RequestClass) -> Slot:
-        pool = upstream.pool
-        if pool.inflight < pool.max_inflight and not pool.queued:
-            return await pool.acquire(cls, upstream.config.queue_timeout_s)
-        depth = self._metrics.queue_depth.labels(upstream.id, cls.value)
-        depth.inc()
+        """Wait in the upstream's queue (the pool had no free slot)."""
         started = self.clock.monotonic()
         try:
-            return await pool.acquire(cls, upstream.config.queue_timeout_s)
+            return await upstream.pool.acquire(cls, upstream.config.queue_timeout_s)
         finally:
-            depth.dec()
             waited = self.clock.monotonic() - started
             self._metrics.queue_wait.labels(upstream.id, cls.value).observe(waited)
 
@@ -212,7 +230,6 @@ class Proxy:
             picking.record_success(endpoint, now)
         picking.record_latency(endpoint, ttfb)
         self._metrics.upstream_ttfb.labels(upstream.id).observe(ttfb)
-        self._metrics.upstream_inflight.labels(upstream.id).set(upstream.pool.inflight)
         overhead = max(0.0, now - out.received_at - upstream_time)
         self._metrics.overhead.observe(overhead)
         return Reply(
@@ -252,14 +269,17 @@ class Proxy:
 
     def finished(self, out: Outbound, upstream: UpstreamState | None, code: str) -> None:
         """Record one finished request (the reply's, or a refusal before any reply)."""
-        m = self._metrics
         model = out.model or ""
-        m.requests.labels(model, upstream.id if upstream else "", out.cls.value, code).inc()
-        m.request_duration.labels(model, out.cls.value).observe(
-            self.clock.monotonic() - out.received_at
-        )
-        if upstream is not None:
-            m.upstream_inflight.labels(upstream.id).set(upstream.pool.inflight)
+        key = (model, upstream.id if upstream else "", out.cls.value, code)
+        counter = self._counted.get(key)
+        if counter is None:
+            counter = self._counted[key] = self._metrics.requests.labels(*key)
+        counter.inc()
+        timed = (model, out.cls.value)
+        timer = self._timed.get(timed)
+        if timer is None:
+            timer = self._timed[timed] = self._metrics.request_duration.labels(*timed)
+        timer.observe(self.clock.monotonic() - out.received_at)
 
     def refused(self, out: Outbound, error: GpugateError) -> None:
         """Record a request that ended with one of our errors before any upstream reply."""

@@ -14,7 +14,7 @@ from gpugate.errors import GpugateError
 from gpugate.web import models, ops
 from gpugate.web.dataplane import DataPlane
 from gpugate.web.errors import error_response
-from gpugate.web.requestid import RequestIdMiddleware
+from gpugate.web.requestid import RequestIdMiddleware, RequestIds
 from gpugate.wiring import Gateway
 
 
@@ -39,4 +39,5 @@ def create_app(gateway: Gateway) -> ASGIApp:
         exception_handlers={GpugateError: _gpugate_error},
     )
     app.state.gateway = gateway
-    return RequestIdMiddleware(DataPlane(app, gateway))
+    ids = RequestIds()
+    return DataPlane(RequestIdMiddleware(app, ids), gateway, ids)

@@ -19,15 +19,19 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpugate.core.classes import RequestClass, parse_request_class
 from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge, UpstreamError
+from gpugate.logs import request_id
 from gpugate.services.idempotency import StoredResponse, Ticket
 from gpugate.services.proxy import Outbound, Reply
 from gpugate.web.errors import error_body, error_headers, status_of
+from gpugate.web.requestid import HEADER as REQUEST_ID
+from gpugate.web.requestid import RequestIds
 from gpugate.wiring import Gateway
 
 log = logging.getLogger("gpugate.proxy")
@@ -35,6 +39,7 @@ log = logging.getLogger("gpugate.proxy")
 OPENAI_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 RAW_PREFIX = "/u/"
 _JSON = [(b"content-type", b"application/json")]
+_END = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
 class ClientGone(Exception):
@@ -45,133 +50,179 @@ class BrokenStream(Exception):
     """The upstream broke off a non-SSE body: drop the connection so the client sees it."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """The request headers the data plane reads, found in one pass."""
+
+    content_length: int | None
+    request_class: str | None
+    idempotency_key: str | None
+    request_id: bytes | None
+
+
+def _scan(headers: list[tuple[bytes, bytes]]) -> _Seen:
+    length = cls = key = rid = None
+    for name, value in headers:
+        if name == b"content-length":
+            length = int(value) if value.isdigit() else None
+        elif name == b"x-request-class":
+            cls = value.decode("latin-1")
+        elif name == b"idempotency-key":
+            key = value.decode("latin-1")
+        elif name == b"x-request-id":
+            rid = value
+    return _Seen(length, cls, key, rid)
+
+
 class DataPlane:
     """ASGI middleware that serves the data-plane routes and passes everything else on."""
 
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+    def __init__(self, app: ASGIApp, gateway: Gateway, ids: RequestIds) -> None:
         self.app = app
         self.gateway = gateway
+        self.ids = ids
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path: str = scope["path"]
             if path in OPENAI_ROUTES and scope["method"] == "POST":
-                await self._openai(scope, receive, send)
+                handler = self._openai
+            elif path.startswith(RAW_PREFIX):
+                handler = self._raw
+            else:
+                await self.app(scope, receive, send)
                 return
-            if path.startswith(RAW_PREFIX):
-                await self._raw(scope, receive, send)
+            seen = _scan(scope["headers"])
+            rid = self.ids.choose(seen.request_id)
+            token = request_id.set(rid.decode())
+            try:
+                await handler(scope, receive, send, seen, rid)
+            except ClientGone:
                 return
+            finally:
+                request_id.reset(token)
+            return
         await self.app(scope, receive, send)
 
-    async def _openai(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _openai(
+        self, scope: Scope, receive: Receive, send: Send, seen: _Seen, rid: bytes
+    ) -> None:
         gw = self.gateway
         received_at = gw.clock.monotonic()
-        headers: list[tuple[bytes, bytes]] = scope["headers"]
         out: Outbound | None = None
         try:
-            body = await _read_body(receive, headers, gw.config.server.max_body_bytes)
+            body = await _read_body(receive, seen.content_length, gw.config.server.max_body_bytes)
             model, stream = _routing_fields(body)
-            cls = parse_request_class(
-                _header(headers, b"x-request-class"), default=RequestClass.INTERACTIVE
-            )
-            out = Outbound(
-                "POST", _path_and_query(scope), headers, body, cls, received_at, model=model
-            )
+            cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
+            headers = scope["headers"]
+            path = _path_and_query(scope)
+            out = Outbound("POST", path, headers, body, cls, received_at, model=model)
             ticket: Ticket | None = None
-            key = _header(headers, b"idempotency-key")
-            if key is not None:
-                begun = await gw.idempotency.begin(key, "POST", scope["path"], body)
+            if seen.idempotency_key is not None:
+                begun = await gw.idempotency.begin(seen.idempotency_key, "POST", path, body)
                 if isinstance(begun, StoredResponse):
                     gw.metrics.idempotent_replays.inc()
-                    await _send_stored(send, begun)
+                    await _send_stored(send, begun, rid)
                     return
                 ticket = begun
-            await self._forward(out, receive, send, ticket, keep=not stream, body_done=None)
+            await self._forward(out, receive, send, rid, ticket, keep=not stream, body_done=None)
         except GpugateError as exc:
             if out is not None:
                 gw.proxy.refused(out, exc)
-            await _send_error(send, exc)
-        except ClientGone:
-            return
+            await _send_error(send, exc, rid)
 
-    async def _raw(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _raw(
+        self, scope: Scope, receive: Receive, send: Send, seen: _Seen, rid: bytes
+    ) -> None:
         gw = self.gateway
         received_at = gw.clock.monotonic()
-        headers: list[tuple[bytes, bytes]] = scope["headers"]
-        rest = scope["path"][len(RAW_PREFIX) :]
-        upstream_id, _, tail = rest.partition("/")
+        upstream_id, _, tail = scope["path"][len(RAW_PREFIX) :].partition("/")
         out: Outbound | None = None
         try:
-            cls = parse_request_class(
-                _header(headers, b"x-request-class"), default=RequestClass.INTERACTIVE
-            )
+            cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
             limit = gw.config.server.max_body_bytes
-            _check_length(headers, limit)
+            _check_length(seen.content_length, limit)
             body_done: asyncio.Event | None = None
             body: AsyncIterator[bytes] | None = None
-            if _has_body(scope["method"], headers):
+            if _has_body(scope["method"], scope["headers"]):
                 body_done = asyncio.Event()
                 body = _stream_body(receive, limit, body_done)
             query = scope.get("query_string", b"")
             path = "/" + tail + ("?" + query.decode("latin-1") if query else "")
             out = Outbound(
-                scope["method"], path, headers, body, cls, received_at, upstream_id=upstream_id
+                scope["method"],
+                path,
+                scope["headers"],
+                body,
+                cls,
+                received_at,
+                upstream_id=upstream_id,
             )
-            await self._forward(out, receive, send, None, keep=False, body_done=body_done)
+            await self._forward(out, receive, send, rid, None, keep=False, body_done=body_done)
         except GpugateError as exc:
             if out is not None:
                 gw.proxy.refused(out, exc)
-            await _send_error(send, exc)
-        except ClientGone:
-            return
+            await _send_error(send, exc, rid)
 
     async def _forward(
         self,
         out: Outbound,
         receive: Receive,
         send: Send,
+        rid: bytes,
         ticket: Ticket | None,
         *,
         keep: bool,
         body_done: asyncio.Event | None,
     ) -> None:
-        """Open the upstream request and relay its response, watching for the client to go.
+        """Relay the request while a watcher waits for the client to go away; if it does, this
+        task is cancelled, which closes the upstream request and frees the slot at once.
 
         The watcher reads ``receive`` only once the request body has been consumed (at once for
         a body read up front; after the upload for a streamed one), never competing with it.
         """
-        work = asyncio.ensure_future(self._relay(out, send, ticket, keep=keep))
+        task = asyncio.current_task()
+        assert task is not None
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive, body_done))
-        try:
-            await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-            client_gone = not work.done()
-            if client_gone:
-                work.cancel()  # _relay's finally closes the upstream and frees the slot
-                await asyncio.gather(work, return_exceptions=True)
-        if client_gone:
-            log.info("client disconnected; upstream request closed")
-            return
-        work.result()  # re-raise what the relay raised (GpugateError before the response started)
 
-    async def _relay(self, out: Outbound, send: Send, ticket: Ticket | None, *, keep: bool) -> None:
+        def client_left(done: asyncio.Future[None]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                task.cancel()
+
+        watcher.add_done_callback(client_left)
+        try:
+            await self._relay(out, send, rid, ticket, keep=keep)
+        except asyncio.CancelledError:
+            if not (watcher.done() and not watcher.cancelled()):
+                raise
+            task.uncancel()
+            log.info("client disconnected; upstream request closed")
+        finally:
+            watcher.remove_done_callback(client_left)
+            watcher.cancel()
+
+    async def _relay(
+        self, out: Outbound, send: Send, rid: bytes, ticket: Ticket | None, *, keep: bool
+    ) -> None:
         gw = self.gateway
         try:
             reply = await gw.proxy.open(out)
         except GpugateError:
             if ticket is not None:
-                await gw.idempotency.abandon(ticket)
+                await asyncio.shield(gw.idempotency.abandon(ticket))
             raise
         code: str | None = None
         kept: list[bytes] | None = [] if ticket is not None and keep else None
         try:
-            await send(_start(reply))
+            await send(_start(reply, rid))
             try:
-                async for chunk in reply.chunks():
+                while chunk := await reply.read_chunk():
                     if kept is not None:
                         kept.append(chunk)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    last = ticket is None and reply.at_eof()  # end with the last chunk
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                    if last:
+                        return
             except UpstreamError as exc:
                 code = exc.code
                 await _end_broken_stream(send, reply, exc)
@@ -179,11 +230,11 @@ class DataPlane:
             if ticket is not None:  # kept before the client sees the end, so a retry replays
                 await _settle(gw, ticket, reply, kept)
                 ticket = None
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send(_END)
         finally:
             reply.close(code)
             if ticket is not None:
-                await gw.idempotency.abandon(ticket)
+                await asyncio.shield(gw.idempotency.abandon(ticket))
 
 
 async def _settle(gw: Gateway, ticket: Ticket, reply: Reply, kept: list[bytes] | None) -> None:
@@ -195,11 +246,12 @@ async def _settle(gw: Gateway, ticket: Ticket, reply: Reply, kept: list[bytes] |
     await gw.idempotency.complete(ticket, reply.status, headers, b"".join(kept))
 
 
-def _start(reply: Reply) -> dict[str, Any]:
+def _start(reply: Reply, rid: bytes) -> dict[str, Any]:
     headers = [
         *reply.headers,
         (b"x-gateway-upstream", reply.upstream.id.encode()),
         (b"x-gateway-overhead-ms", f"{reply.overhead_s * 1000:.3f}".encode()),
+        (REQUEST_ID, rid),
     ]
     return {"type": "http.response.start", "status": reply.status, "headers": headers}
 
@@ -221,32 +273,41 @@ async def _wait_for_disconnect(receive: Receive, body_done: asyncio.Event | None
             return
 
 
-async def _body_chunks(receive: Receive, limit: int) -> AsyncIterator[bytes]:
-    """The request body as it arrives, refusing more than ``limit`` bytes."""
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
+async def _receive_chunk(receive: Receive) -> tuple[bytes, bool]:
+    """One piece of the request body and whether more follows."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    return message.get("body", b""), message.get("more_body", False)
+
+
+async def _read_body(receive: Receive, declared: int | None, limit: int) -> bytes:
+    _check_length(declared, limit)
+    body, more = await _receive_chunk(receive)
+    parts = [body]
+    size = len(body)
+    while more:
+        chunk, more = await _receive_chunk(receive)
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
-        if chunk:
-            yield chunk
-        if not message.get("more_body", False):
-            return
-
-
-async def _read_body(receive: Receive, headers: list[tuple[bytes, bytes]], limit: int) -> bytes:
-    _check_length(headers, limit)
-    return b"".join([chunk async for chunk in _body_chunks(receive, limit)])
+        parts.append(chunk)
+    if size > limit:
+        raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
+    return body if len(parts) == 1 else b"".join(parts)
 
 
 async def _stream_body(receive: Receive, limit: int, done: asyncio.Event) -> AsyncIterator[bytes]:
+    size = 0
+    more = True
     try:
-        async for chunk in _body_chunks(receive, limit):
-            yield chunk
+        while more:
+            chunk, more = await _receive_chunk(receive)
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
+            if chunk:
+                yield chunk
     finally:
         done.set()
 
@@ -259,9 +320,8 @@ def _has_body(method: str, headers: list[tuple[bytes, bytes]]) -> bool:
     return True
 
 
-def _check_length(headers: list[tuple[bytes, bytes]], limit: int) -> None:
-    declared = _header(headers, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+def _check_length(declared: int | None, limit: int) -> None:
+    if declared is not None and declared > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds max_body_bytes ({limit})")
 
 
@@ -292,13 +352,14 @@ def _path_and_query(scope: Scope) -> str:
     return path + "?" + query.decode("latin-1") if query else path
 
 
-async def _send_stored(send: Send, stored: StoredResponse) -> None:
-    headers = [*stored.headers, (b"idempotent-replayed", b"true")]
+async def _send_stored(send: Send, stored: StoredResponse, rid: bytes) -> None:
+    headers = [*stored.headers, (b"idempotent-replayed", b"true"), (REQUEST_ID, rid)]
     await send({"type": "http.response.start", "status": stored.status, "headers": headers})
     await send({"type": "http.response.body", "body": stored.body, "more_body": False})
 
 
-async def _send_error(send: Send, exc: GpugateError) -> None:
-    headers = _JSON + [(k.encode(), v.encode()) for k, v in error_headers(exc).items()]
+async def _send_error(send: Send, exc: GpugateError, rid: bytes) -> None:
+    headers = [*_JSON, (REQUEST_ID, rid)]
+    headers += [(k.encode(), v.encode()) for k, v in error_headers(exc).items()]
     await send({"type": "http.response.start", "status": status_of(exc), "headers": headers})
     await send({"type": "http.response.body", "body": error_body(exc), "more_body": False})
