@@ -13,7 +13,7 @@ gpugate errors for the web layer to present.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -58,19 +58,19 @@ class Reply:
     _proxy: Proxy
     _outbound: Outbound
     _closed: bool = field(default=False)
+    #: The next piece of the body as it arrives, ``b""`` at the end; raises UpstreamError on a
+    #: break mid-body (then call :meth:`broke`). Bound straight to the adapter: once per chunk.
+    read_chunk: Callable[[], Awaitable[bytes]] = field(init=False)
+    #: Whether the whole body has been read (so the last chunk can end the response).
+    at_eof: Callable[[], bool] = field(init=False)
 
-    async def read_chunk(self) -> bytes:
-        """The next piece of the body as it arrives, ``b""`` at the end. A break mid-body raises
-        :class:`UpstreamError` and counts against the endpoint's health."""
-        try:
-            return await self._response.read_chunk()
-        except UpstreamError:
-            picking.record_failure(self.endpoint, self._proxy.clock.monotonic())
-            raise
+    def __post_init__(self) -> None:
+        self.read_chunk = self._response.read_chunk
+        self.at_eof = self._response.at_eof
 
-    def at_eof(self) -> bool:
-        """Whether the whole body has been read (the last chunk can end the response)."""
-        return self._response.at_eof()
+    def broke(self) -> None:
+        """The upstream broke off the body: that counts against the endpoint's health."""
+        picking.record_failure(self.endpoint, self._proxy.clock.monotonic())
 
     def close(self, code: str | None = None) -> None:
         """Release the upstream connection, the endpoint claim and the admission slot; record

@@ -224,6 +224,7 @@ class DataPlane:
                     if last:
                         return
             except UpstreamError as exc:
+                reply.broke()
                 code = exc.code
                 await _end_broken_stream(send, reply, exc)
                 return
