@@ -1,0 +1,83 @@
+"""The operator plane's JSON API (``/admin/...``), behind the admin token.
+
+Every route requires ``Authorization: Bearer <admin token>``, compared in constant time. Without
+an admin token configured (``admin_token_env`` unset or empty) the admin API refuses everything.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gpugate.core import picking
+from gpugate.core.registry import UpstreamState
+from gpugate.errors import Unauthorized
+from gpugate.wiring import Gateway
+
+Handler = Callable[[Request, Gateway], Awaitable[Response]]
+
+
+def _authorize(request: Request, gateway: Gateway) -> None:
+    token = gateway.admin_token
+    if token is None:
+        raise Unauthorized(
+            "the admin API is disabled: no admin token is configured (admin_token_env)"
+        )
+    scheme, _, offered = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(offered.encode(), token.encode()):
+        raise Unauthorized("missing or wrong admin token")
+
+
+def admin(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """An admin route: authorize first, then hand the handler its gateway."""
+
+    async def endpoint(request: Request) -> Response:
+        gateway: Gateway = request.app.state.gateway
+        _authorize(request, gateway)
+        return await handler(request, gateway)
+
+    endpoint.__name__ = handler.__name__
+    endpoint.__doc__ = handler.__doc__
+    return endpoint
+
+
+def upstream_view(upstream: UpstreamState, gateway: Gateway) -> dict[str, Any]:
+    """One upstream as operators see it: endpoints, load, rotation."""
+    now = gateway.clock.monotonic()
+    pool = upstream.pool
+    return {
+        "id": upstream.id,
+        "models": list(upstream.config.models),
+        "gpu_ids": list(upstream.config.gpu_ids),
+        "external": upstream.config.external,
+        "out_of_rotation": gateway.registry.out_of_rotation(upstream),
+        "inflight": pool.inflight,
+        "max_inflight": pool.max_inflight,
+        "queued": {cls.value: n for cls, n in pool.queued_by_class().items()},
+        "endpoints": [
+            {
+                "url": ep.url,
+                "health": str(picking.health(ep, now)),
+                "outstanding": ep.outstanding,
+                "latency_ms": None if ep.latency_ewma_s is None else ep.latency_ewma_s * 1000,
+                "ejections": ep.ejections,
+            }
+            for ep in upstream.endpoints
+        ],
+    }
+
+
+@admin
+async def list_upstreams(request: Request, gateway: Gateway) -> Response:
+    """Every upstream with its endpoints' health, load and rotation."""
+    return JSONResponse(
+        {"upstreams": [upstream_view(u, gateway) for u in gateway.registry.upstreams()]}
+    )
+
+
+routes = [Route("/admin/upstreams", list_upstreams, methods=["GET"])]
