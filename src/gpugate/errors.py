@@ -10,6 +10,8 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── StoreUnavailable           the store cannot be reached
     │   └── MigrationError             a migration could not be applied
     ├── ListenError                    the listen address cannot be bound
+    ├── ScrapeError                    SCRAPE_FAILED: an exporter's answer is not exposition text
+    │   └── NoGpuSeries                SCRAPE_NO_GPUS: it parses, but holds no DCGM GPU series
     ├── ClientError                    the request is wrong; retrying it unchanged will not help
     │   ├── BadRequest                 BAD_REQUEST
     │   ├── PayloadTooLarge            PAYLOAD_TOO_LARGE
@@ -93,6 +95,18 @@ class ListenError(GpugateError):
     """The listen address cannot be bound."""
 
     code = "LISTEN_FAILED"
+
+
+class ScrapeError(GpugateError):
+    """The exporter's answer is not Prometheus text exposition (garbage or truncated)."""
+
+    code = "SCRAPE_FAILED"
+
+
+class NoGpuSeries(ScrapeError):
+    """The scrape parses, but holds no DCGM GPU series: not a dcgm-exporter, or no GPU on it."""
+
+    code = "SCRAPE_NO_GPUS"
 
 
 class ClientError(GpugateError):
