@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpugate.clock import Clock
 from gpugate.config import GatewayConfig, config_from_document
 from gpugate.fleet import ModelServer, ServerBehaviour
 from gpugate.server import bind, make_server
@@ -53,12 +54,13 @@ async def serving(
     *,
     environ: Mapping[str, str] | None = None,
     probe_interval_s: float = 3600.0,
+    clock: Clock | None = None,
 ) -> AsyncIterator[RunningGateway]:
     """Build the gateway and serve it with uvicorn on 127.0.0.1:<free port> until the block ends."""
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     async with build_gateway(
-        config, environ=environ or {}, probe_interval_s=probe_interval_s
+        config, environ=environ or {}, probe_interval_s=probe_interval_s, clock=clock
     ) as gateway:
         server = make_server(create_app(gateway), grace_s=1)
         task = asyncio.create_task(server.serve(sockets=[sock]))

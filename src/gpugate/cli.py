@@ -94,6 +94,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if clean else 1
 
 
+def cmd_gpus_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from gpugate.services.gpu_inspect import inspect_source, render_table
+
+    result = _run(inspect_source(args.source))
+    assert isinstance(result, tuple)
+    entries, errors = result
+    if args.json:
+        print(json.dumps({"gpus": entries, "errors": errors}, indent=2))
+    else:
+        for line in render_table(entries):
+            print(line)
+        for error in errors:
+            print(f"error: {error}", file=sys.stderr)
+    return 1 if errors and not entries else 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"gpugate {__version__}")
     return 0
@@ -150,6 +168,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=".gpugate", help="state directory (default ./.gpugate)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("gpus", help="look at GPUs through dcgm-exporter")
+    gpus = p.add_subparsers(dest="gpus_command", required=True, metavar="GPUS_COMMAND")
+    p = gpus.add_parser(
+        "inspect",
+        help="judge one dcgm-exporter scrape: values, clock reasons, verdict and why",
+        description="Read one dcgm-exporter scrape from a file or URL and show each GPU and MIG "
+        "instance: util, temperature, last XID, decoded clock-event reasons, verdict "
+        "(ok | faulted | unknown) and the reasons. Exit 1 when the scrape yields no GPU.",
+    )
+    p.add_argument("source", help="a file, or an http(s) URL of an exporter's /metrics")
+    p.add_argument(
+        "--json", action="store_true", help='one object: {"gpus": [...], "errors": [...]}'
+    )
+    p.set_defaults(func=cmd_gpus_inspect)
 
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=cmd_version)

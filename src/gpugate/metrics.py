@@ -87,6 +87,43 @@ class Metrics:
             registry=r,
         )
 
+        gpu = ["host", "gpu", "instance"]
+        self.gpu_util = Gauge("gateway_gpu_util_percent", "GPU utilisation (DCGM)", gpu, registry=r)
+        self.gpu_temp = Gauge(
+            "gateway_gpu_temperature_celsius", "GPU temperature (DCGM)", gpu, registry=r
+        )
+        self.gpu_last_xid = Gauge(
+            "gateway_gpu_last_xid", "Last XID code the exporter reported (0: none)", gpu, registry=r
+        )
+        self.gpu_faulted = Gauge(
+            "gateway_gpu_faulted", "1 while a fault holds the GPU out of rotation", gpu, registry=r
+        )
+        self.gpu_saturated = Gauge(
+            "gateway_gpu_saturated", "1 while the GPU is saturated", gpu, registry=r
+        )
+        self.gpu_stale = Gauge(
+            "gateway_gpu_stale", "1 while the GPU's data is stale (verdicts off)", gpu, registry=r
+        )
+        self.gpu_scrapes = Counter(
+            "gateway_gpu_scrapes_total",
+            "dcgm-exporter scrapes by exporter and outcome (ok or error)",
+            ["exporter", "outcome"],
+            registry=r,
+        )
+        self.gpu_scrape_duration = Histogram(
+            "gateway_gpu_scrape_duration_seconds",
+            "Time to fetch and parse one successful dcgm-exporter scrape",
+            ["exporter"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.gpu_shed = Counter(
+            "gateway_gpu_shed_total",
+            "Batch admissions refused because the GPUs were saturated, by admission site",
+            ["site"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         """The exposition text of every family."""
         return generate_latest(self.registry)

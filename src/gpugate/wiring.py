@@ -22,10 +22,12 @@ from gpugate.config import GatewayConfig
 from gpugate.core.registry import Registry
 from gpugate.errors import GpugateError
 from gpugate.metrics import Metrics
+from gpugate.services.gpu_monitor import GpuMonitor
 from gpugate.services.idempotency import Idempotency
 from gpugate.services.prober import Prober
 from gpugate.services.proxy import Proxy
 from gpugate.services.readiness import Readiness, probe
+from gpugate.services.shed import ShedGate
 from gpugate.store import Store
 from gpugate.store.factory import open_store
 
@@ -47,6 +49,7 @@ class Gateway:
     proxy: Proxy
     idempotency: Idempotency
     prober: Prober
+    monitor: GpuMonitor | None = None  # None: gpu_health is dormant
     stopping: bool = field(default=False)
 
     @property
@@ -133,7 +136,10 @@ async def build_gateway(
         await client.start()
         stack.push_async_callback(client.close)
         registry = Registry(config.upstreams, clock)
-        proxy = Proxy(registry, client, clock, metrics, secrets=_secrets(config, environ))
+        monitor, gate = _gpu_health(config, registry, client, clock, metrics)
+        proxy = Proxy(
+            registry, client, clock, metrics, secrets=_secrets(config, environ), gate=gate
+        )
         prober = Prober(registry, client, clock, metrics, interval_s=probe_interval_s)
         gateway = Gateway(
             config=config,
@@ -147,14 +153,36 @@ async def build_gateway(
             proxy=proxy,
             idempotency=Idempotency(store, config.server.idempotency_ttl_s),
             prober=prober,
+            monitor=monitor,
         )
         loops = _Loops()
         stack.push_async_callback(loops.stop)
         loops.start("prober", prober.run())
+        if monitor is not None:
+            loops.start("gpu-monitor", monitor.run())
         try:
             yield gateway
         finally:
             gateway.stopping = True
+
+
+def _gpu_health(
+    config: GatewayConfig,
+    registry: Registry,
+    client: UpstreamClient,
+    clock: Clock,
+    metrics: Metrics,
+) -> tuple[GpuMonitor | None, ShedGate | None]:
+    """The monitor, the fault guard and the shed gate — or nothing at all when dormant, so a
+    config without ``gpu_health`` behaves exactly as one whose monitor never existed."""
+    cfg = config.gpu_health
+    if cfg is None or cfg.dormant:
+        return None, None
+    monitor = GpuMonitor(cfg, config.upstreams, client, clock, metrics)
+    if cfg.couple_faults:
+        registry.guard = monitor.guard
+    gate = ShedGate(monitor, metrics, retry_after_s=cfg.poll_s) if cfg.shed_batch else None
+    return monitor, gate
 
 
 class _Loops:

@@ -1,6 +1,7 @@
 """The synchronous request path, written once in order:
 
-    candidates (model → upstreams in rotation → endpoints) → choose an upstream (P2C)
+    candidates (model → upstreams in rotation) → shed gate (batch only) → endpoints
+    → choose an upstream (P2C)
     → admission (per-upstream pool, by class) → pick + claim an endpoint → send
     → on a connect failure, once more on another endpoint → a :class:`Reply` to relay.
 
@@ -27,6 +28,7 @@ from gpugate.core.picking import EndpointState
 from gpugate.core.registry import Registry, UpstreamState
 from gpugate.errors import GpugateError, UpstreamError
 from gpugate.metrics import Metrics
+from gpugate.services.shed import ShedGate
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +102,10 @@ class Proxy:
         *,
         secrets: Mapping[str, str] | None = None,
         rng: random.Random | None = None,
+        gate: ShedGate | None = None,
     ) -> None:
         self.registry = registry
+        self.gate = gate
         self.clock = clock
         self._client = client
         self._metrics = metrics
@@ -137,6 +141,8 @@ class Proxy:
         of the same upstream or another serving the model; nothing else is ever retried.
         """
         upstreams = self.candidates(out)
+        if self.gate is not None:  # before admission: a shed request never queues
+            upstreams = self.gate.admit(upstreams, out.cls, "proxy")
         tried: set[str] = set()
         upstream_time = 0.0
         while True:

@@ -15,8 +15,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gpugate.core import picking
+from gpugate.core.gpu.health import gpu_key_for
 from gpugate.core.registry import UpstreamState
-from gpugate.errors import Unauthorized
+from gpugate.errors import BadRequest, Unauthorized
+from gpugate.store import AuditEvent
 from gpugate.wiring import Gateway
 
 Handler = Callable[[Request, Gateway], Awaitable[Response]]
@@ -80,4 +82,48 @@ async def list_upstreams(request: Request, gateway: Gateway) -> Response:
     )
 
 
-routes = [Route("/admin/upstreams", list_upstreams, methods=["GET"])]
+@admin
+async def list_gpus(request: Request, gateway: Gateway) -> Response:
+    """Every GPU row: readings, verdict, reasons, mapped upstreams; and each exporter's state."""
+    monitor = gateway.monitor
+    if monitor is None:
+        return JSONResponse({"dormant": True, "gpus": [], "exporters": []})
+    exporters = [
+        {
+            "url": e.url,
+            "host": e.host,
+            "scrapes": e.scrapes,
+            "failures": e.failures,
+            "last_error": e.last_error,
+            "seconds_since_success": None
+            if e.last_success is None
+            else gateway.clock.monotonic() - e.last_success,
+        }
+        for e in monitor.exporters
+    ]
+    gpus = monitor.snapshot(gateway.clock.now())
+    return JSONResponse({"dormant": False, "gpus": gpus, "exporters": exporters})
+
+
+@admin
+async def clear_gpu(request: Request, gateway: Gateway) -> Response:
+    """Clear a GPU's held fault (``0``, or ``host/0`` with several exporters); audited."""
+    raw: str = request.path_params["gpu"]
+    gpu_id: int | str = int(raw) if raw.isdigit() else raw
+    try:
+        gpu_key_for(gpu_id)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from exc
+    if gateway.monitor is None:
+        raise BadRequest("gpu_health is dormant: there is no GPU state to clear")
+    cleared = gateway.monitor.clear(gpu_id)
+    event = AuditEvent("admin", "gpu.cleared", f"gpu:{raw}", {"rows": cleared})
+    await gateway.store.append_audit(event)
+    return JSONResponse({"gpu": raw, "cleared": cleared})
+
+
+routes = [
+    Route("/admin/upstreams", list_upstreams, methods=["GET"]),
+    Route("/admin/gpus", list_gpus, methods=["GET"]),
+    Route("/admin/gpus/{gpu:path}/clear", clear_gpu, methods=["POST"]),
+]

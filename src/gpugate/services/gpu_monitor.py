@@ -1,0 +1,235 @@
+"""The GPU monitor: scrape every dcgm-exporter, keep each GPU's state, publish the verdicts.
+
+Each tick scrapes every exporter concurrently (bounded by ``scrape_timeout_s``), folds the
+successful scrapes into :class:`~gpugate.core.gpu.health.GpuFleetState`, then recomputes, once,
+what routing reads on every request: which upstreams are out of rotation (and why) and which are
+saturated. A failed scrape — down, hung, 5xx, garbage, no GPU series — is counted and logged and
+changes no verdict; after ``staleness_s`` without a good scrape its GPUs are stale and nothing
+acts on them (fail open). Nothing raises out of :meth:`GpuMonitor.tick`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from gpugate.adapters import exposition
+from gpugate.adapters.upstream_client import Timeouts, UpstreamClient
+from gpugate.clock import Clock
+from gpugate.config import GpuHealthConfig, UpstreamConfig
+from gpugate.core.gpu import dcgm, report
+from gpugate.core.gpu.health import GpuFleetState, Thresholds
+from gpugate.core.gpu.xid import XidTable
+from gpugate.errors import ScrapeError, UpstreamError
+from gpugate.metrics import Metrics
+
+log = logging.getLogger("gpugate.gpu")
+
+#: Gets an exporter's body; raises ScrapeError or UpstreamError when it cannot.
+Fetch = Callable[[str], Awaitable[bytes]]
+
+
+@dataclass(slots=True)
+class Exporter:
+    """One dcgm-exporter and how its scrapes went."""
+
+    url: str
+    host: str | None  # the operator's name for it (``exporters[].host``); None with ``dcgm_url``
+    last_success: float | None = None
+    last_error: str | None = None
+    failures: int = 0
+    scrapes: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.host or self.url
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What routing reads on every request, recomputed once per tick (or clear)."""
+
+    out_of_rotation: dict[str, str] = field(default_factory=dict)  # upstream id -> why
+    saturated: frozenset[str] = frozenset()  # upstream ids whose every GPU is saturated
+
+
+def thresholds_of(cfg: GpuHealthConfig) -> Thresholds:
+    return Thresholds(
+        staleness_s=cfg.staleness_s,
+        sustained_samples=cfg.sustained_samples,
+        shed_util_pct=cfg.shed_util_pct,
+        fault_hold_s=cfg.fault_hold_s,
+        max_temp_c=cfg.max_temp_c,
+        couple_faults=cfg.couple_faults,
+    )
+
+
+class GpuMonitor:
+    """Scrapes, judges, publishes. :meth:`tick` is one poll; :meth:`run` polls every ``poll_s``."""
+
+    def __init__(
+        self,
+        cfg: GpuHealthConfig,
+        upstreams: Sequence[UpstreamConfig],
+        client: UpstreamClient,
+        clock: Clock,
+        metrics: Metrics,
+        *,
+        fetch: Fetch | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.table = XidTable.load(cfg.xid_overrides)
+        self.fleet = GpuFleetState(self.table, thresholds_of(cfg))
+        self.exporters = (
+            [Exporter(cfg.dcgm_url, None)]
+            if cfg.dcgm_url
+            else [Exporter(e.url, e.host) for e in cfg.exporters]
+        )
+        self._client = client
+        self._fetch = fetch or self._fetch_over_http
+        self._clock = clock
+        self._metrics = metrics
+        self._readings: dict[dcgm.GpuKey, dcgm.GpuReading] = {}
+        self.published = Published()
+        self.reconfigure(upstreams)
+
+    def reconfigure(self, upstreams: Sequence[UpstreamConfig]) -> None:
+        """Which GPUs each upstream runs on (config reloads change it)."""
+        self._gpu_ids = {u.id: tuple(u.gpu_ids) for u in upstreams if u.gpu_ids}
+        self._publish()
+
+    async def tick(self) -> int:
+        """Scrape every exporter once; returns how many scrapes succeeded."""
+        results = await asyncio.gather(*(self._scrape(e) for e in self.exporters))
+        self._publish()
+        return sum(results)
+
+    async def run(self) -> None:
+        while True:
+            await self.tick()
+            await self._clock.sleep(self.cfg.poll_s)
+
+    def guard(self, upstream_id: str) -> str | None:
+        """Why ``upstream_id`` is out of rotation (a faulted GPU), or None. A dict lookup."""
+        return self.published.out_of_rotation.get(upstream_id)
+
+    def saturated(self, upstream_id: str) -> bool:
+        """Whether every GPU behind ``upstream_id`` is saturated. A set lookup."""
+        return upstream_id in self.published.saturated
+
+    def clear(self, gpu_id: int | str) -> list[str]:
+        """An operator clears a GPU's held fault; it takes effect at once. Returns the rows."""
+        cleared = self.fleet.clear(gpu_id, self._clock.monotonic())
+        self._publish()
+        return [str(key) for key in cleared]
+
+    async def _scrape(self, exporter: Exporter) -> bool:
+        started = self._clock.monotonic()
+        exporter.scrapes += 1
+        try:
+            body = await self._fetch(exporter.url)
+            found = dcgm.require_gpus(dcgm.readings(exposition.parse(body), host=exporter.host))
+        except (ScrapeError, UpstreamError) as exc:
+            exporter.failures += 1
+            exporter.last_error = f"{exc.code}: {exc.message}"
+            self._metrics.gpu_scrapes.labels(exporter.label, "error").inc()
+            log.warning("scrape of %s failed: %s", exporter.url, exc.message)
+            return False
+        now = self._clock.monotonic()
+        self.fleet.observe_scrape(found, now, exporter.host)
+        for reading in found:
+            self._readings[reading.key] = reading
+        exporter.last_success, exporter.last_error = now, None
+        self._metrics.gpu_scrapes.labels(exporter.label, "ok").inc()
+        self._metrics.gpu_scrape_duration.labels(exporter.label).observe(now - started)
+        return True
+
+    async def _fetch_over_http(self, url: str) -> bytes:
+        t = self.cfg.scrape_timeout_s
+        response = await self._client.send("GET", url, [], None, Timeouts(t, t, t))
+        try:
+            body = await response.read()
+        finally:
+            response.release()
+        if response.status != 200:
+            raise ScrapeError(f"{url} answered {response.status}")
+        return body
+
+    def _publish(self) -> None:
+        now = self._clock.monotonic()
+        out: dict[str, str] = {}
+        saturated = set()
+        for upstream_id, gpu_ids in self._gpu_ids.items():
+            verdicts = [(gpu_id, self.fleet.verdicts_for(gpu_id, now)) for gpu_id in gpu_ids]
+            faulted = [f"GPU {gid} faulted: {v.fault_reason}" for gid, v in verdicts if v.faulted]
+            if faulted and self.cfg.couple_faults:
+                out[upstream_id] = "; ".join(faulted)
+            if self.fleet.upstream_saturated(gpu_ids, now):
+                saturated.add(upstream_id)
+        if out != self.published.out_of_rotation:
+            log.warning("GPU guard: out of rotation now %s", out or "nothing")
+        self.published = Published(out, frozenset(saturated))
+        self._export_gauges(now)
+
+    def _export_gauges(self, now: float) -> None:
+        m = self._metrics
+        for key, state in self.fleet.states.items():
+            labels = (key.host or "", str(key.gpu), key.instance or "")
+            verdict = self.fleet.verdict(key, now)
+            reading = self._readings.get(key)
+            if reading is not None and reading.util_pct is not None:
+                m.gpu_util.labels(*labels).set(reading.util_pct)
+            if state.temp_c is not None:
+                m.gpu_temp.labels(*labels).set(state.temp_c)
+            if state.last_xid is not None:
+                m.gpu_last_xid.labels(*labels).set(state.last_xid)
+            m.gpu_faulted.labels(*labels).set(int(verdict.faulted))
+            m.gpu_saturated.labels(*labels).set(int(verdict.saturated))
+            m.gpu_stale.labels(*labels).set(int(verdict.stale))
+
+    def snapshot(self, wall_now: datetime) -> list[dict[str, Any]]:
+        """Every GPU row for ``GET /admin/gpus``: what the last scrape said, the verdict, why."""
+        now = self._clock.monotonic()
+        entries = []
+        for key in sorted(self.fleet.states, key=lambda k: k.sort_key):
+            reading = self._readings.get(key)
+            verdict = self.fleet.verdict(key, now)
+            fields = report.reading_fields(reading) if reading is not None else {}
+            since = verdict.faulted_since
+            entries.append(
+                {
+                    **fields,
+                    "host": key.host,
+                    "gpu": key.gpu,
+                    "instance": key.instance,
+                    "verdict": "faulted" if verdict.faulted else "ok",
+                    "reasons": list(verdict.reasons),
+                    "upstreams": self._upstreams_of(key),
+                    "stale": verdict.stale,
+                    "saturated": verdict.saturated,
+                    "fault_reason": verdict.fault_reason,
+                    "faulted_since": None
+                    if since is None
+                    else (wall_now - timedelta(seconds=now - since)).isoformat(),
+                }
+            )
+        return entries
+
+    def _upstreams_of(self, key: dcgm.GpuKey) -> list[str]:
+        return sorted(
+            upstream_id
+            for upstream_id, gpu_ids in self._gpu_ids.items()
+            if key in {k for gid in gpu_ids for k in self.fleet.keys_for(gid)}
+        )
+
+    def __repr__(self) -> str:
+        failing = sum(1 for e in self.exporters if e.last_error)
+        return (
+            f"<GpuMonitor exporters={len(self.exporters)} failing={failing} "
+            f"out_of_rotation={len(self.published.out_of_rotation)} "
+            f"saturated={len(self.published.saturated)}>"
+        )
