@@ -195,3 +195,49 @@ async def test_raw_pass_through_forwards_method_path_query_and_body(
     assert "tei" == emb.headers["X-Gateway-Upstream"]
     assert 1 == len(embedded["data"])
     assert (404, "UNKNOWN_UPSTREAM") == (unknown.status, unknown_body["error"]["code"])
+
+
+async def test_five_5xx_in_a_row_eject_an_endpoint_and_traffic_goes_to_the_other(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """The failing endpoint answers fastest, so the picker keeps choosing it until passive health
+    ejects it: exactly five requests, then none while it cools down."""
+    slower = ServerBehaviour(delay_s=0.02)
+    async with (
+        model_servers(("bad", ["m"]), behaviour=ServerBehaviour(fail_status=500)) as (bad,),
+        model_servers(("good", ["m"]), behaviour=slower) as (good,),
+    ):
+        config = make_config(sqlite_dsn, [upstream("u", [bad.url, good.url], ["m"])])
+        async with serving(config) as gw:
+            statuses = []
+            for _ in range(30):
+                async with http.post(gw.v1 + "/chat/completions", json=BODY) as resp:
+                    statuses.append(resp.status)
+            endpoint = gw.gateway.registry.upstream("u").endpoints[0]
+            assert endpoint.ejected_until is not None
+    assert 5 == bad.stats.requests["/v1/chat/completions"]  # one failure never ejects; five do
+    assert [500] * 5 == [s for s in statuses if s != 200]  # the upstream's errors pass through
+    assert 25 == good.stats.requests["/v1/chat/completions"]
+
+
+async def test_a_request_that_may_have_reached_the_upstream_is_never_retried(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """The connection drops after the request was sent: the upstream may be generating, so a
+    second endpoint must not run it again; the client gets 502."""
+    behaviour = ServerBehaviour(drop_connection=True)
+    async with (
+        model_servers(("dropper", ["m"]), behaviour=behaviour) as (dropper,),
+        model_servers(("good", ["m"])) as (good,),
+    ):
+        config = make_config(sqlite_dsn, [upstream("u", [dropper.url, good.url], ["m"])])
+        async with serving(config) as gw:
+            outcomes = []
+            for _ in range(50):  # until one request lands on the dropper
+                async with http.post(gw.v1 + "/chat/completions", json=BODY) as resp:
+                    outcomes.append((resp.status, (await resp.json()).get("error")))
+                if dropper.stats.requests["/v1/chat/completions"]:
+                    break
+    status, error = outcomes[-1]
+    assert (502, "UPSTREAM_UNREACHABLE") == (status, error["code"])
+    assert len(outcomes) - 1 == good.stats.requests["/v1/chat/completions"]
