@@ -12,6 +12,10 @@ Semantics every backend keeps:
   (:class:`Started`) or reports what holds it. A row past its ``expires_at`` counts as absent.
   Only the owner that started a key may complete or abandon it.
 * Timestamps come from the injected clock, are stored as UTC and returned timezone-aware.
+* Jobs (the :class:`~gpugate.store.jobs_base.JobStore` part, with its values): one idempotency
+  key makes at most one job, in every state; a claim hands each queued job to exactly one
+  claimer; every write a lease holder makes is fenced by the lease's token; every state change
+  appends its event in the same transaction.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from gpugate.store.jobs_base import JobStore
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -134,8 +140,8 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-class Store(Protocol):
-    """The durable state of a gateway: config versions, audit trail, idempotency records."""
+class Store(JobStore, Protocol):
+    """The durable state of a gateway: config versions, audit trail, idempotency records, jobs."""
 
     @property
     def backend(self) -> str:

@@ -32,6 +32,7 @@ from gpugate.store.base import (
     idem_verdict,
 )
 from gpugate.store.migrations import Migration, load_migrations, pending
+from gpugate.store.postgres_jobs import PostgresJobs
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -99,8 +100,11 @@ WHERE key = %(key)s AND owner = %(owner)s AND state = 'in_flight' AND expires_at
 _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= %(now)s"
 
 
-class PostgresStore:
-    """The shared store: PostgreSQL through a psycopg connection pool."""
+class PostgresStore(PostgresJobs):
+    """The shared store: PostgreSQL through a psycopg connection pool.
+
+    The job methods come from :class:`PostgresJobs`, on the same pool.
+    """
 
     backend = "postgresql"
 

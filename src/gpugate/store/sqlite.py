@@ -12,7 +12,7 @@ import asyncio
 import json
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -32,6 +32,10 @@ from gpugate.store.base import (
     idem_verdict,
 )
 from gpugate.store.migrations import Migration, load_migrations, pending
+from gpugate.store.sqlite_codec import json_text as _json
+from gpugate.store.sqlite_codec import text_time as _dt
+from gpugate.store.sqlite_codec import time_text as _ts
+from gpugate.store.sqlite_jobs import SqliteJobs
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -108,8 +112,11 @@ WHERE key = :key AND owner = :owner AND state = 'in_flight' AND expires_at > :no
 _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= :now"
 
 
-class SqliteStore:
-    """The embedded store: a SQLite file in WAL mode, reached through one worker thread."""
+class SqliteStore(SqliteJobs):
+    """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
+
+    The job methods come from :class:`SqliteJobs` and go through the same hop.
+    """
 
     backend = "sqlite"
 
@@ -429,16 +436,3 @@ def _idem_record(row: tuple[Any, ...]) -> IdemRecord:
 
 def _headers_json(headers: Sequence[tuple[str, str]]) -> str:
     return _json([[name, value] for name, value in headers])
-
-
-def _json(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _ts(moment: datetime) -> str:
-    """Fixed-width ISO-8601 UTC, so that text order is time order."""
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def _dt(text: str) -> datetime:
-    return datetime.fromisoformat(text)
