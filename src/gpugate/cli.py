@@ -11,10 +11,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpugate import __version__
 from gpugate.config import env_problems, load_config
 from gpugate.errors import ConfigError, GpugateError
+
+if TYPE_CHECKING:
+    from gpugate.adapters.gateway_api import GatewayApi
 
 DESCRIPTION = """\
 gpugate: the front door for a team's GPU work. An OpenAI-compatible gateway that routes to
@@ -112,6 +116,70 @@ def cmd_gpus_inspect(args: argparse.Namespace) -> int:
     return 1 if errors and not entries else 0
 
 
+def _api(args: argparse.Namespace) -> GatewayApi:
+    from gpugate.adapters.gateway_api import GatewayApi
+
+    return GatewayApi(args.gateway)
+
+
+def _print_json(value: object) -> None:
+    import json
+
+    print(json.dumps(value, indent=2))
+
+
+def cmd_jobs_submit(args: argparse.Namespace) -> int:
+    import json
+
+    raw = Path(args.input[1:]).read_text() if args.input.startswith("@") else args.input
+    try:
+        payload = json.loads(raw)
+    except ValueError as exc:
+        raise GpugateError(f"--input is not valid JSON: {exc}") from exc
+    body = {"model": args.model, "input": payload, "operation": args.operation}
+    body |= {"class": args.job_class, "allow_external": not args.no_external}
+    body |= {k: v for k, v in (("runner", args.runner), ("slug", args.slug)) if v}
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else {}
+    status, job = _api(args).request("POST", "/v1/jobs", body, headers=headers)
+    _print_json(job)
+    print(f"{'created' if status == 202 else 'existing'} job {job['slug']}", file=sys.stderr)
+    return 0
+
+
+def cmd_jobs_list(args: argparse.Namespace) -> int:
+    from urllib.parse import urlencode
+
+    query = {k: v for k, v in (("state", args.state), ("runner", args.runner)) if v}
+    query["limit"] = str(args.limit)
+    _, page = _api(args).request("GET", "/v1/jobs?" + urlencode(query))
+    for job in page["data"]:
+        error = (job["error"] or {}).get("code") or ""
+        print(
+            f"{job['slug']:<26} {job['state']:<12} {job['runner']:<14} {job['model']:<16} {error}"
+        )
+    if page["next_cursor"]:
+        print(f"(more: --cursor {page['next_cursor']})", file=sys.stderr)
+    return 0
+
+
+def cmd_jobs_show(args: argparse.Namespace) -> int:
+    api = _api(args)
+    _, job = api.request("GET", f"/v1/jobs/{args.slug}")
+    _print_json(job)
+    if args.events:
+        _, events = api.request("GET", f"/v1/jobs/{args.slug}/events")
+        for e in events["data"]:
+            where = ":".join(p for p in (e["runtime"], e["call_id"]) if p)
+            print(f"{e['at']}  {e['status']:<11} {e['error_code'] or '':<22} {where}  {e['actor']}")
+    return 0
+
+
+def cmd_jobs_cancel(args: argparse.Namespace) -> int:
+    _, job = _api(args).request("POST", f"/v1/jobs/{args.slug}/cancel")
+    _print_json(job)
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"gpugate {__version__}")
     return 0
@@ -124,11 +192,8 @@ def _split_listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpugate", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"gpugate {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_process_commands(sub: Any) -> None:
+    """serve, check-config, db, fleet, demo."""
     p = sub.add_parser("serve", help="run the gateway (the production entry point)")
     p.add_argument("--config", required=True, type=Path, help="the YAML config file")
     p.add_argument("--listen", help="HOST:PORT, overrides `listen` in the file")
@@ -169,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=cmd_demo)
 
+
+def _add_gpus_commands(sub: Any) -> None:
+    """gpus inspect."""
     p = sub.add_parser("gpus", help="look at GPUs through dcgm-exporter")
     gpus = p.add_subparsers(dest="gpus_command", required=True, metavar="GPUS_COMMAND")
     p = gpus.add_parser(
@@ -184,6 +252,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_gpus_inspect)
 
+
+def _add_jobs_commands(sub: Any) -> None:
+    """jobs submit|list|show|cancel (clients of a running gateway)."""
+    p = sub.add_parser("jobs", help="submit and follow jobs on a running gateway")
+    jobs = p.add_subparsers(dest="jobs_command", required=True, metavar="JOBS_COMMAND")
+    gateway = argparse.ArgumentParser(add_help=False)
+    gateway.add_argument(
+        "--gateway",
+        default=os.environ.get("GPUGATE_URL", "http://127.0.0.1:8080"),
+        help="the gateway's base URL (default $GPUGATE_URL or http://127.0.0.1:8080)",
+    )
+    p = jobs.add_parser("submit", parents=[gateway], help="create a job (idempotent with a key)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--input", required=True, help="the request body as JSON, or @file.json")
+    p.add_argument("--operation", default="chat/completions")
+    p.add_argument("--class", dest="job_class", default="batch")
+    p.add_argument("--runner", help="the runtime to start on (default: default_runtime)")
+    p.add_argument("--slug", help="choose the job's slug")
+    p.add_argument("--idempotency-key", help="the same key always returns the same job")
+    p.add_argument("--no-external", action="store_true", help="the job may not leave the building")
+    p.set_defaults(func=cmd_jobs_submit)
+    p = jobs.add_parser("list", parents=[gateway], help="list jobs, newest first")
+    p.add_argument("--state")
+    p.add_argument("--runner")
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(func=cmd_jobs_list)
+    p = jobs.add_parser("show", parents=[gateway], help="one job (and its events)")
+    p.add_argument("slug")
+    p.add_argument("--events", action="store_true", help="also print the job's event trail")
+    p.set_defaults(func=cmd_jobs_show)
+    p = jobs.add_parser("cancel", parents=[gateway], help="cancel a job")
+    p.add_argument("slug")
+    p.set_defaults(func=cmd_jobs_cancel)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpugate", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"gpugate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _add_process_commands(sub)
+    _add_gpus_commands(sub)
+    _add_jobs_commands(sub)
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=cmd_version)
     return parser

@@ -20,15 +20,27 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── UnknownUpstream            UNKNOWN_UPSTREAM
     │   ├── ExternalUpstreamForbidden  EXTERNAL_UPSTREAM_FORBIDDEN
     │   ├── IdempotencyConflict        IDEMPOTENCY_CONFLICT
-    │   └── IdempotencyKeyReused       IDEMPOTENCY_KEY_REUSED
+    │   ├── IdempotencyKeyReused       IDEMPOTENCY_KEY_REUSED
+    │   └── JobNotFound                JOB_NOT_FOUND
     ├── Refused                        admission said no for now; retry later (Retry-After)
     │   ├── GpuSaturated               GPU_SATURATED
     │   ├── QueueTimeout               QUEUE_TIMEOUT
     │   ├── QueueFull                  QUEUE_FULL
     │   └── NoHealthyUpstream          NO_HEALTHY_UPSTREAM
-    └── UpstreamError                  the upstream failed us
-        ├── UpstreamTimeout            UPSTREAM_TIMEOUT
-        └── UpstreamUnreachable        UPSTREAM_UNREACHABLE
+    ├── UpstreamError                  the upstream failed us
+    │   ├── UpstreamTimeout            UPSTREAM_TIMEOUT
+    │   └── UpstreamUnreachable        UPSTREAM_UNREACHABLE
+    └── JobError                       a job could not be dispatched or run
+        ├── StaleLease                 STALE_LEASE: another dispatcher or the reaper owns it now
+        ├── ChainExhausted             CHAIN_EXHAUSTED: every runtime of the chain failed it
+        ├── LeaseLost                  LEASE_LOST: rescued more than max_rescues times
+        ├── AtCapacity                 AT_CAPACITY: every candidate is at max_concurrency
+        └── RuntimeFailure             RUNTIME_FAILED: a runtime did not take a call
+            ├── RuntimeBusy            RUNTIME_BUSY         retryable (429, at capacity)
+            ├── RuntimeUnreachable     RUNTIME_UNREACHABLE  retryable
+            ├── RuntimeTimeout         RUNTIME_TIMEOUT      retryable
+            ├── RuntimeRejected        RUNTIME_REJECTED     not retryable
+            └── RuntimeAuthFailed      RUNTIME_AUTH_FAILED  not retryable (401/403)
 """
 
 from __future__ import annotations
@@ -220,3 +232,83 @@ class UpstreamUnreachable(UpstreamError):
     """The upstream could not be reached."""
 
     code = "UPSTREAM_UNREACHABLE"
+
+
+class JobNotFound(ClientError):
+    """No job has this slug."""
+
+    code = "JOB_NOT_FOUND"
+
+
+class JobError(GpugateError):
+    """A job could not be dispatched or run."""
+
+    code = "JOB_ERROR"
+
+
+class StaleLease(JobError):
+    """The lease token is no longer the job's: another dispatcher or the reaper owns it now."""
+
+    code = "STALE_LEASE"
+
+
+class ChainExhausted(JobError):
+    """Every runtime of the fallback chain was tried or skipped, and none took the job."""
+
+    code = "CHAIN_EXHAUSTED"
+
+
+class LeaseLost(JobError):
+    """The job's lease was lost (its holder went quiet) more often than max_rescues allows."""
+
+    code = "LEASE_LOST"
+
+
+class AtCapacity(JobError):
+    """Every candidate runtime is at its max_concurrency; the job waits for a free slot."""
+
+    code = "AT_CAPACITY"
+
+
+class RuntimeFailure(JobError):
+    """A runtime did not take the call.
+
+    ``retryable`` (a class attribute) says whether trying the same runtime again may help:
+    the dispatcher retries a retryable failure once in place, then walks to the next runtime.
+    """
+
+    code = "RUNTIME_FAILED"
+    retryable = False
+
+
+class RuntimeBusy(RuntimeFailure):
+    """The runtime is busy (429 or at its capacity); try again shortly."""
+
+    code = "RUNTIME_BUSY"
+    retryable = True
+
+
+class RuntimeUnreachable(RuntimeFailure):
+    """The runtime could not be reached."""
+
+    code = "RUNTIME_UNREACHABLE"
+    retryable = True
+
+
+class RuntimeTimeout(RuntimeFailure):
+    """The runtime did not answer in time."""
+
+    code = "RUNTIME_TIMEOUT"
+    retryable = True
+
+
+class RuntimeRejected(RuntimeFailure):
+    """The runtime refused the call; the same call will be refused again."""
+
+    code = "RUNTIME_REJECTED"
+
+
+class RuntimeAuthFailed(RuntimeFailure):
+    """The runtime refused our credentials (401/403)."""
+
+    code = "RUNTIME_AUTH_FAILED"

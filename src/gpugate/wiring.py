@@ -19,16 +19,22 @@ from typing import Any
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock, SystemClock
 from gpugate.config import GatewayConfig
+from gpugate.core.jobs import RuntimeView, runtime_views
 from gpugate.core.registry import Registry
 from gpugate.errors import GpugateError
 from gpugate.metrics import Metrics
+from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.gpu_monitor import GpuMonitor
 from gpugate.services.idempotency import Idempotency
+from gpugate.services.jobs import Jobs
 from gpugate.services.prober import Prober
 from gpugate.services.proxy import Proxy
 from gpugate.services.readiness import Readiness, probe
+from gpugate.services.reaper import Reaper
+from gpugate.services.runtimes.base import Runtime
+from gpugate.services.runtimes.upstream import UpstreamRuntime
 from gpugate.services.shed import ShedGate
-from gpugate.store import Store
+from gpugate.store import JobRecord, Store
 from gpugate.store.factory import open_store
 
 log = logging.getLogger("gpugate")
@@ -50,6 +56,9 @@ class Gateway:
     idempotency: Idempotency
     prober: Prober
     monitor: GpuMonitor | None = None  # None: gpu_health is dormant
+    jobs: Jobs | None = None
+    dispatcher: Dispatcher | None = None
+    reaper: Reaper | None = None
     stopping: bool = field(default=False)
 
     @property
@@ -118,8 +127,13 @@ async def build_gateway(
     environ: Mapping[str, str] | None = None,
     clock: Clock | None = None,
     probe_interval_s: float = 5.0,
+    run_job_loops: bool = True,
 ) -> AsyncIterator[Gateway]:
-    """Build, start and finally stop a whole gateway (loops stop before the store closes)."""
+    """Build, start and finally stop a whole gateway (loops stop before the store closes).
+
+    ``run_job_loops=False`` builds the job engine without starting its dispatcher and reaper
+    loops, for tests that step them by hand.
+    """
     clock = clock or SystemClock()
     environ = os.environ if environ is None else environ
     async with AsyncExitStack() as stack:
@@ -155,15 +169,59 @@ async def build_gateway(
             prober=prober,
             monitor=monitor,
         )
+        dispatcher, reaper = await _jobs_engine(gateway, stack)
         loops = _Loops()
         stack.push_async_callback(loops.stop)
         loops.start("prober", prober.run())
         if monitor is not None:
             loops.start("gpu-monitor", monitor.run())
+        if run_job_loops:
+            loops.start("dispatcher", dispatcher.run())
+            loops.start("reaper", reaper.run())
         try:
             yield gateway
         finally:
             gateway.stopping = True
+
+
+async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatcher, Reaper]:
+    """Runtimes, dispatcher, reaper and the jobs API service, wired to the live config.
+
+    Push and serverless runtimes have no implementation yet: the walk skips them
+    (``no_implementation``). With SQLite one process owns the store, so every lease left over
+    from a previous run is taken back at start-up (the reaper asks the runtime first).
+    """
+    store, clock = gateway.store, gateway.clock
+    upstream_runtimes = [
+        UpstreamRuntime(r.id, gateway.proxy, store, clock)
+        for r in gateway.config.runtimes
+        if r.kind == "upstream"
+    ]
+    for runtime in upstream_runtimes:
+        stack.push_async_callback(runtime.close)
+    runtimes: dict[str, Runtime] = {r.id: r for r in upstream_runtimes}
+
+    def views() -> dict[str, RuntimeView]:
+        return runtime_views(gateway.config, runtimes.keys())
+
+    def config() -> GatewayConfig:
+        return gateway.config
+
+    dispatcher = Dispatcher(store, runtimes, views, config, clock)
+    for runtime in upstream_runtimes:
+        runtime.on_finished = dispatcher.slot_freed
+    reaper = Reaper(store, runtimes, config, clock, on_released=dispatcher.slot_freed)
+    if store.backend == "sqlite":
+        await reaper.recover()
+
+    async def cancel_call(job: JobRecord) -> None:
+        call = job.call
+        if call is not None and call[0] in runtimes:
+            await runtimes[call[0]].cancel(call[1])
+
+    gateway.dispatcher, gateway.reaper = dispatcher, reaper
+    gateway.jobs = Jobs(store, config, wake=dispatcher.wake, cancel_call=cancel_call)
+    return dispatcher, reaper
 
 
 def _gpu_health(

@@ -26,6 +26,7 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.Unauthorized: 401,
     errors.UnknownModel: 404,
     errors.UnknownUpstream: 404,
+    errors.JobNotFound: 404,
     errors.ExternalUpstreamForbidden: 403,
     errors.IdempotencyConflict: 409,
     errors.IdempotencyKeyReused: 422,

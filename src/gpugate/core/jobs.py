@@ -1,0 +1,332 @@
+"""Where a job may run, decided without I/O: the candidate walk, the skip rules, the retries.
+
+The dispatcher (a service) carries these decisions out; here they are values:
+
+* :func:`candidates` — the job's runner first, then the fallback chain, de-duplicated;
+* :func:`skip_reason` — why a runtime is passed over without a submit (or None);
+* :class:`ChainWalk` — one walk along the candidates: :meth:`ChainWalk.next` answers
+  :class:`Submit` (try this runtime), :class:`Defer` (every live candidate is at capacity or
+  busy: wait) or :class:`Exhausted` (fail the job); :meth:`ChainWalk.failed` answers
+  :class:`Submit` (retry once in place) or :class:`Walk` (go on to the next candidate).
+
+A runtime is seen through a :class:`RuntimeView`: what the config says of it, plus the live
+facts the dispatcher gathers (enabled, reachable, over budget, calls leased now).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from gpugate.config import GatewayConfig
+
+DISABLED = "disabled"
+MODEL_MISMATCH = "model_mismatch"
+NO_IMPLEMENTATION = "no_implementation"
+UNREACHABLE = "unreachable"
+OVER_BUDGET = "over_budget"
+EXTERNAL_FORBIDDEN = "external_forbidden"
+ATTEMPTS_SPENT = "attempts_spent"
+SKIP_REASONS = (
+    NO_IMPLEMENTATION,
+    MODEL_MISMATCH,
+    EXTERNAL_FORBIDDEN,
+    DISABLED,
+    UNREACHABLE,
+    OVER_BUDGET,
+    ATTEMPTS_SPENT,
+)
+"""Every reason :func:`skip_reason` gives, in the order it checks them."""
+
+_IRRELEVANT = frozenset({NO_IMPLEMENTATION, MODEL_MISMATCH})
+"""Reasons that say a runtime could never have run the job at all."""
+
+AT_CAPACITY = "AT_CAPACITY"
+CHAIN_EXHAUSTED = "CHAIN_EXHAUSTED"
+EXTERNAL_UPSTREAM_FORBIDDEN = "EXTERNAL_UPSTREAM_FORBIDDEN"
+GPU_SATURATED = "GPU_SATURATED"
+
+
+class JobFacts(Protocol):
+    """What the walk reads of a job (a stored job record has all of it)."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def runner(self) -> str: ...
+
+    @property
+    def allow_external(self) -> bool: ...
+
+    @property
+    def attempts(self) -> Mapping[str, int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeView:
+    """One runtime as the walk sees it.
+
+    ``models`` None means any model. ``external``: every call leaves the building (serverless);
+    ``external_models``: models this runtime could only send to an external upstream.
+    ``leased`` counts the runtime's calls in flight, across replicas; with ``max_concurrency``
+    None there is no limit.
+    """
+
+    id: str
+    kind: str
+    models: frozenset[str] | None = None
+    enabled: bool = True
+    implemented: bool = True
+    reachable: bool = True
+    over_budget: bool = False
+    external: bool = False
+    max_concurrency: int | None = None
+    leased: int = 0
+    external_models: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def at_capacity(self) -> bool:
+        """Whether a new call would exceed ``max_concurrency``."""
+        return self.max_concurrency is not None and self.leased >= self.max_concurrency
+
+    def forbids(self, model: str) -> bool:
+        """Whether a job that may not leave the building must not go here with ``model``."""
+        return self.external or self.kind == "modal" or model in self.external_models
+
+
+def candidates(runner: str, chain: Iterable[str]) -> list[str]:
+    """The job's runner first, then the fallback chain, each runtime once."""
+    return list(dict.fromkeys([runner, *chain]))
+
+
+def skip_reason(
+    job: JobFacts,
+    runtime: str,
+    view: RuntimeView | None,
+    *,
+    max_attempts: int | None = None,
+) -> str | None:
+    """Why ``runtime`` is passed over for ``job`` without a submit, or None to try it.
+
+    The reasons (:data:`SKIP_REASONS`) are checked in that order, so a runtime that could never
+    have served the job says so before anything about its current state. ``max_attempts``
+    (per runtime) makes a runtime whose attempts at this job are spent a skip too.
+    """
+    if view is None or not view.implemented:
+        return NO_IMPLEMENTATION
+    spent = max_attempts is not None and job.attempts.get(runtime, 0) >= max_attempts
+    checks = (
+        (MODEL_MISMATCH, view.models is not None and job.model not in view.models),
+        (EXTERNAL_FORBIDDEN, not job.allow_external and view.forbids(job.model)),
+        (DISABLED, not view.enabled),
+        (UNREACHABLE, not view.reachable),
+        (OVER_BUDGET, view.over_budget),
+        (ATTEMPTS_SPENT, spent),
+    )
+    return next((reason for reason, applies in checks if applies), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Submit the job to ``runtime`` (again, when it is a retry in place)."""
+
+    runtime: str
+
+
+@dataclass(frozen=True, slots=True)
+class Walk:
+    """Give up on ``runtime`` for this walk and go on to the next candidate."""
+
+    runtime: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """Put the job back in the queue until ``not_before``; it has not failed."""
+
+    reason: str
+    not_before: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Exhausted:
+    """No candidate is left: fail the job with ``code``; ``errors`` holds each runtime's last
+    error (or why it was skipped), in walk order."""
+
+    code: str
+    errors: dict[str, str]
+
+    @property
+    def message(self) -> str:
+        """Every runtime's last error, on one line."""
+        if not self.errors:
+            return "no runtime to try: the chain is empty"
+        return "; ".join(f"{runtime}: {error}" for runtime, error in self.errors.items())
+
+
+def at_capacity_until(now: datetime, backoff_s: float) -> Defer:
+    """The deferral of a job whose every live candidate is at capacity."""
+    return Defer(AT_CAPACITY, now + timedelta(seconds=backoff_s))
+
+
+def saturated_until(now: datetime, backoff_s: float) -> Defer:
+    """The deferral of a job shed because the GPUs are saturated."""
+    return Defer(GPU_SATURATED, now + timedelta(seconds=backoff_s))
+
+
+class ChainWalk:
+    """One walk of one job along its candidates; holds what happened, decides what is next.
+
+    ``now`` and ``capacity_backoff_s`` date a :class:`Defer`; ``max_attempts`` is the per-runtime
+    limit of submits plus failed attempts (the job's stored count, plus this walk's failures).
+    """
+
+    def __init__(
+        self,
+        job: JobFacts,
+        chain: Sequence[str],
+        views: Mapping[str, RuntimeView],
+        *,
+        now: datetime,
+        max_attempts: int,
+        capacity_backoff_s: float,
+    ) -> None:
+        self._job = job
+        self._views = views
+        self._now = now
+        self._max_attempts = max_attempts
+        self._backoff_s = capacity_backoff_s
+        self.order = candidates(job.runner, chain)
+        self._next = 0
+        self._attempts = dict(job.attempts)
+        self._retried: set[str] = set()
+        self.skipped: dict[str, str] = {}
+        self.errors: dict[str, str] = {}
+        self.busy: list[str] = []
+
+    def next(self) -> Submit | Defer | Exhausted:
+        """The next runtime to submit to, or how the walk ends."""
+        while self._next < len(self.order):
+            runtime = self.order[self._next]
+            self._next += 1
+            view = self._views.get(runtime)
+            facts = _WithAttempts(self._job, self._attempts)
+            reason = skip_reason(facts, runtime, view, max_attempts=self._max_attempts)
+            if reason is not None:
+                self.skipped[runtime] = reason
+                continue
+            assert view is not None
+            if view.at_capacity:
+                self.busy.append(runtime)
+                continue
+            return Submit(runtime)
+        return self._end()
+
+    def failed(
+        self, runtime: str, error: str, *, retryable: bool, busy: bool = False
+    ) -> Submit | Walk:
+        """A submit to ``runtime`` failed: retry once in place (retryable, attempts left) or walk.
+
+        ``busy`` marks a runtime that refused for lack of room: if the walk finds no home for
+        the job, it is deferred like one at capacity rather than failed.
+        """
+        self._attempts[runtime] = self._attempts.get(runtime, 0) + 1
+        self.errors[runtime] = error
+        if (
+            retryable
+            and runtime not in self._retried
+            and self._attempts[runtime] < self._max_attempts
+        ):
+            self._retried.add(runtime)
+            return Submit(runtime)
+        if busy:
+            self.busy.append(runtime)
+        return Walk(runtime, error)
+
+    def _end(self) -> Defer | Exhausted:
+        if self.busy:
+            return at_capacity_until(self._now, self._backoff_s)
+        relevant = {r: why for r, why in self.skipped.items() if why not in _IRRELEVANT}
+        if (
+            not self.errors
+            and relevant
+            and all(why == EXTERNAL_FORBIDDEN for why in relevant.values())
+        ):
+            forbidden = dict.fromkeys(relevant, "skipped (external_forbidden)")
+            return Exhausted(EXTERNAL_UPSTREAM_FORBIDDEN, forbidden)
+        errors = {
+            runtime: self.errors.get(runtime) or f"skipped ({self.skipped.get(runtime, '?')})"
+            for runtime in self.order
+        }
+        return Exhausted(CHAIN_EXHAUSTED, errors)
+
+    def __repr__(self) -> str:
+        return (
+            f"<ChainWalk order={self.order} skipped={len(self.skipped)} "
+            f"failed={len(self.errors)} busy={len(self.busy)}>"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _WithAttempts:
+    """A job's facts with this walk's attempt counts."""
+
+    job: JobFacts
+    counts: Mapping[str, int]
+
+    @property
+    def model(self) -> str:
+        return self.job.model
+
+    @property
+    def runner(self) -> str:
+        return self.job.runner
+
+    @property
+    def allow_external(self) -> bool:
+        return self.job.allow_external
+
+    @property
+    def attempts(self) -> Mapping[str, int]:
+        return self.counts
+
+
+def runtime_views(
+    config: GatewayConfig,
+    implemented: Collection[str],
+    *,
+    disabled: Collection[str] = (),
+    unreachable: Collection[str] = (),
+    over_budget: Collection[str] = (),
+) -> dict[str, RuntimeView]:
+    """Every configured runtime as the walk sees it, from the config and the live facts given.
+
+    ``implemented``: the runtime ids the gateway built an implementation for. A runtime of kind
+    ``modal`` is external; one of kind ``upstream`` is, for the models that only external
+    upstreams serve. ``leased`` is left at 0: the dispatcher counts calls in flight itself.
+    """
+    external_only = frozenset(
+        model
+        for model in config.models()
+        if all(u.external for u in config.upstreams_serving(model))
+    )
+    views: dict[str, RuntimeView] = {}
+    for runtime in config.runtimes:
+        is_upstream = runtime.kind == "upstream"
+        views[runtime.id] = RuntimeView(
+            id=runtime.id,
+            kind=runtime.kind,
+            models=frozenset(config.runtime_models(runtime.id)),
+            enabled=runtime.enabled and runtime.id not in disabled,
+            implemented=runtime.id in implemented,
+            reachable=runtime.id not in unreachable,
+            over_budget=runtime.id in over_budget,
+            external=runtime.kind == "modal",
+            max_concurrency=runtime.max_concurrency,
+            external_models=external_only if is_upstream else frozenset(),
+        )
+    return views

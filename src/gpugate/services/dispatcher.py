@@ -1,0 +1,392 @@
+"""The dispatcher: claims queued jobs and walks each along its runtimes (DESIGN §5, seed 002).
+
+Per claimed job (leased to ``<slug>-dispatcher`` for ``dispatcher_lease_s``), the walk of
+:class:`~gpugate.core.jobs.ChainWalk` over the job's runner and the fallback chain:
+
+* skip what cannot take it (disabled, another model, no implementation, unreachable, over
+  budget, forbidden for a job that may not leave the building, attempts spent); pass over a
+  runtime at ``max_concurrency`` (calls leased across replicas) like a busy one;
+* per candidate: promote the runner, submit; a retryable failure is retried once in place at
+  once, then the walk goes on; a non-retryable one is recorded and the walk goes on;
+* success: ``leased_by = "<runtime>:<call_id>"`` (``record_submit``), then the runtime is told
+  it may start (:meth:`Runtime.confirm`);
+* shed (:class:`GpuSaturated`): the job goes back to the queue, deferred ``GPU_SATURATED``;
+* no room anywhere: deferred ``AT_CAPACITY`` for a short backoff — and sooner, when a call
+  finishes (:meth:`Dispatcher.slot_freed`);
+* nothing left: ``fail`` with ``CHAIN_EXHAUSTED`` naming each runtime's last error (or
+  ``EXTERNAL_UPSTREAM_FORBIDDEN`` when only that kept it from running).
+
+Every write carries the claim's lease token; a stale token means another dispatcher or the
+reaper owns the job now, and this one lets it go at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from datetime import datetime, timedelta
+from typing import Literal
+
+from gpugate.clock import Clock
+from gpugate.config import GatewayConfig
+from gpugate.core.jobs import (
+    ATTEMPTS_SPENT,
+    ChainWalk,
+    Defer,
+    Exhausted,
+    RuntimeView,
+    Submit,
+    saturated_until,
+)
+from gpugate.errors import (
+    GpugateError,
+    GpuSaturated,
+    RuntimeBusy,
+    RuntimeFailure,
+    StaleLease,
+    StoreError,
+)
+from gpugate.services.runtimes.base import Runtime, Submission
+from gpugate.store import JobEvent, JobRecord, JobStore
+
+log = logging.getLogger("gpugate.dispatcher")
+
+ACTOR = "dispatcher"
+Outcome = Literal["dispatched", "deferred", "failed", "stale", "error"]
+#: ``metrics(outcome, runtime)``: called once per dispatched job; runtime "" when none took it.
+DispatchMetrics = Callable[[Outcome, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchReport:
+    """What one :meth:`Dispatcher.tick` (or :meth:`Dispatcher.dispatch_one`) did.
+
+    ``walked`` counts the moves of a job's runner to the next runtime of its chain; ``stale``
+    the jobs another owner took over meanwhile; ``errors`` the jobs whose dispatch broke on
+    something unexpected (logged; their lease runs out and the reaper takes them back).
+    """
+
+    claimed: int = 0
+    dispatched: int = 0
+    walked: int = 0
+    deferred: int = 0
+    failed: int = 0
+    stale: int = 0
+    errors: int = 0
+
+    def __add__(self, other: DispatchReport) -> DispatchReport:
+        return DispatchReport(
+            *(getattr(self, f.name) + getattr(other, f.name) for f in fields(self))
+        )
+
+
+@dataclass(slots=True)
+class _Tally:
+    walked: int = 0
+
+
+class Dispatcher:
+    """Claims jobs and submits them along their chain; see the module docstring.
+
+    ``views()`` describes every runtime (:func:`gpugate.core.jobs.runtime_views`); the
+    dispatcher fills in ``leased`` itself from the store. ``config`` is the config in effect,
+    or a function answering it (the gateway config changes by version).
+    """
+
+    def __init__(  # noqa: PLR0913 - the dispatcher's collaborators and its few knobs
+        self,
+        store: JobStore,
+        runtimes: Mapping[str, Runtime],
+        views: Callable[[], Mapping[str, RuntimeView]],
+        config: GatewayConfig | Callable[[], GatewayConfig],
+        clock: Clock,
+        metrics: DispatchMetrics | None = None,
+        *,
+        batch: int = 10,
+        capacity_backoff_s: float = 5.0,
+        shed_backoff_s: float = 15.0,
+        max_batches: int = 100,
+    ) -> None:
+        self._store = store
+        self._runtimes = runtimes
+        self._views = views
+        self._config: Callable[[], GatewayConfig] = (
+            (lambda: config) if isinstance(config, GatewayConfig) else config
+        )
+        self._clock = clock
+        self._metrics = metrics
+        self._batch = batch
+        self._capacity_backoff_s = capacity_backoff_s
+        self._shed_backoff_s = shed_backoff_s
+        self._max_batches = max_batches
+        self._event = asyncio.Event()
+        self._pending: dict[str, None] = {}
+        self._freed = False
+        self._due: float | None = None  # monotonic time the earliest deferral here comes due
+        self.totals = DispatchReport()
+
+    # -- waking ----------------------------------------------------------------------------
+
+    def wake(self, slug: str | None = None) -> None:
+        """A job was created or re-driven: dispatch it (``slug``) and anything due, at once."""
+        if slug is not None and len(self._pending) < self._batch * self._max_batches:
+            self._pending[slug] = None
+        self._event.set()
+
+    def slot_freed(self) -> None:
+        """A call finished: jobs deferred ``AT_CAPACITY`` may run now, before their backoff."""
+        self._freed = True
+        self._event.set()
+
+    # -- one step --------------------------------------------------------------------------
+
+    async def tick(self) -> DispatchReport:
+        """Claim one batch of due jobs and dispatch each; returns what happened."""
+        cfg = self._config()
+        now = self._clock.now()
+        claim_now = now
+        if self._freed:  # a slot freed: what waits for one is due now, not after its backoff
+            self._freed = False
+            claim_now = now + timedelta(seconds=self._capacity_backoff_s)
+        jobs = await self._store.claim_jobs(
+            limit=self._batch, lease_s=cfg.jobs.dispatcher_lease_s, now=claim_now
+        )
+        return await self._dispatch_all(jobs)
+
+    async def dispatch_one(self, slug: str) -> DispatchReport:
+        """The event-driven path: claim this job if it is due, and dispatch it."""
+        cfg = self._config()
+        job = await self._store.claim_job(slug, lease_s=cfg.jobs.dispatcher_lease_s)
+        return await self._dispatch_all([job] if job is not None else [])
+
+    async def _dispatch_all(self, jobs: Sequence[JobRecord]) -> DispatchReport:
+        report = DispatchReport(claimed=len(jobs))
+        if jobs:
+            views = await self._live_views()
+            for job in jobs:
+                report += await self._dispatch_safely(job, views)
+        self.totals += report
+        return report
+
+    async def _live_views(self) -> dict[str, RuntimeView]:
+        """The runtimes' views with the calls each has in flight now (capped runtimes only);
+        a runtime without an implementation here is marked so."""
+        views = dict(self._views())
+        for runtime_id, view in views.items():
+            if runtime_id not in self._runtimes:
+                views[runtime_id] = replace(view, implemented=False)
+            elif view.max_concurrency is not None:
+                leased = await self._store.count_leased(runtime_id)
+                views[runtime_id] = replace(view, leased=leased)
+        return views
+
+    async def _dispatch_safely(
+        self, job: JobRecord, views: dict[str, RuntimeView]
+    ) -> DispatchReport:
+        tally = _Tally()
+        try:
+            outcome, runtime = await self._dispatch(job, views, tally)
+        except StaleLease:
+            log.info("job %s: lease taken over while dispatching; letting it go", job.slug)
+            outcome, runtime = "stale", ""
+        except Exception:
+            # One job's trouble must not stop the others; its dispatcher lease runs out and
+            # the reaper takes it back (counted against max_rescues).
+            log.exception("job %s: dispatch failed", job.slug)
+            outcome, runtime = "error", ""
+        if self._metrics is not None:
+            self._metrics(outcome, runtime)
+        counts = dict.fromkeys(("dispatched", "deferred", "failed", "stale", "errors"), 0)
+        counts["errors" if outcome == "error" else outcome] = 1
+        return DispatchReport(walked=tally.walked, **counts)
+
+    # -- the walk --------------------------------------------------------------------------
+
+    async def _dispatch(
+        self, job: JobRecord, views: dict[str, RuntimeView], tally: _Tally
+    ) -> tuple[Outcome, str]:
+        cfg = self._config()
+        token = job.lease_token
+        assert token is not None, "a claimed job holds a lease token"
+        now = self._clock.now()
+        walk = ChainWalk(
+            job,
+            cfg.fallback_chain,
+            views,
+            now=now,
+            max_attempts=cfg.jobs.max_attempts_per_runtime,
+            capacity_backoff_s=self._capacity_backoff_s,
+        )
+        runner = job.runner
+        step = walk.next()
+        while isinstance(step, Submit):
+            name = step.runtime
+            if name != runner:
+                await self._fenced(self._store.promote_runner(job.slug, token, name))
+                runner = name
+                tally.walked += 1
+            try:
+                submission = await self._runtimes[name].submit(job, token)
+            except GpuSaturated as exc:
+                backoff = exc.retry_after_s or self._shed_backoff_s
+                await self._defer(job, token, saturated_until(now, backoff))
+                return "deferred", name
+            except GpugateError as exc:
+                retryable = isinstance(exc, RuntimeFailure) and exc.retryable
+                await self._fenced(
+                    self._store.record_attempt_failure(
+                        job.slug,
+                        token,
+                        runtime=name,
+                        error_code=exc.code,
+                        message=exc.message,
+                        retryable=retryable,
+                        actor=ACTOR,
+                    )
+                )
+                decision = walk.failed(
+                    name,
+                    f"{exc.code}: {exc.message}",
+                    retryable=retryable,
+                    busy=isinstance(exc, RuntimeBusy),
+                )
+                step = decision if isinstance(decision, Submit) else walk.next()
+                continue
+            await self._record(job, token, name, submission, cfg)
+            view = views.get(name)
+            if view is not None:
+                views[name] = replace(view, leased=view.leased + 1)
+            return "dispatched", name
+        if isinstance(step, Defer):
+            await self._defer(job, token, step)
+            return "deferred", ""
+        await self._exhausted(job, token, walk, step)
+        return "failed", ""
+
+    async def _record(
+        self, job: JobRecord, token: str, name: str, submission: Submission, cfg: GatewayConfig
+    ) -> None:
+        """Record the call, then let the runtime start it; cancel it if it cannot be recorded."""
+        runtime = self._runtimes[name]
+        try:
+            recorded = await self._store.record_submit(
+                job.slug,
+                token,
+                runtime=name,
+                call_id=submission.call_id,
+                lease_s=cfg.jobs.quiet_s,
+                running=submission.running,
+                actor=ACTOR,
+            )
+        except BaseException:
+            await runtime.cancel(submission.call_id)
+            raise
+        if not recorded:
+            await runtime.cancel(submission.call_id)
+            raise StaleLease(f"job {job.slug}: the call {submission.call_id} was not recorded")
+        await runtime.confirm(submission.call_id)
+
+    async def _defer(self, job: JobRecord, token: str, defer: Defer) -> None:
+        await self._fenced(
+            self._store.release(
+                job.slug,
+                token,
+                not_before=defer.not_before,
+                status="deferred",
+                error_code=defer.reason,
+                actor=ACTOR,
+            )
+        )
+        self._remember_due(defer.not_before)
+
+    async def _exhausted(
+        self, job: JobRecord, token: str, walk: ChainWalk, exhausted: Exhausted
+    ) -> None:
+        errors = dict(exhausted.errors)
+        spent = [r for r, why in walk.skipped.items() if why == ATTEMPTS_SPENT]
+        if spent:  # their errors are from earlier walks: the events hold them
+            earlier = last_errors(await self._store.job_events(job.slug))
+            for runtime in spent:
+                if runtime in earlier and runtime in errors:
+                    errors[runtime] = f"{earlier[runtime]} (attempts spent)"
+        message = Exhausted(exhausted.code, errors).message
+        await self._fenced(
+            self._store.fail(
+                job.slug, token, error_code=exhausted.code, message=message, actor=ACTOR
+            )
+        )
+
+    @staticmethod
+    async def _fenced(write: Awaitable[bool]) -> None:
+        if not await write:
+            raise StaleLease
+
+    def _remember_due(self, not_before: datetime) -> None:
+        delay = max(0.0, (not_before - self._clock.now()).total_seconds())
+        due = self._clock.monotonic() + delay
+        self._due = due if self._due is None else min(self._due, due)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Dispatch on every wake-up, on every deferral coming due, and every ``sweep_s``."""
+        while True:
+            try:
+                await self.drain()
+            except StoreError:
+                log.exception("dispatcher: the store failed; trying again at the next sweep")
+            await self._wait()
+
+    async def drain(self) -> DispatchReport:
+        """Dispatch the jobs named by wake-ups, then due batches until the queue is dry
+        (at most ``max_batches``)."""
+        self._event.clear()
+        if self._due is not None and self._clock.monotonic() >= self._due:
+            self._due = None
+        report = DispatchReport()
+        while self._pending:
+            slug = next(iter(self._pending))
+            del self._pending[slug]
+            report += await self.dispatch_one(slug)
+        for _ in range(self._max_batches):
+            batch = await self.tick()
+            report += batch
+            if batch.claimed < self._batch:
+                break
+        return report
+
+    async def _wait(self) -> None:
+        timeout = self._config().jobs.sweep_s
+        if self._due is not None:
+            timeout = min(timeout, max(0.0, self._due - self._clock.monotonic()))
+        if self._event.is_set():
+            return
+        woken = asyncio.ensure_future(self._event.wait())
+        slept = asyncio.ensure_future(self._clock.sleep(timeout))
+        try:
+            await asyncio.wait({woken, slept}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (woken, slept):
+                waiter.cancel()
+            await asyncio.gather(woken, slept, return_exceptions=True)
+
+    def __repr__(self) -> str:
+        t = self.totals
+        return (
+            f"<Dispatcher dispatched={t.dispatched} walked={t.walked} "
+            f"deferred={t.deferred} failed={t.failed}>"
+        )
+
+
+def last_errors(events: Sequence[JobEvent]) -> dict[str, str]:
+    """Each runtime's last failed attempt in a job's events, as ``"CODE: message"``."""
+    errors: dict[str, str] = {}
+    for event in events:
+        if event.status == "failed" and event.runtime and event.error_code:
+            message = event.detail.get("message")
+            errors[event.runtime] = (
+                f"{event.error_code}: {message}" if message else event.error_code
+            )
+    return errors

@@ -1,0 +1,202 @@
+"""The jobs API's use cases: create (idempotent), read, list, events, cancel, retry.
+
+Creating a job stores it and wakes the dispatcher at once (DESIGN §5.1); the same
+``Idempotency-Key`` always yields the same job, whatever its state, so a client that resubmits
+is never handed a second job — nor a dead one: a shed job is deferred, not failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpugate.config import GatewayConfig
+from gpugate.core.classes import RequestClass
+from gpugate.errors import BadRequest, JobNotFound, UnknownModel
+from gpugate.store import JobEvent, JobPage, JobRecord, NewJob, Store
+
+log = logging.getLogger("gpugate.jobs")
+
+SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+OPERATIONS = ("chat/completions", "completions", "embeddings")
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """A validated ``POST /v1/jobs`` body."""
+
+    model: str
+    input: dict[str, Any]
+    operation: str = "chat/completions"
+    cls: RequestClass = RequestClass.BATCH
+    runner: str | None = None
+    slug: str | None = None
+    allow_external: bool = True
+
+
+class Jobs:
+    """Create and manage jobs; the dispatcher does the running."""
+
+    def __init__(
+        self,
+        store: Store,
+        config: Callable[[], GatewayConfig],
+        *,
+        wake: Callable[[str], None] | None = None,
+        cancel_call: Callable[[JobRecord], Any] | None = None,
+    ) -> None:
+        self._store = store
+        self._config = config
+        self._wake = wake
+        self._cancel_call = cancel_call
+
+    async def create(
+        self, request: JobRequest, *, idempotency_key: str | None
+    ) -> tuple[JobRecord, bool]:
+        """The job for this request (and whether it is new); an existing key returns its job."""
+        config = self._config()
+        runner = request.runner or config.default_runtime
+        self._check(request, runner, config)
+        new = NewJob(
+            slug=request.slug,
+            idempotency_key=idempotency_key,
+            model=request.model,
+            job_class=request.cls.value,
+            operation=request.operation,
+            input=request.input,
+            runner=runner,
+            allow_external=request.allow_external,
+        )
+        job, created = await self._store.create_job(new)
+        if created and self._wake is not None:
+            self._wake(job.slug)
+        return job, created
+
+    def _check(self, request: JobRequest, runner: str, config: GatewayConfig) -> None:
+        if request.slug is not None and not SLUG.match(request.slug):
+            raise BadRequest("slug must be 1-128 of letters, digits, '.', '_' and '-'")
+        runtimes = {r.id for r in config.runtimes}
+        if runner not in runtimes:
+            raise BadRequest(
+                f"runner {runner!r} is not a runtime (known: {', '.join(sorted(runtimes))})"
+            )
+        served = {m for r in config.runtimes for m in config.runtime_models(r.id)}
+        if request.model not in served:
+            raise UnknownModel(f"no runtime serves model {request.model!r}")
+
+    async def get(self, slug: str) -> JobRecord:
+        job = await self._store.get_job(slug)
+        if job is None:
+            raise JobNotFound(f"no job {slug!r}")
+        return job
+
+    async def events(self, slug: str) -> list[JobEvent]:
+        await self.get(slug)
+        return await self._store.job_events(slug)
+
+    async def list(
+        self, *, state: str | None, runner: str | None, limit: int, cursor: str | None
+    ) -> JobPage:
+        return await self._store.list_jobs(state=state, runner=runner, limit=limit, cursor=cursor)
+
+    async def cancel(self, slug: str, *, actor: str) -> JobRecord:
+        """Queued → cancelled; running → the runtime's cancel first, then cancelled."""
+        job = await self.get(slug)
+        if job.state in ("running", "dispatching") and self._cancel_call is not None:
+            await self._cancel_call(job)
+        cancelled = await self._store.cancel_job(slug, actor=actor)
+        if cancelled is None:
+            raise JobNotFound(f"no job {slug!r}")
+        return cancelled
+
+    async def retry(self, slug: str, *, actor: str) -> JobRecord:
+        """Re-drive a failed job from the start of its chain."""
+        job = await self._store.retry_job(slug, actor=actor)
+        if job is None:
+            raise JobNotFound(f"no job {slug!r}")
+        if job.state == "queued" and self._wake is not None:
+            self._wake(job.slug)
+        return job
+
+    def __repr__(self) -> str:
+        return f"<Jobs store={self._store.backend}>"
+
+
+def job_view(job: JobRecord, *, with_input: bool = False) -> dict[str, Any]:
+    """A job as the API shows it."""
+    view: dict[str, Any] = {
+        "slug": job.slug,
+        "state": job.state,
+        "runner": job.runner,
+        "model": job.model,
+        "class": job.job_class,
+        "operation": job.operation,
+        "allow_external": job.allow_external,
+        "attempts": dict(job.attempts),
+        "submit_count": job.submit_count,
+        "rescue_count": job.rescue_count,
+        "leased_by": job.leased_by,
+        "lease_expires_at": _iso(job.lease_expires_at),
+        "not_before": _iso(job.not_before),
+        "result": job.result,
+        "error": None
+        if job.error_code is None
+        else {"code": job.error_code, "message": job.error_message},
+        "cost_cents": job.cost_cents,
+        "created_at": _iso(job.created_at),
+        "updated_at": _iso(job.updated_at),
+        "finished_at": _iso(job.finished_at),
+    }
+    if with_input:
+        view["input"] = job.input
+    return view
+
+
+def event_view(event: JobEvent) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "at": _iso(event.at),
+        "status": event.status,
+        "error_code": event.error_code,
+        "runtime": event.runtime,
+        "call_id": event.call_id,
+        "actor": event.actor,
+        "detail": event.detail,
+    }
+
+
+def _iso(value: Any) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def parse_job_request(body: Mapping[str, Any]) -> JobRequest:
+    """Validate a ``POST /v1/jobs`` body into a :class:`JobRequest` (BadRequest naming the key)."""
+    allowed = {"model", "input", "operation", "class", "runner", "slug", "allow_external"}
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise BadRequest(f"unknown keys {unknown} (allowed: {', '.join(sorted(allowed))})")
+    model, payload = body.get("model"), body.get("input")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("`model` must be a non-empty string")
+    if not isinstance(payload, dict):
+        raise BadRequest("`input` must be a JSON object (the body of the upstream request)")
+    operation = body.get("operation", "chat/completions")
+    if operation not in OPERATIONS:
+        raise BadRequest(f"`operation` must be one of {', '.join(OPERATIONS)}")
+    raw_class = body.get("class", "batch")
+    try:
+        cls = RequestClass(raw_class)
+    except ValueError as exc:
+        valid = ", ".join(c.value for c in RequestClass)
+        raise BadRequest(f"`class` must be one of {valid}; got {raw_class!r}") from exc
+    runner, slug, external = body.get("runner"), body.get("slug"), body.get("allow_external", True)
+    if runner is not None and not isinstance(runner, str):
+        raise BadRequest("`runner` must be a runtime id")
+    if slug is not None and not isinstance(slug, str):
+        raise BadRequest("`slug` must be a string")
+    if not isinstance(external, bool):
+        raise BadRequest("`allow_external` must be true or false")
+    return JobRequest(model, payload, operation, cls, runner, slug, external)

@@ -1,0 +1,233 @@
+"""The reaper: takes back the leases their holders let lapse, asking the runtime first.
+
+Every ``reap_s`` it lists the jobs whose lease expired (:meth:`JobStore.expired_leases`):
+
+* a dispatcher's lease (``<slug>-dispatcher``: the dispatching process died) → ``rescue``;
+* a call (``<runtime>:<call_id>``) → the runtime's :meth:`~Runtime.status` **first**, so no work
+  that is still running or already done is paid for twice:
+  ``completed`` → complete the job with the call's result; ``running``/``queued`` → extend the
+  lease by ``quiet_s`` (a call extended ``stuck_after`` times in a row counts once as *stuck* in
+  :attr:`Reaper.stuck_by_runtime`, the count the stop conditions read); ``failed`` → the
+  attempt is recorded and the job goes back to the queue to walk on (or fails, when the call
+  says the job itself is at fault); ``unknown`` or a runtime no longer configured → ``rescue``.
+  A runtime that cannot say (its status raises) keeps the call: the lease is extended and the
+  call may become stuck, but it is never run a second time on a guess.
+
+``rescue`` puts the job back in the queue with ``rescue_count + 1``, or fails it ``LEASE_LOST``
+past ``jobs.max_rescues``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Literal
+
+from gpugate.clock import Clock
+from gpugate.config import GatewayConfig
+from gpugate.errors import RuntimeFailure, StoreError
+from gpugate.services.runtimes.base import CallStatus, Runtime
+from gpugate.store import JobRecord, JobStore
+
+log = logging.getLogger("gpugate.reaper")
+
+ACTOR = "reaper"
+_Outcome = Literal["completed", "extended", "released", "failed", "rescued", "lost", "stale"]
+_OUTCOMES: tuple[_Outcome, ...] = (
+    "completed",
+    "extended",
+    "released",
+    "failed",
+    "rescued",
+    "lost",
+    "stale",
+)
+_MEMORY = 10_000  # quiet calls remembered for the stuck count
+
+
+@dataclass(frozen=True, slots=True)
+class ReapReport:
+    """What one :meth:`Reaper.tick` did with the expired leases it found."""
+
+    expired: int = 0
+    completed: int = 0
+    extended: int = 0
+    released: int = 0
+    failed: int = 0
+    rescued: int = 0
+    lost: int = 0
+    stale: int = 0
+    stuck: int = 0
+
+    def __add__(self, other: ReapReport) -> ReapReport:
+        return ReapReport(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+
+class Reaper:
+    """Reaps expired leases; see the module docstring."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        runtimes: Mapping[str, Runtime],
+        config: GatewayConfig | Callable[[], GatewayConfig],
+        clock: Clock,
+        *,
+        on_released: Callable[[], None] | None = None,
+        stuck_after: int = 5,
+        limit: int = 100,
+    ) -> None:
+        self._store = store
+        self._runtimes = runtimes
+        self._config: Callable[[], GatewayConfig] = (
+            (lambda: config) if isinstance(config, GatewayConfig) else config
+        )
+        self._clock = clock
+        #: Called when a job went back to the queue or finished (wiring: ``slot_freed``).
+        self.on_released = on_released
+        self._stuck_after = stuck_after
+        self._limit = limit
+        self._quiet: dict[tuple[str, str], int] = {}  # (slug, call_id) -> extensions in a row
+        #: Calls found stuck, per runtime (each call counted once).
+        self.stuck_by_runtime: dict[str, int] = {}
+        self.totals = ReapReport()
+
+    async def tick(self, *, now: datetime | None = None) -> ReapReport:
+        """Reap every lease expired at ``now`` (default: the store's clock), up to ``limit``."""
+        jobs = await self._store.expired_leases(now=now, limit=self._limit)
+        report = ReapReport(expired=len(jobs))
+        for job in jobs:
+            report += await self._reap_safely(job)
+        self.totals += report
+        if self.on_released is not None and (
+            report.completed or report.released or report.failed or report.rescued or report.lost
+        ):
+            self.on_released()
+        return report
+
+    async def recover(self) -> ReapReport:
+        """At start-up of a lone process (SQLite): every lease left is from a process that died,
+        so reap them all now instead of after they expire. Never with replicas sharing a store:
+        it would take over the live dispatcher leases of the others."""
+        horizon = self._config().jobs.dispatcher_lease_s + self._config().jobs.quiet_s
+        return await self.tick(now=self._clock.now() + timedelta(seconds=horizon))
+
+    async def run(self) -> None:
+        """Reap every ``reap_s``."""
+        while True:
+            try:
+                await self.tick()
+            except StoreError:
+                log.exception("reaper: the store failed; trying again in reap_s")
+            await self._clock.sleep(self._config().jobs.reap_s)
+
+    async def _reap_safely(self, job: JobRecord) -> ReapReport:
+        try:
+            outcome = await self._reap(job)
+        except StoreError:
+            raise
+        except Exception:
+            log.exception("job %s: reaping failed; trying again next time", job.slug)
+            outcome = "stale"
+        counts = dict.fromkeys(_OUTCOMES, 0)
+        counts[outcome] += 1
+        stuck = 0
+        call = job.call
+        if outcome == "extended" and call is not None:
+            stuck = self._count_quiet(job.slug, *call)
+        elif call is not None:
+            self._quiet.pop((job.slug, call[1]), None)
+        return ReapReport(stuck=stuck, **counts)
+
+    async def _reap(self, job: JobRecord) -> _Outcome:
+        call = job.call
+        if call is None:  # a dispatcher's lease: the process dispatching it died
+            return await self._rescue(job)
+        runtime_id, call_id = call
+        runtime = self._runtimes.get(runtime_id)
+        if runtime is None:
+            log.warning("job %s: runtime %s is gone; rescuing", job.slug, runtime_id)
+            return await self._rescue(job)
+        try:
+            status = await runtime.status(call_id)
+        except RuntimeFailure as exc:
+            log.warning(
+                "job %s: %s cannot say how call %s is: %s", job.slug, runtime_id, call_id, exc
+            )
+            return await self._extend(job)
+        return await self._settle(job, runtime_id, status)
+
+    async def _settle(self, job: JobRecord, runtime_id: str, status: CallStatus) -> _Outcome:
+        token = _token(job)
+        store = self._store
+        match status.state:
+            case "completed":
+                done = await store.complete(
+                    job.slug, token, result=status.result, cost_cents=status.cost_cents, actor=ACTOR
+                )
+                return "completed" if done else "stale"
+            case "running" | "queued":
+                return await self._extend(job)
+            case "failed":
+                code = status.error_code or "RUNTIME_CALL_FAILED"
+                message = status.message or f"{runtime_id} reported the call failed"
+                if status.terminal:
+                    failed = await store.fail(
+                        job.slug, token, error_code=code, message=message, actor=ACTOR
+                    )
+                    return "failed" if failed else "stale"
+                recorded = await store.record_attempt_failure(
+                    job.slug,
+                    token,
+                    runtime=runtime_id,
+                    error_code=code,
+                    message=message,
+                    retryable=status.retryable,
+                    actor=ACTOR,
+                )
+                released = recorded and await store.release(
+                    job.slug, token, error_code=code, actor=ACTOR
+                )
+                return "released" if released else "stale"
+            case "unknown":
+                return await self._rescue(job)
+
+    async def _extend(self, job: JobRecord) -> _Outcome:
+        quiet_s = self._config().jobs.quiet_s
+        until = await self._store.extend_lease(job.slug, _token(job), lease_s=quiet_s)
+        return "extended" if until is not None else "stale"
+
+    async def _rescue(self, job: JobRecord) -> _Outcome:
+        max_rescues = self._config().jobs.max_rescues
+        rescued = await self._store.rescue(job.slug, _token(job), max_rescues=max_rescues)
+        if rescued is None:
+            return "stale"
+        return "lost" if rescued.state == "failed" else "rescued"
+
+    def _count_quiet(self, slug: str, runtime_id: str, call_id: str) -> int:
+        """One more extension of a quiet call; 1 when that makes it stuck (counted once)."""
+        key = (slug, call_id)
+        times = self._quiet.pop(key, 0) + 1
+        self._quiet[key] = times  # re-inserted: the dict stays oldest-first
+        while len(self._quiet) > _MEMORY:
+            del self._quiet[next(iter(self._quiet))]
+        if times != self._stuck_after:
+            return 0
+        self.stuck_by_runtime[runtime_id] = self.stuck_by_runtime.get(runtime_id, 0) + 1
+        log.warning("job %s: call %s on %s is stuck", slug, call_id, runtime_id)
+        return 1
+
+    def __repr__(self) -> str:
+        t = self.totals
+        return (
+            f"<Reaper expired={t.expired} completed={t.completed} extended={t.extended} "
+            f"rescued={t.rescued} lost={t.lost} stuck={sum(self.stuck_by_runtime.values())}>"
+        )
+
+
+def _token(job: JobRecord) -> str:
+    token: str | None = job.lease_token
+    assert token is not None, "an expired lease still holds its token"
+    return token

@@ -1,0 +1,370 @@
+"""The ``upstream`` runtime: a job forwarded through the gateway's own synchronous path.
+
+:meth:`UpstreamRuntime.submit` checks what it can at once — the model's upstreams in rotation,
+``allow_external``, and the shed gate for ``batch`` (so a saturated GPU raises
+:class:`~gpugate.errors.GpuSaturated` and the dispatcher defers the job) — and answers with a
+fresh call id. The call itself is a task this runtime owns: it waits for
+:meth:`~UpstreamRuntime.confirm` (the dispatcher recorded the call), sends
+``POST /v1/{operation}`` with the job's ``input`` and ``model`` through :meth:`Proxy.open`
+(admission, picking, one connect retry), reads the whole answer, and writes the outcome with the
+job's lease token:
+
+* 2xx → ``complete`` with the parsed JSON (the text when it is not JSON);
+* 429, 5xx, a timeout, an unreachable or refused upstream → the attempt failed (retryable) and
+  the job goes back to the queue, so the dispatcher retries or walks on;
+* GPU_SATURATED (saturation began after the submit) → deferred, not failed;
+* any other 4xx → the job is at fault: terminal ``fail`` with ``UPSTREAM_<status>``.
+
+Every request carries ``X-Gpugate-Job: <slug>``. :meth:`status` answers from this process's
+table of calls — ``unknown`` after a restart, and the reaper then takes the job back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from gpugate.clock import Clock
+from gpugate.core.classes import RequestClass
+from gpugate.core.jobs import GPU_SATURATED
+from gpugate.errors import (
+    ClientError,
+    GpugateError,
+    GpuSaturated,
+    NoHealthyUpstream,
+    Refused,
+    RuntimeRejected,
+    RuntimeUnreachable,
+    StoreError,
+    UnknownModel,
+    UpstreamError,
+)
+from gpugate.services.proxy import Outbound, Proxy, Reply
+from gpugate.services.runtimes.base import CallStatus, Submission
+from gpugate.store import JobRecord, JobStore
+
+log = logging.getLogger("gpugate.runtimes.upstream")
+
+JOB_HEADER = b"x-gpugate-job"
+_OPERATION = re.compile(r"[A-Za-z0-9_-]+(?:/[A-Za-z0-9_-]+)*")
+_MESSAGE_LIMIT = 500
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """How one call ended, before it is written."""
+
+    status: CallStatus
+    defer_s: float | None = None  # set: deferred (GPU_SATURATED) for this long
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
+    call_id: str
+    slug: str
+    token: str
+    out: Outbound
+    confirmed: asyncio.Event
+    status: CallStatus
+    task: asyncio.Task[None] | None = None
+
+
+class UpstreamRuntime:
+    """Runs jobs on the gateway's own upstreams; see the module docstring."""
+
+    kind = "upstream"
+
+    def __init__(
+        self,
+        runtime_id: str,
+        proxy: Proxy,
+        store: JobStore,
+        clock: Clock,
+        *,
+        on_finished: Callable[[], None] | None = None,
+        shed_backoff_s: float = 15.0,
+        remember: int = 1024,
+    ) -> None:
+        self._id = runtime_id
+        self._proxy = proxy
+        self._store = store
+        self._clock = clock
+        #: Called after a call's outcome is written (wiring: the dispatcher's ``slot_freed``).
+        self.on_finished = on_finished
+        self._shed_backoff_s = shed_backoff_s
+        self._remember = remember
+        self._calls: dict[str, _Call] = {}  # calls whose task has not ended
+        self._finished: OrderedDict[str, CallStatus] = OrderedDict()  # the latest ended ones
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.completed = 0
+        self.failed = 0
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def actor(self) -> str:
+        """Who this runtime's writes are recorded as in the job's events."""
+        return f"worker:{self._id}"
+
+    async def submit(self, job: JobRecord, lease_token: str) -> Submission:
+        out = self._outbound(job)
+        call = _Call(
+            call_id=secrets.token_urlsafe(12),
+            slug=job.slug,
+            token=lease_token,
+            out=out,
+            confirmed=asyncio.Event(),
+            status=CallStatus("queued"),
+        )
+        call.task = asyncio.create_task(self._run(call), name=f"gpugate.job.{job.slug}")
+        self._tasks.add(call.task)
+        call.task.add_done_callback(self._tasks.discard)
+        self._calls[call.call_id] = call
+        return Submission(call.call_id, running=True)
+
+    async def confirm(self, call_id: str) -> None:
+        call = self._calls.get(call_id)
+        if call is not None:
+            call.confirmed.set()
+
+    async def status(self, call_id: str) -> CallStatus:
+        call = self._calls.get(call_id)
+        if call is not None:
+            return call.status
+        return self._finished.get(call_id) or CallStatus("unknown")
+
+    async def cancel(self, call_id: str) -> None:
+        call = self._calls.pop(call_id, None)
+        if call is not None and call.task is not None:
+            call.task.cancel()
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    @property
+    def running(self) -> int:
+        """Calls whose task has not ended."""
+        return len(self._calls)
+
+    # -- submit: what can be known at once ---------------------------------------------------
+
+    def _outbound(self, job: JobRecord) -> Outbound:
+        """The request to send, with its upstream chosen when ``allow_external`` narrows it."""
+        if job.input_ref is not None:
+            raise RuntimeRejected(
+                f"{self._id}: the job's input is held in a blob ({job.input_ref}); "
+                "the upstream runtime needs it inline"
+            )
+        if not _OPERATION.fullmatch(job.operation):
+            raise RuntimeRejected(f"{self._id}: invalid operation {job.operation!r}")
+        cls = RequestClass(job.job_class)
+        body = json.dumps({**job.input, "model": job.model}, separators=(",", ":")).encode()
+        out = Outbound(
+            method="POST",
+            path=f"/v1/{job.operation}",
+            headers=[
+                (b"content-type", b"application/json"),
+                (JOB_HEADER, job.slug.encode()),
+            ],
+            body=body,
+            cls=cls,
+            received_at=self._clock.monotonic(),
+            model=job.model,
+        )
+        try:
+            upstreams = self._proxy.candidates(out)
+        except UnknownModel as exc:
+            raise RuntimeRejected(f"{self._id}: {exc.message}") from exc
+        except NoHealthyUpstream as exc:
+            raise RuntimeUnreachable(f"{self._id}: {exc.message}") from exc
+        if not job.allow_external:
+            internal = [u for u in upstreams if not u.config.external]
+            if not internal:
+                raise RuntimeUnreachable(
+                    f"{self._id}: the job may not leave the building, and only external "
+                    f"upstreams of {job.model!r} are in rotation"
+                )
+            if len(internal) < len(upstreams):
+                upstreams = internal
+                chosen = min(internal, key=lambda u: u.pool.inflight)
+                out = Outbound(
+                    out.method,
+                    out.path,
+                    out.headers,
+                    out.body,
+                    out.cls,
+                    out.received_at,
+                    model=job.model,
+                    upstream_id=chosen.id,
+                )
+        if self._proxy.gate is not None:  # raises GpuSaturated: the dispatcher defers
+            self._proxy.gate.admit(upstreams, cls, "jobs")
+        return out
+
+    # -- the call --------------------------------------------------------------------------
+
+    async def _run(self, call: _Call) -> None:
+        try:
+            await self._call(call)
+        except asyncio.CancelledError:
+            call.status = CallStatus("unknown")  # stopped here: nobody will finish it
+            raise
+        except Exception:
+            # A bug must not leave the call "running" for ever: record it as a failed attempt.
+            log.exception("job %s: call %s broke", call.slug, call.call_id)
+            call.status = CallStatus("failed", error_code="RUNTIME_FAILED", message="internal")
+        finally:
+            if self._calls.pop(call.call_id, None) is not None:
+                self._finished[call.call_id] = call.status
+                while len(self._finished) > self._remember:
+                    self._finished.popitem(last=False)
+
+    async def _call(self, call: _Call) -> None:
+        await call.confirmed.wait()
+        call.status = CallStatus("running")
+        out = Outbound(
+            call.out.method,
+            call.out.path,
+            call.out.headers,
+            call.out.body,
+            call.out.cls,
+            self._clock.monotonic(),
+            model=call.out.model,
+            upstream_id=call.out.upstream_id,
+        )
+        outcome = await self._execute(out)
+        call.status = outcome.status
+        try:
+            await self._write(call, outcome)
+        except StoreError:
+            log.exception(
+                "job %s: the outcome of call %s could not be written; the reaper will ask",
+                call.slug,
+                call.call_id,
+            )
+            return
+        if self.on_finished is not None:
+            self.on_finished()
+
+    async def _execute(self, out: Outbound) -> _Outcome:
+        """Send and read the whole answer; every way it can end, as an outcome."""
+        try:
+            reply = await self._proxy.open(out)
+        except GpuSaturated as exc:
+            self._proxy.refused(out, exc)
+            return _Outcome(
+                _failure(exc, retryable=True), exc.retry_after_s or self._shed_backoff_s
+            )
+        except (Refused, UpstreamError) as exc:
+            self._proxy.refused(out, exc)
+            return _Outcome(_failure(exc, retryable=True))
+        except ClientError as exc:
+            self._proxy.refused(out, exc)
+            return _Outcome(_failure(exc, retryable=False))
+        try:
+            body = await _read_body(reply)
+        except UpstreamError as exc:
+            reply.broke()
+            reply.close(exc.code)
+            return _Outcome(_failure(exc, retryable=True))
+        finally:
+            reply.close()
+        return _Outcome(_answered(reply.status, body))
+
+    async def _write(self, call: _Call, outcome: _Outcome) -> None:
+        status, store = outcome.status, self._store
+        if status.state == "completed":
+            written = await store.complete(
+                call.slug, call.token, result=status.result, actor=self.actor
+            )
+            self.completed += written
+        elif status.terminal:
+            code, message = status.error_code or "UPSTREAM_ERROR", status.message or ""
+            written = await store.fail(
+                call.slug, call.token, error_code=code, message=message, actor=self.actor
+            )
+            self.failed += written
+        elif outcome.defer_s is not None:
+            not_before = self._clock.now() + timedelta(seconds=outcome.defer_s)
+            written = await store.release(
+                call.slug,
+                call.token,
+                not_before=not_before,
+                status="deferred",
+                error_code=GPU_SATURATED,
+                actor=self.actor,
+            )
+        else:
+            code = status.error_code or "UPSTREAM_ERROR"
+            written = await store.record_attempt_failure(
+                call.slug,
+                call.token,
+                runtime=self._id,
+                error_code=code,
+                message=status.message or "",
+                retryable=status.retryable,
+                actor=self.actor,
+            ) and await store.release(call.slug, call.token, error_code=code, actor=self.actor)
+        if not written:
+            log.info("job %s: call %s ended after its lease was lost", call.slug, call.call_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"<UpstreamRuntime {self._id} running={self.running} "
+            f"completed={self.completed} failed={self.failed}>"
+        )
+
+
+async def _read_body(reply: Reply) -> bytes:
+    parts = []
+    while chunk := await reply.read_chunk():
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _failure(exc: GpugateError, *, retryable: bool) -> CallStatus:
+    return CallStatus("failed", error_code=exc.code, message=exc.message, retryable=retryable)
+
+
+def _answered(status: int, body: bytes) -> CallStatus:
+    """The call's end from the upstream's status and body."""
+    if 200 <= status < 300:
+        return CallStatus("completed", result=_json_or_text(body))
+    code = f"UPSTREAM_{status}"
+    message = f"the upstream answered {status}: {_error_message(body)}"
+    if status == 429 or status >= 500:
+        return CallStatus("failed", error_code=code, message=message, retryable=True)
+    return CallStatus("failed", error_code=code, message=message, retryable=False, terminal=True)
+
+
+def _json_or_text(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", errors="replace")
+
+
+def _error_message(body: bytes) -> str:
+    """The message of an OpenAI-shaped error body, else the start of the body."""
+    parsed = _json_or_text(body)
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])[:_MESSAGE_LIMIT]
+        if isinstance(error, str):
+            return error[:_MESSAGE_LIMIT]
+    text = parsed if isinstance(parsed, str) else body.decode("utf-8", errors="replace")
+    return text[:_MESSAGE_LIMIT] or "(empty body)"

@@ -1,0 +1,83 @@
+"""The jobs API (DESIGN §3): create with ``Idempotency-Key``, read, list, events, cancel, retry."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gpugate.errors import BadRequest
+from gpugate.services.jobs import Jobs, event_view, job_view, parse_job_request
+from gpugate.wiring import Gateway
+
+MAX_LIST = 500
+
+
+def _jobs(request: Request) -> Jobs:
+    gateway: Gateway = request.app.state.gateway
+    assert gateway.jobs is not None
+    return gateway.jobs
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except ValueError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+async def create_job(request: Request) -> Response:
+    """202 with the new job; 200 with the existing one when the Idempotency-Key was seen."""
+    job_request = parse_job_request(await _json_body(request))
+    key = request.headers.get("idempotency-key")
+    job, created = await _jobs(request).create(job_request, idempotency_key=key)
+    return JSONResponse(job_view(job), status_code=202 if created else 200)
+
+
+async def get_job(request: Request) -> Response:
+    job = await _jobs(request).get(request.path_params["slug"])
+    return JSONResponse(job_view(job, with_input=True))
+
+
+async def list_jobs(request: Request) -> Response:
+    q = request.query_params
+    raw_limit = q.get("limit", "50")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST:
+        raise BadRequest(f"limit must be 1 to {MAX_LIST}")
+    page = await _jobs(request).list(
+        state=q.get("state"), runner=q.get("runner"), limit=int(raw_limit), cursor=q.get("cursor")
+    )
+    return JSONResponse(
+        {"data": [job_view(job) for job in page.jobs], "next_cursor": page.next_cursor}
+    )
+
+
+async def job_events(request: Request) -> Response:
+    events = await _jobs(request).events(request.path_params["slug"])
+    return JSONResponse({"data": [event_view(event) for event in events]})
+
+
+async def cancel_job(request: Request) -> Response:
+    job = await _jobs(request).cancel(request.path_params["slug"], actor="api")
+    return JSONResponse(job_view(job))
+
+
+async def retry_job(request: Request) -> Response:
+    job = await _jobs(request).retry(request.path_params["slug"], actor="api")
+    return JSONResponse(job_view(job))
+
+
+routes = [
+    Route("/v1/jobs", create_job, methods=["POST"]),
+    Route("/v1/jobs", list_jobs, methods=["GET"]),
+    Route("/v1/jobs/{slug}", get_job, methods=["GET"]),
+    Route("/v1/jobs/{slug}/events", job_events, methods=["GET"]),
+    Route("/v1/jobs/{slug}/cancel", cancel_job, methods=["POST"]),
+    Route("/v1/jobs/{slug}/retry", retry_job, methods=["POST"]),
+]

@@ -1,0 +1,203 @@
+"""The candidate walk as pure decisions: no store, no sockets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpugate.core.jobs import (
+    ChainWalk,
+    Defer,
+    Exhausted,
+    RuntimeView,
+    Submit,
+    Walk,
+    candidates,
+    runtime_views,
+    skip_reason,
+)
+from harness import make_config, upstream
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Job:
+    model: str = "qwen"
+    runner: str = "local"
+    allow_external: bool = True
+    attempts: dict[str, int] = field(default_factory=dict)
+
+
+def view(runtime_id: str, kind: str = "push", **facts: object) -> RuntimeView:
+    return replace(RuntimeView(runtime_id, kind, models=frozenset({"qwen"})), **facts)  # type: ignore[arg-type]
+
+
+def walk_of(job: Job, chain: list[str], *views: RuntimeView, max_attempts: int = 2) -> ChainWalk:
+    return ChainWalk(
+        job,
+        chain,
+        {v.id: v for v in views},
+        now=NOW,
+        max_attempts=max_attempts,
+        capacity_backoff_s=5.0,
+    )
+
+
+def test_candidates_are_the_runner_then_the_chain_each_once() -> None:
+    assert ["home-1", "local", "modal"] == candidates("home-1", ["local", "home-1", "modal"])
+    assert ["local", "modal"] == candidates("local", ["local", "modal", "local"])
+
+
+@pytest.mark.parametrize(
+    ("facts", "job", "reason"),
+    [
+        ({"enabled": False}, Job(), "disabled"),
+        ({"models": frozenset({"bge-m3"})}, Job(), "model_mismatch"),
+        ({"implemented": False}, Job(), "no_implementation"),
+        ({"reachable": False}, Job(), "unreachable"),
+        ({"over_budget": True}, Job(), "over_budget"),
+        ({"kind": "modal"}, Job(allow_external=False), "external_forbidden"),
+        ({"external": True}, Job(allow_external=False), "external_forbidden"),
+        ({"external_models": frozenset({"qwen"})}, Job(allow_external=False), "external_forbidden"),
+        ({}, Job(attempts={"rt": 2}), "attempts_spent"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_each_skip_reason_is_given_for_the_runtime_it_describes(
+    facts: dict[str, object], job: Job, reason: str
+) -> None:
+    assert reason == skip_reason(job, "rt", view("rt", **facts), max_attempts=2)
+
+
+def test_a_runtime_without_a_view_has_no_implementation_and_a_fit_one_is_not_skipped() -> None:
+    assert "no_implementation" == skip_reason(Job(), "ghost", None)
+    assert skip_reason(Job(), "rt", view("rt", models=None)) is None
+    assert skip_reason(Job(allow_external=True), "rt", view("rt", kind="modal")) is None
+
+
+def test_a_retryable_failure_is_retried_once_in_place_then_the_walk_goes_on() -> None:
+    walk = walk_of(Job(runner="a"), ["a", "b"], view("a"), view("b"))
+    assert Submit("a") == walk.next()
+    assert Submit("a") == walk.failed("a", "RUNTIME_UNREACHABLE: down", retryable=True)
+    assert Walk("a", "RUNTIME_UNREACHABLE: down") == walk.failed(
+        "a", "RUNTIME_UNREACHABLE: down", retryable=True
+    )
+    assert Submit("b") == walk.next()
+
+
+def test_a_non_retryable_failure_walks_on_at_once() -> None:
+    walk = walk_of(Job(runner="a"), ["a", "b"], view("a"), view("b"))
+    assert Submit("a") == walk.next()
+    assert isinstance(walk.failed("a", "RUNTIME_REJECTED: no", retryable=False), Walk)
+    assert Submit("b") == walk.next()
+
+
+def test_no_retry_in_place_when_the_runtimes_attempts_would_be_spent() -> None:
+    walk = walk_of(Job(runner="a", attempts={"a": 1}), ["a"], view("a"))
+    assert Submit("a") == walk.next()
+    assert isinstance(walk.failed("a", "RUNTIME_TIMEOUT: slow", retryable=True), Walk)
+
+
+def test_after_the_last_candidate_the_job_is_exhausted_with_each_runtimes_last_error() -> None:
+    walk = walk_of(Job(runner="a"), ["a", "b", "c"], view("a"), view("b"), view("c", enabled=False))
+    walk.next()
+    walk.failed("a", "RUNTIME_AUTH_FAILED: 401", retryable=False)
+    walk.next()
+    walk.failed("b", "RUNTIME_REJECTED: bad input", retryable=False)
+    end = walk.next()
+    assert (
+        Exhausted(
+            "CHAIN_EXHAUSTED",
+            {
+                "a": "RUNTIME_AUTH_FAILED: 401",
+                "b": "RUNTIME_REJECTED: bad input",
+                "c": "skipped (disabled)",
+            },
+        )
+        == end
+    )
+    assert isinstance(end, Exhausted)
+    assert "a: RUNTIME_AUTH_FAILED: 401; b: RUNTIME_REJECTED: bad input" in end.message
+
+
+def test_every_candidate_at_capacity_defers_the_job_instead_of_failing_it() -> None:
+    full = {"max_concurrency": 2, "leased": 2}
+    walk = walk_of(Job(runner="a"), ["a", "b"], view("a", **full), view("b", **full))
+    assert Defer("AT_CAPACITY", NOW + timedelta(seconds=5)) == walk.next()
+
+
+def test_a_runtime_at_capacity_is_passed_over_for_the_next_one_with_room() -> None:
+    walk = walk_of(Job(runner="a"), ["a", "b"], view("a", max_concurrency=1, leased=1), view("b"))
+    assert Submit("b") == walk.next()
+
+
+def test_a_busy_runtime_that_stays_busy_defers_like_one_at_capacity() -> None:
+    walk = walk_of(Job(runner="a"), ["a"], view("a"))
+    walk.next()
+    walk.failed("a", "RUNTIME_BUSY: 429", retryable=True, busy=True)
+    walk.failed("a", "RUNTIME_BUSY: 429", retryable=True, busy=True)
+    end = walk.next()
+    assert isinstance(end, Defer)
+    assert "AT_CAPACITY" == end.reason
+
+
+def test_a_job_that_may_not_leave_the_building_fails_forbidden_when_only_that_stopped_it() -> None:
+    job = Job(runner="local", allow_external=False)
+    walk = walk_of(
+        job,
+        ["local", "modal", "home"],
+        view("local", kind="upstream", external_models=frozenset({"qwen"})),
+        view("modal", kind="modal"),
+        view("home", models=frozenset({"other"})),
+    )
+    end = walk.next()
+    assert isinstance(end, Exhausted)
+    assert "EXTERNAL_UPSTREAM_FORBIDDEN" == end.code
+    assert ["local", "modal"] == list(end.errors)
+
+
+def test_forbidden_mixed_with_another_reason_is_plain_chain_exhaustion() -> None:
+    job = Job(runner="local", allow_external=False)
+    walk = walk_of(job, ["local", "home"], view("local", kind="modal"), view("home", enabled=False))
+    end = walk.next()
+    assert isinstance(end, Exhausted)
+    assert "CHAIN_EXHAUSTED" == end.code
+
+
+def test_runtime_views_describe_each_configured_runtime() -> None:
+    config = make_config(
+        "sqlite:///unused.db",
+        [
+            upstream("in", ["http://127.0.0.1:9001"], ["qwen"]),
+            upstream("out", ["http://127.0.0.1:9002"], ["gpt"], external=True),
+        ],
+        runtimes=[
+            {"id": "local", "kind": "upstream"},
+            {
+                "id": "home",
+                "kind": "push",
+                "models": ["qwen"],
+                "push": {"url": "http://127.0.0.1:9100/calls", "secret_env": "HOME_SECRET"},
+                "max_concurrency": 3,
+            },
+            {
+                "id": "beta",
+                "kind": "modal",
+                "models": ["qwen"],
+                "modal": {"app": "a", "function": "f"},
+            },
+        ],
+        fallback_chain=["local", "home", "beta"],
+    )
+    views = runtime_views(config, {"local", "home"}, disabled={"home"}, over_budget={"beta"})
+    assert frozenset({"qwen", "gpt"}) == views["local"].models
+    assert frozenset({"gpt"}) == views["local"].external_models
+    assert (False, 3, True) == (views["home"].enabled, views["home"].max_concurrency, True)
+    assert (True, False, True) == (
+        views["beta"].external,
+        views["beta"].implemented,
+        views["beta"].over_budget,
+    )

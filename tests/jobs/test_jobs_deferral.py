@@ -1,0 +1,177 @@
+"""Deferral, wake-ups and fencing: a job waits instead of failing, and a late writer is ignored."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+from jobs_rig import Rig, push_runtime, rig
+
+from gpugate.services.gpu_monitor import GpuMonitor
+from gpugate.store import JobRecord
+from harness import eventually
+
+SHED = {"poll_s": 3600, "staleness_s": 60, "sustained_samples": 2, "shed_batch": True}
+
+
+async def poll(r: Rig, times: int) -> None:
+    monitor = r.gateway.monitor
+    assert isinstance(monitor, GpuMonitor)
+    for _ in range(times):
+        r.clock.advance(15)
+        await monitor.tick()
+
+
+@contextlib.asynccontextmanager
+async def running(r: Rig) -> AsyncIterator[asyncio.Task[None]]:
+    """The dispatcher's loop, started and waiting on its clock before the block begins."""
+    baseline = len(r.clock._sleepers)
+    task = asyncio.create_task(r.dispatcher.run())
+    await eventually(lambda: len(r.clock._sleepers) > baseline, what="the dispatcher waits")
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_shed_job_is_deferred_and_completes_once_the_saturation_clears(dsn: str) -> None:
+    async with rig(dsn, gpu_health=SHED) as r:
+        assert r.exporter is not None
+        r.exporter.set_gpu(0, util=99)
+        await poll(r, 2)
+        await r.submit("j1", key="k1")
+        shed_at = r.clock.now()
+        report = await r.dispatcher.tick()
+        deferred = await r.job("j1")
+        resubmitted = await r.submit("j1", key="k1")
+        r.exporter.set_gpu(0, util=20)
+        r.clock.advance(3600 - 60)
+        await poll(r, 4)
+        await r.dispatcher.tick()
+        await r.idle()
+        done = await r.job("j1")
+        trail = await r.trail("j1")
+    assert 1 == report.deferred
+    assert ("queued", shed_at + timedelta(seconds=3600)) == (deferred.state, deferred.not_before)
+    assert ("j1", "queued") == (resubmitted.slug, resubmitted.state)
+    assert ("deferred", "local", "GPU_SATURATED") in trail
+    assert ("completed", 1) == (done.state, done.submit_count)
+    assert {"j1": 1} == r.executions()
+
+
+async def test_at_capacity_a_job_is_deferred_and_dispatched_as_soon_as_a_slot_frees(
+    dsn: str,
+) -> None:
+    runtimes = [{"id": "local", "kind": "upstream", "max_concurrency": 1}]
+    async with rig(dsn, runtimes=runtimes) as r:
+        r.servers["q0"].update(hang=True)
+        await r.submit("a")
+        await r.submit("b")
+        first = await r.dispatcher.tick()
+        waiting = await r.job("b")
+        r.servers["q0"].update(hang=False)
+        await r.idle()
+        second = await r.dispatcher.drain()  # no clock moved: the freed slot woke it
+        await r.idle()
+        trail = await r.trail("b")
+        states = ((await r.job("a")).state, (await r.job("b")).state)
+    assert (1, 1) == (first.dispatched, first.deferred)
+    assert ("queued", r.clock.now() + timedelta(seconds=5)) == (
+        waiting.state,
+        waiting.not_before,
+    )
+    assert ("deferred", "local", "AT_CAPACITY") in trail
+    assert 1 == second.dispatched
+    assert ("completed", "completed") == states
+    assert {"a": 1, "b": 1} == r.executions()
+
+
+async def test_a_runtime_at_capacity_is_passed_over_for_the_next_in_the_chain(dsn: str) -> None:
+    runtimes = [{"id": "local", "kind": "upstream", "max_concurrency": 1}, push_runtime("home-1")]
+    async with rig(dsn, runtimes=runtimes, chain=["local", "home-1"]) as r:
+        r.servers["q0"].update(hang=True)
+        await r.submit("a")
+        await r.submit("b")
+        await r.dispatcher.tick()
+        b = await r.job("b")
+        r.servers["q0"].update(hang=False)
+    assert ("home-1", "home-1:home-1-call-1") == (b.runner, b.leased_by)
+
+
+async def test_a_woken_dispatcher_runs_a_new_job_at_once(dsn: str) -> None:
+    async with rig(dsn) as r, running(r):
+        await r.submit("j1")
+        r.dispatcher.wake("j1")
+        job = await r.until("j1", "completed")
+    assert 1 == job.submit_count
+
+
+async def test_the_sweep_dispatches_a_job_whose_wake_up_was_lost(dsn: str) -> None:
+    async with rig(dsn) as r, running(r):
+        await r.submit("j1")  # and nobody calls wake()
+        await asyncio.sleep(0.05)
+        before = (await r.job("j1")).state
+        r.clock.advance(60)  # jobs.sweep_s
+        job = await r.until("j1", "completed")
+    assert "queued" == before
+    assert 1 == job.submit_count
+
+
+async def test_a_deferred_job_is_dispatched_by_the_loop_when_its_backoff_ends(dsn: str) -> None:
+    runtimes = [push_runtime("home-1", max_concurrency=1)]
+    async with rig(dsn, runtimes=runtimes) as r:
+        await r.submit("a")
+        await r.submit("b")
+        await r.dispatcher.tick()  # a runs on home-1, b waits for a slot
+        a = await r.job("a")
+        assert a.lease_token is not None
+        async with running(r):
+            await r.store.complete("a", a.lease_token, result={}, actor="worker:home-1")
+            await asyncio.sleep(0.05)
+            before = (await r.job("b")).state
+            r.clock.advance(5)  # the AT_CAPACITY backoff, well before the sweep
+            b = await r.until("b", "dispatching")
+    assert "queued" == before
+    assert "home-1:home-1-call-2" == b.leased_by
+
+
+async def test_when_the_lease_is_taken_over_during_a_submit_the_call_is_cancelled(
+    dsn: str,
+) -> None:
+    runtimes = [push_runtime("home-1")]
+    async with rig(dsn, runtimes=runtimes) as r:
+        home = r.scripted("home-1")
+        tokens: list[str] = []
+
+        async def reaper_takes_it_back(job: JobRecord, token: str) -> None:
+            tokens.append(token)
+            await r.store.rescue(job.slug, token, max_rescues=3)
+
+        home.during_submit = reaper_takes_it_back
+        await r.submit("j1")
+        report = await r.dispatcher.tick()
+        job = await r.job("j1")
+        late = await r.store.complete("j1", tokens[0], result={"late": True}, actor="dispatcher")
+        after = await r.job("j1")
+    assert 1 == report.stale
+    assert (["home-1-call-1"], []) == (home.cancelled, home.confirmed)
+    assert ("queued", 0, 1) == (job.state, job.submit_count, job.rescue_count)
+    assert not late
+    assert ("queued", None) == (after.state, after.result)
+
+
+async def test_a_call_that_ends_after_its_job_was_cancelled_changes_nothing(dsn: str) -> None:
+    async with rig(dsn) as r:
+        r.servers["q0"].update(hang=True)
+        await r.submit("j1")
+        await r.dispatcher.tick()
+        await eventually(lambda: r.servers["q0"].stats.open_requests == 1, what="call started")
+        await r.store.cancel_job("j1", actor="api")
+        r.servers["q0"].update(hang=False)
+        await r.idle()
+        job = await r.job("j1")
+    assert ("cancelled", None) == (job.state, job.result)
+    assert 0 == r.local.completed
