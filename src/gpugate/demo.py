@@ -104,6 +104,13 @@ def banner(fleet: Fleet, *, url: str, workdir: Path, token: str) -> list[str]:
             "print(c.chat.completions.create(model='qwen-35b', "
             "messages=[{'role': 'user', 'content': 'hi'}]).choices[0].message.content)\""
         ),
+        (
+            f"  curl -s {url}/v1/jobs -H 'content-type: application/json'"
+            ' -d \'{"model":"qwen-35b","input":{"messages":[{"role":"user","content":"hi"}]}}\''
+        ),
+        f"  gpugate jobs list --gateway {url}",
+        f"  curl -s {url}/admin/gpus -H 'Authorization: Bearer {token}'",
+        f"  gpugate gpus inspect {fleet.exporter.metrics_url}",
         f"  curl -s {url}/metrics | grep ^gateway_requests_total",
         "",
         "Ctrl-C stops.",

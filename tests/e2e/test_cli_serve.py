@@ -21,6 +21,7 @@ from harness import eventually
 pytestmark = pytest.mark.e2e
 
 GPUGATE = [sys.executable, "-m", "gpugate"]
+ADMIN = {"Authorization": "Bearer demo-admin-token"}
 
 
 def free_port() -> int:
@@ -136,7 +137,8 @@ async def test_demo_brings_up_the_gateway_and_the_fleet_and_stops_on_sigterm(
 ) -> None:
     port = free_port()
     workdir = tmp_path / "state"
-    async with gpugate("demo", "--listen", f"127.0.0.1:{port}", "--workdir", str(workdir)) as proc:
+    demo = ["demo", "--listen", f"127.0.0.1:{port}", "--workdir", str(workdir)]
+    async with gpugate(*demo, env={"GPUGATE_ADMIN_TOKEN": "demo-admin-token"}) as proc:
         url = f"http://127.0.0.1:{port}"
         await wait_ready(http, url, proc)
         async with http.get(url + "/v1/models") as resp:
@@ -146,6 +148,18 @@ async def test_demo_brings_up_the_gateway_and_the_fleet_and_stops_on_sigterm(
         async with http.post(url + "/v1/chat/completions", json=body) as resp:
             assert 200 == resp.status
             assert "qwen-35b" == resp.headers["X-Gateway-Upstream"]
+        job = {"model": "qwen-35b", "input": {"messages": body["messages"]}}
+        async with http.post(url + "/v1/jobs", json=job) as resp:
+            slug = (await resp.json())["slug"]
+        async with asyncio.timeout(10):
+            state = "queued"
+            while state != "completed":
+                async with http.get(f"{url}/v1/jobs/{slug}") as resp:
+                    state = (await resp.json())["state"]
+                await asyncio.sleep(0.02)
+        async with http.get(f"{url}/admin/gpus", headers=ADMIN) as resp:
+            gpus = (await resp.json())["gpus"]
+        assert [0, 1] == [gpu["gpu"] for gpu in gpus]
         proc.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(proc.communicate(), timeout=15)
     assert 0 == proc.returncode
