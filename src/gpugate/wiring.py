@@ -193,7 +193,7 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     """
     store, clock = gateway.store, gateway.clock
     upstream_runtimes = [
-        UpstreamRuntime(r.id, gateway.proxy, store, clock)
+        UpstreamRuntime(r.id, gateway.proxy, store, clock, lease_s=gateway.config.jobs.quiet_s)
         for r in gateway.config.runtimes
         if r.kind == "upstream"
     ]

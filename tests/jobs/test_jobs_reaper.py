@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from jobs_rig import push_runtime, rig
 
+from gpugate.services.reaper import Reaper
 from gpugate.services.runtimes import CallStatus, UpstreamRuntime
 from harness import eventually
 
@@ -188,3 +191,49 @@ async def test_the_reaper_sums_up_what_it_did(dsn: str) -> None:
         r.clock.advance(QUIET_S + 1)
         await r.reaper.tick()
     assert "<Reaper expired=1 completed=0 extended=0 rescued=1 lost=0 stuck=0>" == repr(r.reaper)
+
+
+async def test_at_start_up_recovery_takes_back_more_leases_than_one_page(dsn: str) -> None:
+    async with rig(dsn, runtimes=HOME) as r:
+        for i in range(7):
+            await r.submit(f"j{i}")
+        await r.store.claim_jobs(limit=10, lease_s=DISPATCHER_LEASE_S)
+        paged = Reaper(r.store, r.runtimes, r.gateway.config, r.clock, limit=3)
+        report = await paged.recover()
+        states = {(await r.job(f"j{i}")).state for i in range(7)}
+    assert 7 == report.rescued
+    assert {"queued"} == states
+
+
+async def test_a_running_upstream_call_keeps_its_lease_alive_so_no_other_reaper_reruns_it(
+    dsn: str,
+) -> None:
+    """Another replica's runtime cannot answer for this call ("unknown"), so only the
+    heartbeat of the process running it keeps its job from being rescued and run twice."""
+    async with rig(dsn) as r:
+        r.servers["q0"].update(hang=True)
+        await r.submit("j1")
+        await r.dispatcher.tick()
+        await eventually(lambda: r.servers["q0"].stats.open_requests == 1, what="call started")
+        other_replica = Reaper(
+            r.store,
+            {"local": UpstreamRuntime("local", r.gateway.proxy, r.store, r.clock)},
+            r.gateway.config,
+            r.clock,
+        )
+        reports = []
+        for _ in range(6):  # 6 x 25 s: well past the 60 s lease without a heartbeat
+            before = (await r.job("j1")).lease_expires_at
+            r.clock.advance(25)
+            async with asyncio.timeout(5):
+                while (await r.job("j1")).lease_expires_at == before:
+                    await asyncio.sleep(0.01)
+            reports.append(await other_replica.tick())
+        await r.local.close()  # now the process dies: no more heartbeats
+        r.clock.advance(61)
+        after_death = await other_replica.tick()
+        job = await r.job("j1")
+    assert [0] * 6 == [report.expired for report in reports]
+    assert 1 == after_death.rescued
+    assert ("queued", 1) == (job.state, job.rescue_count)
+    assert {"j1": 1} == r.executions()

@@ -112,7 +112,14 @@ class Reaper:
         so reap them all now instead of after they expire. Never with replicas sharing a store:
         it would take over the live dispatcher leases of the others."""
         horizon = self._config().jobs.dispatcher_lease_s + self._config().jobs.quiet_s
-        return await self.tick(now=self._clock.now() + timedelta(seconds=horizon))
+        now = self._clock.now() + timedelta(seconds=horizon)
+        report = ReapReport()
+        while True:  # every lease, not one page of them
+            page = await self.tick(now=now)
+            report += page
+            settled = page.expired - page.extended - page.stuck  # rows that left the page
+            if page.expired < self._limit or settled <= 0:
+                return report
 
     async def run(self) -> None:
         """Reap every ``reap_s``."""

@@ -82,7 +82,7 @@ class UpstreamRuntime:
 
     kind = "upstream"
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - collaborators, then keyword-only knobs
         self,
         runtime_id: str,
         proxy: Proxy,
@@ -92,6 +92,7 @@ class UpstreamRuntime:
         on_finished: Callable[[], None] | None = None,
         shed_backoff_s: float = 15.0,
         remember: int = 1024,
+        lease_s: float = 60.0,
     ) -> None:
         self._id = runtime_id
         self._proxy = proxy
@@ -101,6 +102,7 @@ class UpstreamRuntime:
         self.on_finished = on_finished
         self._shed_backoff_s = shed_backoff_s
         self._remember = remember
+        self._lease_s = lease_s
         self._calls: dict[str, _Call] = {}  # calls whose task has not ended
         self._finished: OrderedDict[str, CallStatus] = OrderedDict()  # the latest ended ones
         self._tasks: set[asyncio.Task[None]] = set()
@@ -245,7 +247,11 @@ class UpstreamRuntime:
             model=call.out.model,
             upstream_id=call.out.upstream_id,
         )
-        outcome = await self._execute(out)
+        heartbeat = asyncio.ensure_future(self._heartbeat(call))
+        try:
+            outcome = await self._execute(out)
+        finally:
+            heartbeat.cancel()
         call.status = outcome.status
         try:
             await self._write(call, outcome)
@@ -258,6 +264,25 @@ class UpstreamRuntime:
             return
         if self.on_finished is not None:
             self.on_finished()
+
+    async def _heartbeat(self, call: _Call) -> None:
+        """Keep the call's lease alive while the upstream works on it (every third of the
+        lease): only this process can answer for the call, so another replica's reaper must
+        not find it expired and run it again. When this process dies, the heartbeat stops and
+        the lease expires within ``lease_s``."""
+        while True:
+            await self._clock.sleep(self._lease_s / 3)
+            try:
+                extended = await self._store.extend_lease(
+                    call.slug, call.token, lease_s=self._lease_s
+                )
+            except StoreError:
+                log.warning(
+                    "job %s: could not extend the lease of call %s", call.slug, call.call_id
+                )
+                continue
+            if extended is None:  # the lease is no longer ours: someone took the job over
+                return
 
     async def _execute(self, out: Outbound) -> _Outcome:
         """Send and read the whole answer; every way it can end, as an outcome."""
