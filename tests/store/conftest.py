@@ -22,7 +22,7 @@ from gpugate.store import Store
 from gpugate.store.factory import open_store
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+    from collections.abc import AsyncIterator, Awaitable, Callable
     from pathlib import Path
 
 POSTGRES_ENV = "GPUGATE_TEST_POSTGRES"
@@ -53,19 +53,6 @@ def postgres_dsn() -> str:
             pytest.fail(f"{POSTGRES_ENV} is set but PostgreSQL is not reachable: {reason}")
         pytest.skip(POSTGRES_SKIP)
     return dsn
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Fold every PostgreSQL skip into one summary line (pytest locates each at its test)."""
-    report = yield
-    longrepr = report.longrepr
-    if report.skipped and isinstance(longrepr, tuple) and POSTGRES_SKIP in longrepr[2]:
-        # pytest folds skips with no line number per file; its annotation omits that case
-        report.longrepr = (__file__, None, POSTGRES_SKIP)  # type: ignore[assignment]
-    return report
 
 
 @pytest.fixture
