@@ -94,9 +94,14 @@ async def test_bad_job_requests_are_refused_with_a_code_and_make_no_job(
             outcomes.append((status, error["error"]["code"]))
         async with http.get(gw.url + "/v1/jobs/job_missing") as missing:
             missing_code = (missing.status, (await missing.json())["error"]["code"])
+        listing = []
+        for query in ("state=bogus", "limit=0", "cursor=not-a-cursor"):
+            async with http.get(f"{gw.url}/v1/jobs?{query}") as resp:
+                listing.append((resp.status, (await resp.json())["error"]["code"]))
         page = await get(http, f"{gw.url}/v1/jobs")
     assert [(status, code) for _, status, code in cases] == outcomes
     assert (404, "JOB_NOT_FOUND") == missing_code
+    assert [(400, "BAD_REQUEST")] * 3 == listing
     assert [] == page["data"]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from gpugate.config import GatewayConfig
 from gpugate.core.classes import RequestClass
 from gpugate.errors import BadRequest, JobNotFound, UnknownModel
-from gpugate.store import JobEvent, JobPage, JobRecord, NewJob, Store
+from gpugate.store import JOB_STATES, JobEvent, JobPage, JobRecord, NewJob, Store
 
 log = logging.getLogger("gpugate.jobs")
 
@@ -100,6 +100,8 @@ class Jobs:
     async def list(
         self, *, state: str | None, runner: str | None, limit: int, cursor: str | None
     ) -> JobPage:
+        if state is not None and state not in JOB_STATES:
+            raise BadRequest(f"state must be one of {', '.join(JOB_STATES)}; got {state!r}")
         return await self._store.list_jobs(state=state, runner=runner, limit=limit, cursor=cursor)
 
     async def cancel(self, slug: str, *, actor: str) -> JobRecord:
