@@ -79,9 +79,12 @@ async def test_twenty_concurrent_posts_with_one_idempotency_key_make_exactly_one
 async def test_bad_job_requests_are_refused_with_a_code_and_make_no_job(
     dsn: str, http: aiohttp.ClientSession
 ) -> None:
-    config = make_config(dsn, [upstream("q0", ["http://127.0.0.1:9"], ["qwen"])])
+    config = make_config(
+        dsn, [upstream("q0", ["http://127.0.0.1:9"], ["qwen"])], server={"max_body_bytes": 2000}
+    )
     async with serving(config) as gw:
         cases = [
+            ({"model": "qwen", "input": {"prompt": "x" * 3000}}, 413, "PAYLOAD_TOO_LARGE"),
             ({"model": "qwen"}, 400, "BAD_REQUEST"),
             ({"model": "qwen", "input": CHAT, "class": "urgent"}, 400, "BAD_REQUEST"),
             ({"model": "qwen", "input": CHAT, "runner": "nope"}, 400, "BAD_REQUEST"),
