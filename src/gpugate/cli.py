@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gpugate import __version__
 from gpugate.config import env_problems, load_config
@@ -32,17 +32,21 @@ def _run(coro: object) -> object:
     return uvloop.run(coro)  # type: ignore[arg-type]
 
 
-def _print_problems(error: ConfigError) -> None:
-    """Every problem on stderr: one line when there is one, else a count and a line each."""
+def _print_problems(error: ConfigError, stream: TextIO) -> None:
+    """Every problem: one line when there is one, else a count and a line each.
+
+    ``check-config`` is a linter, so its findings go to stdout (as ruff's and mypy's do); a
+    command that cannot start because of its config says so on stderr.
+    """
     source = f"{error.source}: " if error.source else ""
     problems = error.problems
     if len(problems) == 1 and not problems[0].path:
         line = f" (line {problems[0].line})" if problems[0].line is not None else ""
-        print(f"{source}{problems[0].message}{line}", file=sys.stderr)
+        print(f"{source}{problems[0].message}{line}", file=stream)
         return
-    print(f"{source}{len(problems)} problem{'s' if len(problems) != 1 else ''}", file=sys.stderr)
+    print(f"{source}{len(problems)} problem{'s' if len(problems) != 1 else ''}", file=stream)
     for problem in problems:
-        print(f"  {problem}", file=sys.stderr)
+        print(f"  {problem}", file=stream)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -305,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = args.func(args)
     except ConfigError as exc:
-        _print_problems(exc)
+        _print_problems(exc, sys.stdout if args.func is cmd_check_config else sys.stderr)
         return 1
     except GpugateError as exc:
         print(f"gpugate: error: {exc.message}", file=sys.stderr)
