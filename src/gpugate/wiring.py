@@ -178,6 +178,7 @@ async def build_gateway(
         if run_job_loops:
             loops.start("dispatcher", dispatcher.run())
             loops.start("reaper", reaper.run())
+            loops.start("job-wakeups", store.watch_jobs(dispatcher.wake))
         try:
             yield gateway
         finally:

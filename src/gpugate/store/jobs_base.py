@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpugate.errors import BadRequest
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from datetime import datetime
 
 JOB_CLASSES = ("system", "interactive", "batch")
@@ -442,4 +443,10 @@ class JobStore(Protocol):
 
     async def queue_depth(self, runtime: str) -> int:
         """``queued`` jobs whose runner is ``runtime``."""
+        ...
+
+    async def watch_jobs(self, on_job: Callable[[str], None]) -> None:
+        """Call ``on_job(slug)`` whenever a process creates a job, until
+        cancelled (PostgreSQL: LISTEN/NOTIFY, so every replica wakes at once). Returns at once
+        where one process owns the store (SQLite): the dispatcher is woken in-process."""
         ...

@@ -8,6 +8,8 @@ server do not wait for each other). JSON is jsonb, response bodies bytea, times 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -32,10 +34,10 @@ from gpugate.store.base import (
     idem_verdict,
 )
 from gpugate.store.migrations import Migration, load_migrations, pending
-from gpugate.store.postgres_jobs import PostgresJobs
+from gpugate.store.postgres_jobs import JOBS_CHANNEL, PostgresJobs
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
 
     from psycopg.rows import TupleRow
 
@@ -99,6 +101,8 @@ DELETE FROM idempotency
 WHERE key = %(key)s AND owner = %(owner)s AND state = 'in_flight' AND expires_at > %(now)s"""
 _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= %(now)s"
 
+log = logging.getLogger("gpugate.store")
+
 
 class PostgresStore(PostgresJobs):
     """The shared store: PostgreSQL through a psycopg connection pool.
@@ -159,6 +163,23 @@ class PostgresStore(PostgresJobs):
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+
+    async def watch_jobs(self, on_job: Callable[[str], None]) -> None:
+        """LISTEN for job creations on a connection of its own; reconnect after a failure
+        (the dispatcher's sweep covers what a broken connection missed)."""
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._dsn,
+                    autocommit=True,
+                    connect_timeout=max(2, round(self._connect_timeout_s)),
+                ) as conn:
+                    await conn.execute(f"LISTEN {JOBS_CHANNEL}")
+                    async for notice in conn.notifies():
+                        on_job(notice.payload)
+            except psycopg.Error as exc:
+                log.warning("job wake-ups from %s lost (%s); listening again", self._shown, exc)
+                await asyncio.sleep(1.0)
 
     async def ping(self) -> None:
         async with self._transaction() as conn:

@@ -53,6 +53,8 @@ _EVENT_FROM = (
     "SELECT id, %(at)s, %(status)s, %(actor)s, %(runtime)s, %(call_id)s, %(error_code)s,"
     " %(detail)s FROM {source}"
 )
+JOBS_CHANNEL = "gpugate_jobs"
+_NOTIFY = f"SELECT pg_notify('{JOBS_CHANNEL}', %(slug)s)"
 _INSERT_JOB = f"""
 WITH created AS (
     INSERT INTO jobs (slug, idempotency_key, model, class, operation, input, input_ref, runner,
@@ -123,6 +125,7 @@ class PostgresJobs(JobWrites):
         async with self._transaction() as conn:
             row = await (await conn.execute(_INSERT_JOB, params)).fetchone()
             if row is not None:
+                await conn.execute(_NOTIFY, {"slug": slug})  # delivered at commit
                 return _job(row), True
             if new.idempotency_key is not None:
                 sql = f"{_SELECT_JOB} WHERE idempotency_key = %(idempotency_key)s"

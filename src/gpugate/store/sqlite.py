@@ -160,6 +160,9 @@ class SqliteStore(SqliteJobs):
         finally:
             executor.shutdown(wait=False)
 
+    async def watch_jobs(self, on_job: Callable[[str], None]) -> None:
+        """One process owns a SQLite store: its dispatcher is woken in-process, nothing to do."""
+
     async def ping(self) -> None:
         await self._read(lambda conn: conn.execute("SELECT 1").fetchone())
 
