@@ -149,6 +149,15 @@ class UpstreamClient:
             raise UpstreamUnreachable(f"{url} failed before responding: {exc}") from exc
         return UpstreamResponse(resp)
 
+    async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
+        """``GET url`` and its whole (small) body, within ``timeout_s`` all told: for probes
+        and scrapes."""
+        response = await self.send("GET", url, [], None, Timeouts(timeout_s, timeout_s, timeout_s))
+        try:
+            return response.status, await response.read()
+        finally:
+            response.release()
+
     def __repr__(self) -> str:
         state = "open" if self._session is not None else "closed"
         return f"<UpstreamClient {state}>"

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from gpugate.adapters import exposition
-from gpugate.adapters.upstream_client import Timeouts, UpstreamClient
+from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.config import GpuHealthConfig
 from gpugate.core.gpu import dcgm, report
 from gpugate.core.gpu.xid import XidTable
 from gpugate.errors import ScrapeError, UpstreamError
-from gpugate.services.gpu_monitor import thresholds_of
+from gpugate.services.gpu_monitor import fetch_scrape, thresholds_of
 
 
 async def read_source(source: str, *, timeout_s: float = 10.0) -> bytes:
@@ -25,17 +25,9 @@ async def read_source(source: str, *, timeout_s: float = 10.0) -> bytes:
         client = UpstreamClient()
         await client.start()
         try:
-            t = Timeouts(timeout_s, timeout_s, timeout_s)
-            response = await client.send("GET", source, [], None, t)
-            try:
-                body = await response.read()
-            finally:
-                response.release()
+            return await fetch_scrape(client, source, timeout_s)
         finally:
             await client.close()
-        if response.status != 200:
-            raise ScrapeError(f"{source} answered {response.status}")
-        return body
     try:
         return await asyncio.to_thread(Path(source).read_bytes)
     except OSError as exc:

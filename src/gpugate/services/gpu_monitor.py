@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from gpugate.adapters import exposition
-from gpugate.adapters.upstream_client import Timeouts, UpstreamClient
+from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock
 from gpugate.config import GpuHealthConfig, UpstreamConfig
 from gpugate.core.gpu import dcgm, report
@@ -55,6 +55,14 @@ class Published:
 
     out_of_rotation: dict[str, str] = field(default_factory=dict)  # upstream id -> why
     saturated: frozenset[str] = frozenset()  # upstream ids whose every GPU is saturated
+
+
+async def fetch_scrape(client: UpstreamClient, url: str, timeout_s: float) -> bytes:
+    """An exporter's body; a status other than 200 is a :class:`ScrapeError`."""
+    status, body = await client.get(url, timeout_s)
+    if status != 200:
+        raise ScrapeError(f"{url} answered {status}")
+    return body
 
 
 def thresholds_of(cfg: GpuHealthConfig) -> Thresholds:
@@ -149,15 +157,7 @@ class GpuMonitor:
         return True
 
     async def _fetch_over_http(self, url: str) -> bytes:
-        t = self.cfg.scrape_timeout_s
-        response = await self._client.send("GET", url, [], None, Timeouts(t, t, t))
-        try:
-            body = await response.read()
-        finally:
-            response.release()
-        if response.status != 200:
-            raise ScrapeError(f"{url} answered {response.status}")
-        return body
+        return await fetch_scrape(self._client, url, self.cfg.scrape_timeout_s)
 
     def _publish(self) -> None:
         now = self._clock.monotonic()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gpugate.adapters.upstream_client import Timeouts, UpstreamClient
+from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock
 from gpugate.core import picking
 from gpugate.core.picking import EndpointState
@@ -60,16 +60,11 @@ class Prober:
             await self._clock.sleep(self.interval_s)
 
     async def _probe(self, upstream: UpstreamState, ep: EndpointState) -> bool:
-        timeouts = Timeouts(self._timeout_s, self._timeout_s, self._timeout_s)
         try:
-            response = await self._client.send(
-                "GET", ep.url + upstream.config.health_path, [], None, timeouts
+            status, _ = await self._client.get(
+                ep.url + upstream.config.health_path, self._timeout_s
             )
-            try:
-                await response.read()
-            finally:
-                response.release()
-            ok = response.status < 500
+            ok = status < 500
         except UpstreamError as exc:
             ok = False
             log.debug("probe of %s failed: %s", ep.url, exc.message)
