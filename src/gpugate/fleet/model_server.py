@@ -183,10 +183,9 @@ class ModelServer:
     async def _serve(self, request: web.Request, route: str, build: Build) -> web.StreamResponse:
         stats = self._stats
         stats.requests[route] += 1
-        for header in _KEY_HEADERS:
-            if (key := request.headers.get(header)) is not None:
-                stats.executed(key)
-                break
+        key = next(filter(None, map(request.headers.get, _KEY_HEADERS)), None)
+        if key is not None:
+            stats.arrived(key)
         try:
             body = await self._body(request)
             model = body["model"]
@@ -198,7 +197,7 @@ class ModelServer:
         stream = body.get("stream") is True and isinstance(answer, Completion)
         stats.opened(model, stream=stream)
         try:
-            return await self._perform(request, answer, stream=stream, body=body)
+            return await self._perform(request, answer, stream=stream, body=body, key=key)
         except asyncio.CancelledError:
             stats.disconnects += 1
             raise
@@ -234,10 +233,15 @@ class ModelServer:
         *,
         stream: bool,
         body: dict[str, Any],
+        key: str | None,
     ) -> web.StreamResponse:
         behaviour = self._behaviour
         if behaviour.hang:
-            await self._unhung.wait()
+            self._stats.held += 1
+            try:
+                await self._unhung.wait()
+            finally:
+                self._stats.held -= 1
             behaviour = self._behaviour
         if behaviour.delay_s > 0:
             await asyncio.sleep(behaviour.delay_s)
@@ -250,16 +254,22 @@ class ModelServer:
             self._stats.resets += 1
             abort(request)
             return web.StreamResponse()
-        if isinstance(answer, bytes):
-            return web.Response(body=answer, content_type=_JSON, headers=self._headers)
-        if not stream:
-            return web.Response(body=answer.body(), content_type=_JSON, headers=self._headers)
-        options = body.get("stream_options")
-        include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        return await self._stream(request, answer.stream(include_usage=include_usage), behaviour)
+        if stream and isinstance(answer, Completion):
+            options = body.get("stream_options")
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            events = answer.stream(include_usage=include_usage)
+            return await self._stream(request, events, behaviour, key)
+        if key is not None:
+            self._stats.executed(key)
+        payload = answer if isinstance(answer, bytes) else answer.body()
+        return web.Response(body=payload, content_type=_JSON, headers=self._headers)
 
     async def _stream(
-        self, request: web.Request, events: replies.Stream, behaviour: ServerBehaviour
+        self,
+        request: web.Request,
+        events: replies.Stream,
+        behaviour: ServerBehaviour,
+        key: str | None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={**_SSE_HEADERS, **self._headers})
         await response.prepare(request)
@@ -275,6 +285,8 @@ class ModelServer:
             if reset_after == len(events.steps):
                 return self._reset(request, response)
             await self._pause(behaviour.chunk_delay_s)
+            if key is not None:  # the last token is out: the generation ran to its end
+                self._stats.executed(key)
             for event in events.tail:
                 await response.write(event)
             await response.write_eof()

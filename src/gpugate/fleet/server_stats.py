@@ -18,20 +18,26 @@ class ServerStats:
 
     - `requests`: requests received per route (model routes, ``/health``, ``/metrics``);
     - `open_requests` / `open_streams`: model requests (of which streams) being answered now;
+    - `held`: model requests held by `hang` now;
     - `disconnects`: model requests whose client went away before the answer was complete;
     - `resets`: connections the server aborted on purpose (`reset_after_chunks`,
       `drop_connection`);
-    - `executions`: model requests per value of the `Idempotency-Key` header, or else of
-      `X-Gpugate-Job` ("executed once" is ``executions[key] == 1``);
+    - `received`: model requests per value of the `Idempotency-Key` header, or else of
+      `X-Gpugate-Job`, counted as they arrive;
+    - `executions`: the same keys, counted when the answer was produced — the generation ran to
+      its end. Like vLLM, which aborts a request whose client disconnects, a request whose
+      client left before that is not an execution ("executed once" is ``executions[key] == 1``);
     - `inflight`: model requests being answered now, per model.
     """
 
     __slots__ = (
         "disconnects",
         "executions",
+        "held",
         "inflight",
         "open_requests",
         "open_streams",
+        "received",
         "requests",
         "resets",
     )
@@ -39,8 +45,10 @@ class ServerStats:
     def __init__(self, routes: Iterable[str], models: Iterable[str]) -> None:
         self.requests = dict.fromkeys(routes, 0)
         self.inflight = dict.fromkeys(models, 0)
+        self.received: dict[str, int] = {}
         self.executions: dict[str, int] = {}
         self.open_requests = 0
+        self.held = 0
         self.open_streams = 0
         self.disconnects = 0
         self.resets = 0
@@ -50,6 +58,9 @@ class ServerStats:
             f"<ServerStats requests={sum(self.requests.values())} open={self.open_requests}"
             f" streams={self.open_streams} disconnects={self.disconnects} resets={self.resets}>"
         )
+
+    def arrived(self, key: str) -> None:
+        self.received[key] = self.received.get(key, 0) + 1
 
     def executed(self, key: str) -> None:
         self.executions[key] = self.executions.get(key, 0) + 1
@@ -69,8 +80,10 @@ class ServerStats:
             "requests": dict(self.requests),
             "open_requests": self.open_requests,
             "open_streams": self.open_streams,
+            "held": self.held,
             "disconnects": self.disconnects,
             "resets": self.resets,
+            "received": dict(self.received),
             "executions": dict(self.executions),
             "inflight": dict(self.inflight),
         }
