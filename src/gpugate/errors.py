@@ -8,7 +8,9 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     ├── ConfigError                    the configuration is invalid (carries every problem)
     ├── StoreError                     the store failed
     │   ├── StoreUnavailable           the store cannot be reached
-    │   └── MigrationError             a migration could not be applied
+    │   ├── MigrationError             a migration could not be applied
+    │   └── BlobError                  BLOB_ERROR: the blob store failed
+    │       └── BlobNotFound           BLOB_NOT_FOUND: no blob under that key
     ├── ListenError                    the listen address cannot be bound
     ├── ScrapeError                    SCRAPE_FAILED: an exporter's answer is not exposition text
     │   └── NoGpuSeries                SCRAPE_NO_GPUS: it parses, but holds no DCGM GPU series
@@ -101,6 +103,18 @@ class MigrationError(StoreError):
     """A store migration could not be applied."""
 
     code = "MIGRATION_FAILED"
+
+
+class BlobError(StoreError):
+    """The blob store failed."""
+
+    code = "BLOB_ERROR"
+
+
+class BlobNotFound(BlobError):
+    """No blob is stored under that key."""
+
+    code = "BLOB_NOT_FOUND"
 
 
 class ListenError(GpugateError):

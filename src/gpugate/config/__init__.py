@@ -14,6 +14,7 @@ from gpugate.config.environment import env_problems
 from gpugate.config.loader import config_from_document, load_config, parse_config
 from gpugate.config.schema import (
     GATEWAY_KEYS,
+    BlobsConfig,
     BudgetConfig,
     ExporterConfig,
     GatewayConfig,
@@ -24,6 +25,7 @@ from gpugate.config.schema import (
     PushConfig,
     PushRuntimeConfig,
     RuntimeConfig,
+    S3Config,
     ServerConfig,
     StopConditions,
     UpstreamConfig,
@@ -33,6 +35,7 @@ from gpugate.config.source_map import SourceMap
 
 __all__ = [
     "GATEWAY_KEYS",
+    "BlobsConfig",
     "BudgetConfig",
     "ExporterConfig",
     "GatewayConfig",
@@ -43,6 +46,7 @@ __all__ = [
     "PushConfig",
     "PushRuntimeConfig",
     "RuntimeConfig",
+    "S3Config",
     "ServerConfig",
     "SourceMap",
     "StopConditions",

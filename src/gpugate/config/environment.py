@@ -1,7 +1,8 @@
 """The environment variables a config needs: secrets are named in the file, never written there.
 
 Required: every push runtime's ``push.secret_env``, every modal runtime's ``modal.token_id_env``
-and ``modal.token_secret_env``, and an upstream's ``api_key_env`` when given.
+and ``modal.token_secret_env``, an upstream's ``api_key_env`` when given, and the S3 blob
+store's ``access_key_id_env`` / ``secret_access_key_env`` when given.
 ``admin_token_env`` is not required: unset, the admin API refuses everything.
 """
 
@@ -54,6 +55,14 @@ def required_env(document: Mapping[str, Any]) -> list[tuple[KeyPath, str]]:
         keys = (("secret_env", None),) if kind == "push" else _MODAL_DEFAULTS
         for key, default in keys:
             named.append((("runtimes", index, str(kind), key), block.get(key, default)))
+    blobs = document.get("blobs")
+    s3 = blobs.get("s3") if isinstance(blobs, Mapping) else None
+    if isinstance(s3, Mapping):
+        named.extend(
+            (("blobs", "s3", name), s3[name])
+            for name in ("access_key_id_env", "secret_access_key_env")
+            if s3.get(name) is not None
+        )
     return [
         (path, name) for path, name in named if isinstance(name, str) and _ENV_NAME.fullmatch(name)
     ]

@@ -15,6 +15,7 @@ from typing import Any, Literal, Self
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from gpugate.config import summary
+from gpugate.config.blobs import BlobsConfig, S3Config
 from gpugate.config.fields import (
     ConfigModel,
     EnvName,
@@ -43,6 +44,7 @@ from gpugate.errors import ConfigError, ConfigProblem
 
 __all__ = [
     "GATEWAY_KEYS",
+    "BlobsConfig",
     "BudgetConfig",
     "ExporterConfig",
     "GatewayConfig",
@@ -53,6 +55,7 @@ __all__ = [
     "PushConfig",
     "PushRuntimeConfig",
     "RuntimeConfig",
+    "S3Config",
     "ServerConfig",
     "StopConditions",
     "UpstreamConfig",
@@ -108,6 +111,7 @@ class GatewayConfig(ConfigModel):
     stop_conditions: StopConditions = StopConditions()
     jobs: JobsConfig = JobsConfig()
     server: ServerConfig = ServerConfig()
+    blobs: BlobsConfig = BlobsConfig()
 
     _source_map: SourceMap = PrivateAttr(default_factory=SourceMap)
 
