@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import secrets
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import boto3
+import pytest
 from moto.server import ThreadedMotoServer
 
+from gpugate.adapters.s3_blobs import S3Blobs
 from gpugate.config import S3Config
 
 ENVIRON = {"TEST_S3_KEY_ID": "testing", "TEST_S3_SECRET": "testing-secret"}
@@ -52,3 +55,18 @@ def s3_server() -> Iterator[S3Server]:
         yield S3Server(f"http://127.0.0.1:{port}")
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    """One S3-compatible server for the session."""
+    with s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_blobs(s3: S3Server) -> S3Blobs:
+    """A blob store on a fresh bucket of it."""
+    bucket = f"b-{secrets.token_hex(4)}"
+    s3.create_bucket(bucket)
+    return S3Blobs.from_config(s3.config(bucket), ENVIRON)
