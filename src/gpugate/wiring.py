@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gpugate.adapters.blobs import BlobStore, open_blobs
+from gpugate.adapters.modal_calls import ModalCalls
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock, SystemClock
-from gpugate.config import GatewayConfig
+from gpugate.config import GatewayConfig, ModalRuntimeConfig
 from gpugate.core.jobs import RuntimeView, runtime_views
 from gpugate.core.registry import Registry
 from gpugate.errors import GpugateError
@@ -32,6 +34,7 @@ from gpugate.services.proxy import Proxy
 from gpugate.services.readiness import Readiness, probe
 from gpugate.services.reaper import Reaper
 from gpugate.services.runtimes.base import Runtime
+from gpugate.services.runtimes.modal import ModalRuntime
 from gpugate.services.runtimes.upstream import UpstreamRuntime
 from gpugate.services.shed import ShedGate
 from gpugate.store import JobRecord, Store
@@ -55,6 +58,7 @@ class Gateway:
     proxy: Proxy
     idempotency: Idempotency
     prober: Prober
+    blobs: BlobStore
     monitor: GpuMonitor | None = None  # None: gpu_health is dormant
     jobs: Jobs | None = None
     dispatcher: Dispatcher | None = None
@@ -155,6 +159,8 @@ async def build_gateway(
             registry, client, clock, metrics, secrets=_secrets(config, environ), gate=gate
         )
         prober = Prober(registry, client, clock, metrics, interval_s=probe_interval_s)
+        blobs = open_blobs(config.blobs, environ)
+        stack.push_async_callback(blobs.close)
         gateway = Gateway(
             config=config,
             config_version=version,
@@ -167,6 +173,7 @@ async def build_gateway(
             proxy=proxy,
             idempotency=Idempotency(store, config.server.idempotency_ttl_s),
             prober=prober,
+            blobs=blobs,
             monitor=monitor,
         )
         dispatcher, reaper = await _jobs_engine(gateway, stack)
@@ -188,9 +195,10 @@ async def build_gateway(
 async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatcher, Reaper]:
     """Runtimes, dispatcher, reaper and the jobs API service, wired to the live config.
 
-    Push and serverless runtimes have no implementation yet: the walk skips them
-    (``no_implementation``). With SQLite one process owns the store, so every lease left over
-    from a previous run is taken back at start-up (the reaper asks the runtime first).
+    ``upstream`` and ``modal`` runtimes are built here; push runtimes have no implementation
+    yet (the walk skips them: ``no_implementation``). With SQLite one process owns the store,
+    so every lease left over from a previous run is taken back at start-up (the reaper asks
+    the runtime first).
     """
     store, clock = gateway.store, gateway.clock
     upstream_runtimes = [
@@ -201,6 +209,9 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     for runtime in upstream_runtimes:
         stack.push_async_callback(runtime.close)
     runtimes: dict[str, Runtime] = {r.id: r for r in upstream_runtimes}
+    for entry in gateway.config.runtimes:
+        if isinstance(entry, ModalRuntimeConfig):
+            runtimes[entry.id] = _modal_runtime(gateway, entry)
 
     def views() -> dict[str, RuntimeView]:
         return runtime_views(gateway.config, runtimes.keys())
@@ -223,6 +234,34 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     gateway.dispatcher, gateway.reaper = dispatcher, reaper
     gateway.jobs = Jobs(store, config, wake=dispatcher.wake, cancel_call=cancel_call)
     return dispatcher, reaper
+
+
+def _modal_runtime(gateway: Gateway, entry: ModalRuntimeConfig) -> ModalRuntime:
+    """A Modal runtime; its calls are polled by the reaper every ``jobs.reap_s``."""
+    config, environ = gateway.config, gateway.environ
+    modal = entry.modal
+    calls = ModalCalls(
+        modal.app,
+        modal.function,
+        modal.environment,
+        environ.get(modal.token_id_env, ""),
+        environ.get(modal.token_secret_env, ""),
+    )
+    if not gateway.blobs.presigns:
+        log.warning(
+            "runtime %s (modal) needs an S3-compatible blob store (blobs: {kind: s3}) for its "
+            "results; until then every submit to it fails RUNTIME_UNREACHABLE",
+            entry.id,
+        )
+    return ModalRuntime(
+        entry.id,
+        calls,
+        gateway.blobs,
+        gateway.clock,
+        cents_per_second=entry.budget.cents_per_second if entry.budget else 0.0,
+        presign_s=config.blobs.presign_s,
+        poll_s=config.jobs.reap_s,
+    )
 
 
 def _gpu_health(

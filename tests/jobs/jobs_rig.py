@@ -195,7 +195,12 @@ class Rig:
         return job
 
     def executions(self, server: str = "q0") -> dict[str, int]:
+        """Answers the server produced, per job (a call cut off before its answer: none)."""
         return dict(self.servers[server].stats.executions)
+
+    def received(self, server: str = "q0") -> dict[str, int]:
+        """Requests the server received, per job."""
+        return dict(self.servers[server].stats.received)
 
 
 @contextlib.asynccontextmanager

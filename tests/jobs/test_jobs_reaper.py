@@ -236,4 +236,4 @@ async def test_a_running_upstream_call_keeps_its_lease_alive_so_no_other_reaper_
     assert [0] * 6 == [report.expired for report in reports]
     assert 1 == after_death.rescued
     assert ("queued", 1) == (job.state, job.rescue_count)
-    assert {"j1": 1} == r.executions()
+    assert {"j1": 1} == r.received()

@@ -46,7 +46,7 @@ async def test_queued_requests_are_admitted_system_then_interactive_then_batch(
                 await eventually(lambda i=i: pool.queued == i, what=f"{i} requests queued")
             results = await asyncio.gather(*blockers, *queued)
     assert all(status == 200 for status, _, _ in results)
-    arrivals = [key for key in server.stats.executions if not key.startswith("blk")]
+    arrivals = [key for key in server.stats.received if not key.startswith("blk")]
     classes = [key.split("-")[0] for key in arrivals]
     assert ["system"] * 2 + ["interactive"] * 4 + ["batch"] * 4 == classes
     # two slots free at a time, so within a pair the arrival order may swap

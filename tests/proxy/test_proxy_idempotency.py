@@ -89,4 +89,4 @@ async def test_a_5xx_from_the_upstream_is_not_kept_so_the_client_may_retry(
             retried = await post(http, gw.url, "key-5")
     assert (500, 200) == (failed[0], retried[0])
     assert "Idempotent-Replayed" not in retried[1]
-    assert {"key-5": 2} == server.stats.executions
+    assert {"key-5": 2} == server.stats.received
