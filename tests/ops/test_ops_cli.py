@@ -15,9 +15,7 @@ from harness import make_config, serving, upstream
 if TYPE_CHECKING:
     from pathlib import Path
 
-from collections.abc import Awaitable, Callable
-
-Cli = Callable[..., Awaitable[tuple[int, str, str]]]
+Cli = "Callable[..., Awaitable[tuple[int, str, str]]]"
 
 
 @pytest.fixture

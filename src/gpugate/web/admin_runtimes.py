@@ -160,7 +160,7 @@ def _verb(verb: str) -> Any:
     change_state.__name__ = f"{verb}_runtime"
     change_state.__doc__ = f"""{verb.capitalize()} a runtime.
     ---
-    summary: "{verb} a runtime (body optional: {{"reason": "..."}}); audited with the actor"
+    summary: '{verb} a runtime (optional body {{"reason": "..."}}), audited with the actor'
     description: >-
       Persisted in the store, so it holds across restarts and every replica follows it within
       `server.config_poll_s`. Only an enabled runtime takes new dispatch.
