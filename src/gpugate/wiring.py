@@ -64,6 +64,7 @@ class Gateway:
     runtime_ops: RuntimeOps | None = None
     config_versions: ConfigVersions | None = None
     runtimes: dict[str, Runtime] = field(default_factory=dict)
+    new_runtime: Callable[[str], Runtime] | None = None  # builds a runtime a new config adds
     stopping: bool = field(default=False)
 
     def apply_config(self, config: GatewayConfig, version: int) -> None:
@@ -82,8 +83,6 @@ class Gateway:
                     self.runtimes[runtime.id] = self.new_runtime(runtime.id)
         self.config, self.config_version = config, version
         self.metrics.config_version.set(version)
-
-    new_runtime: Callable[[str], Runtime] | None = None
 
     @property
     def admin_token(self) -> str | None:
