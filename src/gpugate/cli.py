@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from gpugate import __version__
 from gpugate.config import env_problems, load_config
-from gpugate.errors import ConfigError, GpugateError
+from gpugate.errors import ConfigError, ConfigProblem, GpugateError
 
 if TYPE_CHECKING:
     from gpugate.adapters.gateway_api import GatewayApi
@@ -184,6 +184,91 @@ def cmd_jobs_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _admin_api(args: argparse.Namespace) -> GatewayApi:
+    from gpugate.adapters.gateway_api import GatewayApi
+
+    token = os.environ.get(args.token_env) or None
+    return GatewayApi(args.gateway, token=token, actor=args.actor)
+
+
+def cmd_runtimes_list(args: argparse.Namespace) -> int:
+    _, body = _admin_api(args).request("GET", "/admin/runtimes")
+    if args.json:
+        _print_json(body)
+        return 0
+    for r in body["runtimes"]:
+        health, last = r["health"], r["last_submit"] or {}
+        print(
+            f"{r['id']:<16} {r['kind']:<9} {health['state']:<9} queued={r['queue_depth']:<5} "
+            f"in_flight={r['in_flight']:<4} last={last.get('outcome', '-'):<10} "
+            f"{health['reason'] or ''}"
+        )
+    return 0
+
+
+def cmd_runtimes_show(args: argparse.Namespace) -> int:
+    _, body = _admin_api(args).request("GET", f"/admin/runtimes/{args.runtime}")
+    _print_json(body)
+    return 0
+
+
+def cmd_runtimes_set(args: argparse.Namespace) -> int:
+    body = {"reason": args.reason} if args.reason else None
+    path = f"/admin/runtimes/{args.runtime}/{args.runtimes_command}"
+    _, state = _admin_api(args).request("POST", path, body)
+    print(f"runtime {state['runtime']} is {state['state']} (by {state['actor']})")
+    return 0
+
+
+def cmd_config_export(args: argparse.Namespace) -> int:
+    kind = "application/json" if args.format == "json" else "application/yaml"
+    _, headers, raw = _admin_api(args).send("GET", "/admin/config", headers={"Accept": kind})
+    if args.output:
+        Path(args.output).write_bytes(raw)
+    else:
+        sys.stdout.write(raw.decode())
+    print(f"exported gateway config version {headers.get('x-config-version')}", file=sys.stderr)
+    return 0
+
+
+def cmd_config_import(args: argparse.Namespace) -> int:
+    from gpugate.adapters.gateway_api import GatewayApiError
+
+    path = Path(args.file)
+    fmt = args.format or ("json" if path.suffix == ".json" else "yaml")
+    headers = {"Content-Type": f"application/{fmt}", "Accept": "application/json"}
+    try:
+        _, _, raw = _admin_api(args).send(
+            "PUT", "/admin/config", path.read_bytes(), headers=headers
+        )
+    except GatewayApiError as exc:
+        if not exc.problems:
+            raise
+        problems = [ConfigProblem(p["path"], p["message"], p["line"]) for p in exc.problems]
+        _print_problems(ConfigError(problems, source=str(path)), sys.stderr)
+        return 1
+    import json
+
+    result = json.loads(raw)
+    what = "a new version" if result["changed"] else "unchanged: it equals the current version"
+    print(f"gateway config version {result['version']} ({what})")
+    return 0
+
+
+def cmd_config_versions(args: argparse.Namespace) -> int:
+    _, body = _admin_api(args).request("GET", f"/admin/config/versions?limit={args.limit}")
+    for v in body["versions"]:
+        mark = "*" if v["current"] else " "
+        print(f"{mark} {v['version']:>5}  {v['created_at']}  {v['actor']:<20} {v['note']}")
+    return 0
+
+
+def cmd_config_rollback(args: argparse.Namespace) -> int:
+    _, body = _admin_api(args).request("POST", f"/admin/config/rollback/{args.version}")
+    print(f"gateway config version {body['version']} = version {body['rolled_back_to']}")
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"gpugate {__version__}")
     return 0
@@ -291,6 +376,83 @@ def _add_jobs_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_jobs_cancel)
 
 
+def _admin_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--gateway",
+        default=os.environ.get("GPUGATE_URL", "http://127.0.0.1:8080"),
+        help="the gateway's base URL (default $GPUGATE_URL or http://127.0.0.1:8080)",
+    )
+    parent.add_argument(
+        "--token-env",
+        default="GPUGATE_ADMIN_TOKEN",
+        help="the environment variable holding the admin token (default GPUGATE_ADMIN_TOKEN)",
+    )
+    parent.add_argument(
+        "--actor",
+        default=os.environ.get("USER"),
+        help="your name in the audit log (default $USER)",
+    )
+    return parent
+
+
+def _add_runtimes_commands(sub: Any) -> None:
+    """runtimes list|show|enable|disable|drain (the admin API of a running gateway)."""
+    p = sub.add_parser("runtimes", help="see and steer the runtimes of a running gateway")
+    runtimes = p.add_subparsers(dest="runtimes_command", required=True, metavar="RUNTIMES_COMMAND")
+    admin = _admin_parent()
+    p = runtimes.add_parser(
+        "list", parents=[admin], help="every runtime: state, queue, in flight, last submit"
+    )
+    p.add_argument("--json", action="store_true", help="the admin API's JSON as it is")
+    p.set_defaults(func=cmd_runtimes_list)
+    p = runtimes.add_parser("show", parents=[admin], help="one runtime in detail (JSON)")
+    p.add_argument("runtime")
+    p.set_defaults(func=cmd_runtimes_show)
+    verbs = {
+        "enable": "let the runtime take new dispatch again",
+        "disable": "take the runtime out of dispatch (persisted, every replica, audited)",
+        "drain": "take no new dispatch; calls in flight are wound down (persisted, audited)",
+    }
+    for verb, what in verbs.items():
+        p = runtimes.add_parser(verb, parents=[admin], help=what)
+        p.add_argument("runtime")
+        p.add_argument("--reason", help="why, for the audit log and the runtime's detail")
+        p.set_defaults(func=cmd_runtimes_set)
+
+
+def _add_config_commands(sub: Any) -> None:
+    """config export|import|versions|rollback (the admin API of a running gateway)."""
+    p = sub.add_parser("config", help="export, import and roll back a running gateway's config")
+    config = p.add_subparsers(dest="config_command", required=True, metavar="CONFIG_COMMAND")
+    admin = _admin_parent()
+    p = config.add_parser(
+        "export", parents=[admin], help="the current version, in the config file's schema"
+    )
+    p.add_argument("--format", choices=["yaml", "json"], default="yaml")
+    p.add_argument("--output", "-o", help="write to this file instead of stdout")
+    p.set_defaults(func=cmd_config_export)
+    p = config.add_parser(
+        "import",
+        parents=[admin],
+        help="replace the gateway config with a whole document (validated first)",
+        description="Replace the gateway config (upstreams, runtimes, chain, stop conditions) "
+        "with the document in FILE. Every problem is reported and nothing changes if any; "
+        "otherwise it becomes a new version, in effect at once on every replica.",
+    )
+    p.add_argument("file", help="a YAML or JSON document (as `config export` writes)")
+    p.add_argument("--format", choices=["yaml", "json"], help="default: by the file's suffix")
+    p.set_defaults(func=cmd_config_import)
+    p = config.add_parser("versions", parents=[admin], help="stored versions, newest first")
+    p.add_argument("--limit", type=int, default=20)
+    p.set_defaults(func=cmd_config_versions)
+    p = config.add_parser(
+        "rollback", parents=[admin], help="make an earlier version current again (a new version)"
+    )
+    p.add_argument("version", type=int)
+    p.set_defaults(func=cmd_config_rollback)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpugate", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"gpugate {__version__}")
@@ -299,6 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_process_commands(sub)
     _add_gpus_commands(sub)
     _add_jobs_commands(sub)
+    _add_runtimes_commands(sub)
+    _add_config_commands(sub)
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=cmd_version)
     return parser

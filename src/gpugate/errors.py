@@ -23,7 +23,9 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── ExternalUpstreamForbidden  EXTERNAL_UPSTREAM_FORBIDDEN
     │   ├── IdempotencyConflict        IDEMPOTENCY_CONFLICT
     │   ├── IdempotencyKeyReused       IDEMPOTENCY_KEY_REUSED
-    │   └── JobNotFound                JOB_NOT_FOUND
+    │   ├── JobNotFound                JOB_NOT_FOUND
+    │   ├── UnknownRuntime             UNKNOWN_RUNTIME
+    │   └── UnknownConfigVersion       UNKNOWN_CONFIG_VERSION
     ├── Refused                        admission said no for now; retry later (Retry-After)
     │   ├── GpuSaturated               GPU_SATURATED
     │   ├── QueueTimeout               QUEUE_TIMEOUT
@@ -252,6 +254,18 @@ class JobNotFound(ClientError):
     """No job has this slug."""
 
     code = "JOB_NOT_FOUND"
+
+
+class UnknownRuntime(ClientError):
+    """No runtime with that id is configured."""
+
+    code = "UNKNOWN_RUNTIME"
+
+
+class UnknownConfigVersion(ClientError):
+    """No stored gateway config version has that number."""
+
+    code = "UNKNOWN_CONFIG_VERSION"
 
 
 class JobError(GpugateError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,11 +20,12 @@ from gpugate.adapters.blobs import BlobStore, open_blobs
 from gpugate.adapters.modal_calls import ModalCalls
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock, SystemClock
-from gpugate.config import GatewayConfig, ModalRuntimeConfig
+from gpugate.config import GatewayConfig, ModalRuntimeConfig, RuntimeConfig
 from gpugate.core.jobs import RuntimeView, runtime_views
 from gpugate.core.registry import Registry
 from gpugate.errors import GpugateError
 from gpugate.metrics import Metrics
+from gpugate.services.config_versions import ConfigVersions
 from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.gpu_monitor import GpuMonitor
 from gpugate.services.idempotency import Idempotency
@@ -33,6 +34,7 @@ from gpugate.services.prober import Prober
 from gpugate.services.proxy import Proxy
 from gpugate.services.readiness import Readiness, probe
 from gpugate.services.reaper import Reaper
+from gpugate.services.runtime_ops import RuntimeOps
 from gpugate.services.runtimes.base import Runtime
 from gpugate.services.runtimes.modal import ModalRuntime
 from gpugate.services.runtimes.upstream import UpstreamRuntime
@@ -63,7 +65,30 @@ class Gateway:
     jobs: Jobs | None = None
     dispatcher: Dispatcher | None = None
     reaper: Reaper | None = None
+    runtime_ops: RuntimeOps | None = None
+    config_versions: ConfigVersions | None = None
+    runtimes: dict[str, Runtime] = field(default_factory=dict)
+    new_runtime: Callable[[RuntimeConfig], Runtime | None] | None = (
+        None  # builds a runtime a new config adds
+    )
     stopping: bool = field(default=False)
+
+    def apply_config(self, config: GatewayConfig, version: int) -> None:
+        """Swap in a new gateway config version, all at once (no await: no request or loop
+        sees half of it). Upstreams that stay keep their endpoints' state and admission pools,
+        so requests in flight finish undisturbed; a runtime new to this process gets its
+        implementation; the chain and the runtimes' views follow ``self.config``."""
+        self.registry.reconfigure(config.upstreams)
+        self.proxy.set_secrets(_secrets(config, self.environ))
+        self.proxy.bind_gauges()
+        if self.monitor is not None:
+            self.monitor.reconfigure(config.upstreams)
+        if self.new_runtime is not None:
+            for entry in config.runtimes:
+                if entry.id not in self.runtimes and (built := self.new_runtime(entry)):
+                    self.runtimes[entry.id] = built
+        self.config, self.config_version = config, version
+        self.metrics.config_version.set(version)
 
     @property
     def admin_token(self) -> str | None:
@@ -177,9 +202,20 @@ async def build_gateway(
             monitor=monitor,
         )
         dispatcher, reaper = await _jobs_engine(gateway, stack)
+        assert gateway.runtime_ops is not None
+        gateway.config_versions = ConfigVersions(
+            store,
+            lambda: (gateway.config, gateway.config_version),
+            gateway.apply_config,
+            environ,
+            clock,
+            poll_s=file_config.server.config_poll_s,
+        )
         loops = _Loops()
         stack.push_async_callback(loops.stop)
         loops.start("prober", prober.run())
+        loops.start("config-versions", gateway.config_versions.run())
+        loops.start("runtime-states", gateway.runtime_ops.run())
         if monitor is not None:
             loops.start("gpu-monitor", monitor.run())
         if run_job_loops:
@@ -196,32 +232,45 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     """Runtimes, dispatcher, reaper and the jobs API service, wired to the live config.
 
     ``upstream`` and ``modal`` runtimes are built here; push runtimes have no implementation
-    yet (the walk skips them: ``no_implementation``). With SQLite one process owns the store,
-    so every lease left over from a previous run is taken back at start-up (the reaper asks
-    the runtime first).
+    yet (the walk skips them: ``no_implementation``). Runtimes an operator disabled or drained
+    are skipped too (``disabled``), as :class:`RuntimeOps` last read their states. With SQLite
+    one process owns the store, so every lease left over from a previous run is taken back at
+    start-up (the reaper asks the runtime first).
     """
     store, clock = gateway.store, gateway.clock
-    upstream_runtimes = [
-        UpstreamRuntime(r.id, gateway.proxy, store, clock, lease_s=gateway.config.jobs.quiet_s)
-        for r in gateway.config.runtimes
-        if r.kind == "upstream"
-    ]
-    for runtime in upstream_runtimes:
-        stack.push_async_callback(runtime.close)
-    runtimes: dict[str, Runtime] = {r.id: r for r in upstream_runtimes}
-    for entry in gateway.config.runtimes:
-        if isinstance(entry, ModalRuntimeConfig):
-            runtimes[entry.id] = _modal_runtime(gateway, entry)
-
-    def views() -> dict[str, RuntimeView]:
-        return runtime_views(gateway.config, runtimes.keys())
+    runtimes = gateway.runtimes  # shared with the dispatcher and the reaper; a new config adds
 
     def config() -> GatewayConfig:
         return gateway.config
 
+    ops = RuntimeOps(
+        store,
+        config,
+        gateway.registry,
+        runtimes.keys(),
+        clock,
+        poll_s=gateway.config.server.config_poll_s,
+    )
+
+    def views() -> dict[str, RuntimeView]:
+        return runtime_views(gateway.config, runtimes.keys(), disabled=ops.excluded())
+
     dispatcher = Dispatcher(store, runtimes, views, config, clock)
-    for runtime in upstream_runtimes:
-        runtime.on_finished = dispatcher.slot_freed
+
+    def new_runtime(entry: RuntimeConfig) -> Runtime | None:
+        runtime = _runtime_for(gateway, entry)
+        if runtime is not None:
+            stack.push_async_callback(runtime.close)
+            if isinstance(runtime, UpstreamRuntime):
+                runtime.on_finished = dispatcher.slot_freed
+        return runtime
+
+    for entry in gateway.config.runtimes:
+        if (runtime := new_runtime(entry)) is not None:
+            runtimes[entry.id] = runtime
+    gateway.new_runtime = new_runtime
+    await ops.tick()
+    gateway.runtime_ops = ops
     reaper = Reaper(store, runtimes, config, clock, on_released=dispatcher.slot_freed)
     if store.backend == "sqlite":
         await reaper.recover()
@@ -234,6 +283,18 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     gateway.dispatcher, gateway.reaper = dispatcher, reaper
     gateway.jobs = Jobs(store, config, wake=dispatcher.wake, cancel_call=cancel_call)
     return dispatcher, reaper
+
+
+def _runtime_for(gateway: Gateway, entry: RuntimeConfig) -> Runtime | None:
+    """The implementation of a configured runtime; None for a kind not built here (push)."""
+    if isinstance(entry, ModalRuntimeConfig):
+        return _modal_runtime(gateway, entry)
+    if entry.kind == "upstream":
+        quiet_s = gateway.config.jobs.quiet_s
+        return UpstreamRuntime(
+            entry.id, gateway.proxy, gateway.store, gateway.clock, lease_s=quiet_s
+        )
+    return None
 
 
 def _modal_runtime(gateway: Gateway, entry: ModalRuntimeConfig) -> ModalRuntime:

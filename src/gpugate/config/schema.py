@@ -9,7 +9,7 @@ lives in the store as versions and is replaced with :meth:`GatewayConfig.with_ga
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Self
 
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
@@ -91,6 +91,7 @@ class ServerConfig(ConfigModel):
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1)
     idempotency_ttl_s: PositiveSeconds = 86400.0
     log_format: Literal["text", "json"] = "text"
+    config_poll_s: PositiveSeconds = 2.0  # how often a replica looks for a new config/states
 
 
 def _implied_runtimes() -> list[RuntimeConfig]:
@@ -202,12 +203,19 @@ class GatewayConfig(ConfigModel):
         return self.model_dump(mode="json", exclude=set(GATEWAY_KEYS))
 
     def with_gateway_document(
-        self, document: Mapping[str, Any], *, source: str = "<gateway document>"
+        self,
+        document: Mapping[str, Any],
+        *,
+        source: str = "<gateway document>",
+        source_map: SourceMap | None = None,
+        found: Sequence[Finding] = (),
     ) -> GatewayConfig:
         """This config with its gateway document replaced whole by ``document``.
 
-        Validated like a file: :class:`ConfigError` lists every problem. Keys that are not part
-        of the gateway document (``listen``, ...) are problems too, never silently applied.
+        Validated like a file: :class:`ConfigError` lists every problem (with ``found``, the
+        problems the caller found already), each with its line when ``source_map`` (of the
+        document's own text) is given. Keys that are not part of the gateway document
+        (``listen``, ...) are problems too, never silently applied.
         """
         if not isinstance(document, Mapping):
             got = describe(document)
@@ -219,11 +227,14 @@ class GatewayConfig(ConfigModel):
             for key in document
             if key not in GATEWAY_KEYS
         ]
-        # The document's keys first, so problems come in the document's order; no lines: the
-        # document is not the file, and the file's process keys are valid already.
+        # The document's keys first, so problems come in the document's order; lines only from
+        # the document's own text: the file's process keys are valid already.
         merged = {key: value for key, value in document.items() if key in GATEWAY_KEYS}
         merged.update(self.process_document())
-        config = validate_document(GatewayConfig, merged, SourceMap(), source=source, found=stray)
+        lines = source_map or SourceMap()  # the file's process keys are valid: no problem
+        config = validate_document(
+            GatewayConfig, merged, lines, source=source, found=[*found, *stray]
+        )
         return config.with_source_map(self.source_map.without(frozenset(GATEWAY_KEYS)))
 
     def summary_lines(self) -> list[str]:

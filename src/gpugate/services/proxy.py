@@ -115,6 +115,11 @@ class Proxy:
         self._timed: dict[tuple[str, str], Any] = {}
         self.bind_gauges()
 
+    def set_secrets(self, secrets: Mapping[str, str]) -> None:
+        """Swap in the upstream credentials of a new config version (requests in flight keep
+        the headers they were sent with)."""
+        self._secrets = dict(secrets)
+
     def bind_gauges(self) -> None:
         """In-flight and queue-depth gauges read the pools when scraped, not on every request."""
         m = self._metrics

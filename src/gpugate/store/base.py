@@ -8,6 +8,8 @@ Semantics every backend keeps:
 * Config versions are numbered 1, 2, 3, ... without gaps or duplicates, even under concurrent
   savers; a save and its ``config.saved`` audit event commit together.
 * Audit events are listed newest first; ``before_id`` is the cursor for the next page.
+* Runtime states (:mod:`gpugate.store.runtime_state`): a change and its audit event commit
+  together.
 * Idempotency keys: :meth:`Store.idem_begin` is one atomic step that either claims the key
   (:class:`Started`) or reports what holds it. A row past its ``expires_at`` counts as absent.
   Only the owner that started a key may complete or abandon it.
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.store.jobs_base import JobStore
+from gpugate.store.runtime_state import RuntimeStateStore
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -35,6 +38,15 @@ CONFIG_SAVED = "config.saved"
 
 CONFIG_SEEDED = "config.seeded"
 """Audit action written when :meth:`Store.seed_config` inserts version 1."""
+
+AUDIT_FILTERS = (
+    ("action", "action ="),
+    ("subject", "subject ="),
+    ("actor", "actor ="),
+    ("since", "at >="),
+    ("before_id", "id <"),
+)
+"""Each filter of :meth:`Store.list_audit` and the comparison it makes (backends add the value)."""
 
 CONFIG_SUBJECT = "config"
 """Audit subject of config events; the version is in the event's detail."""
@@ -140,8 +152,9 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-class Store(JobStore, Protocol):
-    """The durable state of a gateway: config versions, audit trail, idempotency records, jobs."""
+class Store(JobStore, RuntimeStateStore, Protocol):
+    """The durable state of a gateway: config versions, audit trail, idempotency records, jobs,
+    runtime states."""
 
     @property
     def backend(self) -> str:
@@ -203,8 +216,11 @@ class Store(JobStore, Protocol):
         subject: str | None = None,
         limit: int = 100,
         before_id: int | None = None,
+        actor: str | None = None,
+        since: datetime | None = None,
     ) -> list[AuditRecord]:
-        """Audit events, newest first, optionally filtered; ``before_id`` pages further back."""
+        """Audit events, newest first, optionally filtered (every filter given must hold;
+        ``since`` keeps events at or after that time); ``before_id`` pages further back."""
         ...
 
     async def idem_begin(

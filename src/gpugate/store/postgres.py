@@ -34,7 +34,9 @@ from gpugate.store.base import (
     idem_verdict,
 )
 from gpugate.store.migrations import Migration, load_migrations, pending
+from gpugate.store.postgres_audit import audit_query, audit_record, insert_audit
 from gpugate.store.postgres_jobs import JOBS_CHANNEL, PostgresJobs
+from gpugate.store.postgres_runtime_state import PostgresRuntimeState
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -73,12 +75,6 @@ INSERT INTO config_versions (version, document, created_at, actor, note)
 VALUES (1, %(document)s, %(now)s, %(actor)s, 'seeded')
 RETURNING version, document, created_at, actor, note"""
 
-_AUDIT_COLUMNS = "id, at, actor, action, subject, detail"
-_INSERT_AUDIT = """
-INSERT INTO audit_events (at, actor, action, subject, detail)
-VALUES (%(at)s, %(actor)s, %(action)s, %(subject)s, %(detail)s)
-RETURNING id, at, actor, action, subject, detail"""
-
 _IDEM_BEGIN = """
 INSERT INTO idempotency AS held (key, fingerprint, state, created_at, expires_at, owner)
 VALUES (%(key)s, %(fingerprint)s, 'in_flight', %(now)s, %(expires_at)s, %(owner)s)
@@ -104,10 +100,11 @@ _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= %(now)s"
 log = logging.getLogger("gpugate.store")
 
 
-class PostgresStore(PostgresJobs):
+class PostgresStore(PostgresJobs, PostgresRuntimeState):
     """The shared store: PostgreSQL through a psycopg connection pool.
 
-    The job methods come from :class:`PostgresJobs`, on the same pool.
+    The job methods come from :class:`PostgresJobs`, the runtime states from
+    :class:`PostgresRuntimeState`, on the same pool.
     """
 
     backend = "postgresql"
@@ -231,7 +228,7 @@ class PostgresStore(PostgresJobs):
             await conn.execute(_LOCK_CONFIG)
             saved = _config(await _one(await conn.execute(_SAVE_CONFIG, params)))
             detail = {"version": saved.version, "note": note}
-            await _insert_audit(conn, now, AuditEvent(actor, CONFIG_SAVED, CONFIG_SUBJECT, detail))
+            await insert_audit(conn, now, AuditEvent(actor, CONFIG_SAVED, CONFIG_SUBJECT, detail))
         return saved
 
     async def seed_config(
@@ -246,12 +243,12 @@ class PostgresStore(PostgresJobs):
                 return current, False
             seeded = _config(await _one(await conn.execute(_SEED_CONFIG, params)))
             event = AuditEvent(actor, CONFIG_SEEDED, CONFIG_SUBJECT, {"version": seeded.version})
-            await _insert_audit(conn, now, event)
+            await insert_audit(conn, now, event)
         return seeded, True
 
     async def append_audit(self, event: AuditEvent) -> AuditRecord:
         async with self._transaction() as conn:
-            return await _insert_audit(conn, self._clock.now(), event)
+            return await insert_audit(conn, self._clock.now(), event)
 
     async def list_audit(
         self,
@@ -260,15 +257,15 @@ class PostgresStore(PostgresJobs):
         subject: str | None = None,
         limit: int = 100,
         before_id: int | None = None,
+        actor: str | None = None,
+        since: datetime | None = None,
     ) -> list[AuditRecord]:
-        sql = _audit_query(action=action is not None, subject=subject is not None)
-        sql += "" if before_id is None else " AND id < %(before_id)s"
-        sql += " ORDER BY id DESC LIMIT %(limit)s"
-        params = {"action": action, "subject": subject, "before_id": before_id}
-        params["limit"] = check_limit(limit)
+        filters: dict[str, object] = {"action": action, "subject": subject, "actor": actor}
+        filters |= {"since": since, "before_id": before_id}
+        sql, params = audit_query(filters, check_limit(limit))
         async with self._transaction() as conn:
             cursor = await conn.execute(sql, params)
-            return [_audit(row) for row in await cursor.fetchall()]
+            return [audit_record(row) for row in await cursor.fetchall()]
 
     async def idem_begin(
         self, key: str, fingerprint: str, *, ttl_s: float, owner: str
@@ -377,12 +374,6 @@ async def _current_config(conn: Connection) -> ConfigVersion | None:
     return None if row is None else _config(row)
 
 
-async def _insert_audit(conn: Connection, at: datetime, event: AuditEvent) -> AuditRecord:
-    params = {"at": at, "actor": event.actor, "action": event.action, "subject": event.subject}
-    params["detail"] = Jsonb(event.detail)
-    return _audit(await _one(await conn.execute(_INSERT_AUDIT, params)))
-
-
 async def _one(cursor: psycopg.AsyncCursor[TupleRow]) -> TupleRow:
     row = await cursor.fetchone()
     if row is None:
@@ -390,23 +381,9 @@ async def _one(cursor: psycopg.AsyncCursor[TupleRow]) -> TupleRow:
     return row
 
 
-def _audit_query(*, action: bool, subject: bool) -> str:
-    sql = f"SELECT {_AUDIT_COLUMNS} FROM audit_events WHERE true"  # noqa: S608 -- constants only
-    if action:
-        sql += " AND action = %(action)s"
-    if subject:
-        sql += " AND subject = %(subject)s"
-    return sql
-
-
 def _config(row: TupleRow) -> ConfigVersion:
     version, document, created_at, actor, note = row
     return ConfigVersion(version, document, _utc(created_at), actor, note)
-
-
-def _audit(row: TupleRow) -> AuditRecord:
-    id_, at, actor, action, subject, detail = row
-    return AuditRecord(id_, _utc(at), actor, action, subject, detail)
 
 
 def _idem_record(row: TupleRow) -> IdemRecord:

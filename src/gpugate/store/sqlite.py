@@ -12,7 +12,7 @@ import asyncio
 import json
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -32,10 +32,12 @@ from gpugate.store.base import (
     idem_verdict,
 )
 from gpugate.store.migrations import Migration, load_migrations, pending
+from gpugate.store.sqlite_audit import audit_query, audit_record, insert_audit
 from gpugate.store.sqlite_codec import json_text as _json
 from gpugate.store.sqlite_codec import text_time as _dt
 from gpugate.store.sqlite_codec import time_text as _ts
 from gpugate.store.sqlite_jobs import SqliteJobs
+from gpugate.store.sqlite_runtime_state import SqliteRuntimeState
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -83,12 +85,6 @@ INSERT INTO config_versions (version, document, created_at, actor, note)
 VALUES (1, :document, :now, :actor, 'seeded')
 RETURNING version, document, created_at, actor, note"""
 
-_AUDIT_COLUMNS = "id, at, actor, action, subject, detail"
-_INSERT_AUDIT = """
-INSERT INTO audit_events (at, actor, action, subject, detail)
-VALUES (:at, :actor, :action, :subject, :detail)
-RETURNING id, at, actor, action, subject, detail"""
-
 _IDEM_BEGIN = """
 INSERT INTO idempotency (key, fingerprint, state, created_at, expires_at, owner)
 VALUES (:key, :fingerprint, 'in_flight', :now, :expires_at, :owner)
@@ -112,10 +108,11 @@ WHERE key = :key AND owner = :owner AND state = 'in_flight' AND expires_at > :no
 _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= :now"
 
 
-class SqliteStore(SqliteJobs):
+class SqliteStore(SqliteJobs, SqliteRuntimeState):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
 
-    The job methods come from :class:`SqliteJobs` and go through the same hop.
+    The job methods come from :class:`SqliteJobs`, the runtime states from
+    :class:`SqliteRuntimeState`; they go through the same hop.
     """
 
     backend = "sqlite"
@@ -202,7 +199,7 @@ class SqliteStore(SqliteJobs):
         def work(conn: sqlite3.Connection) -> ConfigVersion:
             saved = _config(conn.execute(_SAVE_CONFIG, params).fetchone())
             detail = {"version": saved.version, "note": note}
-            _insert_audit(conn, now, AuditEvent(actor, CONFIG_SAVED, CONFIG_SUBJECT, detail))
+            insert_audit(conn, now, AuditEvent(actor, CONFIG_SAVED, CONFIG_SUBJECT, detail))
             return saved
 
         return await self._write(work)
@@ -219,13 +216,13 @@ class SqliteStore(SqliteJobs):
                 return current, False
             seeded = _config(conn.execute(_SEED_CONFIG, params).fetchone())
             event = AuditEvent(actor, CONFIG_SEEDED, CONFIG_SUBJECT, {"version": seeded.version})
-            _insert_audit(conn, now, event)
+            insert_audit(conn, now, event)
             return seeded, True
 
         return await self._write(work)
 
     async def append_audit(self, event: AuditEvent) -> AuditRecord:
-        return await self._write(partial(_insert_audit, at=_ts(self._clock.now()), event=event))
+        return await self._write(partial(insert_audit, at=_ts(self._clock.now()), event=event))
 
     async def list_audit(
         self,
@@ -234,15 +231,15 @@ class SqliteStore(SqliteJobs):
         subject: str | None = None,
         limit: int = 100,
         before_id: int | None = None,
+        actor: str | None = None,
+        since: datetime | None = None,
     ) -> list[AuditRecord]:
-        sql = _audit_query(action=action is not None, subject=subject is not None)
-        sql += "" if before_id is None else " AND id < :before_id"
-        sql += " ORDER BY id DESC LIMIT :limit"
-        params = {"action": action, "subject": subject, "before_id": before_id}
-        params["limit"] = check_limit(limit)
+        filters: dict[str, object] = {"action": action, "subject": subject, "actor": actor}
+        filters |= {"since": since, "before_id": before_id}
+        sql, params = audit_query(filters, check_limit(limit))
 
         def work(conn: sqlite3.Connection) -> list[AuditRecord]:
-            return [_audit(row) for row in conn.execute(sql, params)]
+            return [audit_record(row) for row in conn.execute(sql, params)]
 
         return await self._read(work)
 
@@ -404,29 +401,9 @@ def _current_config(conn: sqlite3.Connection) -> ConfigVersion | None:
     return None if row is None else _config(row)
 
 
-def _insert_audit(conn: sqlite3.Connection, at: str, event: AuditEvent) -> AuditRecord:
-    params = {"at": at, "actor": event.actor, "action": event.action, "subject": event.subject}
-    params["detail"] = _json(event.detail)
-    return _audit(conn.execute(_INSERT_AUDIT, params).fetchone())
-
-
-def _audit_query(*, action: bool, subject: bool) -> str:
-    sql = f"SELECT {_AUDIT_COLUMNS} FROM audit_events WHERE 1 = 1"  # noqa: S608 -- constants only
-    if action:
-        sql += " AND action = :action"
-    if subject:
-        sql += " AND subject = :subject"
-    return sql
-
-
 def _config(row: tuple[Any, ...]) -> ConfigVersion:
     version, document, created_at, actor, note = row
     return ConfigVersion(version, json.loads(document), _dt(created_at), actor, note)
-
-
-def _audit(row: tuple[Any, ...]) -> AuditRecord:
-    id_, at, actor, action, subject, detail = row
-    return AuditRecord(id_, _dt(at), actor, action, subject, json.loads(detail))
 
 
 def _idem_record(row: tuple[Any, ...]) -> IdemRecord:

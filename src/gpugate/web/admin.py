@@ -7,6 +7,7 @@ an admin token configured (``admin_token_env`` unset or empty) the admin API ref
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,6 +23,19 @@ from gpugate.store import AuditEvent
 from gpugate.wiring import Gateway
 
 Handler = Callable[[Request, Gateway], Awaitable[Response]]
+
+ACTOR_HEADER = "x-gpugate-actor"
+_ACTOR_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
+
+
+def admin_actor(request: Request) -> str:
+    """Who acts, for the audit log: ``admin``, or ``admin:<name>`` from ``X-Gpugate-Actor``."""
+    name = request.headers.get(ACTOR_HEADER)
+    if name is None:
+        return "admin"
+    if not _ACTOR_NAME.fullmatch(name):
+        raise BadRequest("X-Gpugate-Actor must be 1-64 letters, digits, '.', '_', '@' or '-'")
+    return f"admin:{name}"
 
 
 def _authorize(request: Request, gateway: Gateway) -> None:
@@ -117,7 +131,7 @@ async def clear_gpu(request: Request, gateway: Gateway) -> Response:
     if gateway.monitor is None:
         raise BadRequest("gpu_health is dormant: there is no GPU state to clear")
     cleared = gateway.monitor.clear(gpu_id)
-    event = AuditEvent("admin", "gpu.cleared", f"gpu:{raw}", {"rows": cleared})
+    event = AuditEvent(admin_actor(request), "gpu.cleared", f"gpu:{raw}", {"rows": cleared})
     await gateway.store.append_audit(event)
     return JSONResponse({"gpu": raw, "cleared": cleared})
 

@@ -9,8 +9,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gpugate.errors import BadRequest, PayloadTooLarge
+from gpugate.errors import BadRequest
 from gpugate.services.jobs import Jobs, event_view, job_view, parse_job_request
+from gpugate.web.bodies import read_body
 from gpugate.wiring import Gateway
 
 MAX_LIST = 500
@@ -24,15 +25,7 @@ def _jobs(request: Request) -> Jobs:
 
 async def _json_body(request: Request) -> dict[str, Any]:
     gateway: Gateway = request.app.state.gateway
-    limit = gateway.config.server.max_body_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body of {declared} bytes exceeds max_body_bytes ({limit})")
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit:
-            raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
+    raw = await read_body(request, gateway.config.server.max_body_bytes)
     try:
         body = json.loads(raw)
     except ValueError as exc:

@@ -1,0 +1,160 @@
+"""The operator's verbs and view of runtimes: enable / disable / drain, and each runtime's detail.
+
+The states live in the store (:mod:`gpugate.store.runtime_state`); this service keeps the last
+read of them in memory so the dispatcher's synchronous view of the runtimes
+(:meth:`RuntimeOps.excluded`) costs nothing, writes through at once on this replica, and re-reads
+them every ``server.config_poll_s`` (:meth:`run`) so a change made on another replica takes
+effect here within one poll. A disabled or drained runtime takes no new dispatch; what happens
+to its calls in flight (drain: cancelled or released on the next reaper poll) is the
+dispatcher's and the reaper's business.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpugate.errors import GpugateError, UnknownRuntime
+from gpugate.store.runtime_state import (
+    DISABLED,
+    ENABLED,
+    LastSubmit,
+    RuntimeState,
+    is_automatic,
+    runtime_subject,
+    state_action,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection
+
+    from gpugate.clock import Clock
+    from gpugate.config import GatewayConfig, RuntimeConfig
+    from gpugate.core.registry import Registry
+    from gpugate.store import AuditRecord, Store
+
+log = logging.getLogger("gpugate.runtimes")
+
+HISTORY = 20
+"""How many of a runtime's latest state changes its detail shows."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeDetail:
+    """One runtime as an operator sees it (``GET /admin/runtimes/{id}``).
+
+    ``reachable`` is None where nothing probes the runtime yet (push, modal). The spend fields
+    wait for the spend ledger: ``spend_today_cents`` None, ``ledger`` empty.
+    """
+
+    config: RuntimeConfig
+    state: RuntimeState | None  # None: never changed, enabled
+    implemented: bool
+    reachable: bool | None
+    queue_depth: int
+    in_flight: int
+    last_submit: LastSubmit | None
+    history: list[AuditRecord] = field(default_factory=list)
+
+    @property
+    def operator_state(self) -> str:
+        return ENABLED if self.state is None else self.state.state
+
+    @property
+    def takes_dispatch(self) -> bool:
+        """Whether the dispatcher may send it new work (config and operator both allow it)."""
+        return self.config.enabled and self.operator_state == ENABLED and self.implemented
+
+    @property
+    def auto_disables(self) -> list[AuditRecord]:
+        """The times the gateway disabled it on its own (stop conditions), newest first."""
+        action = state_action(DISABLED)
+        return [e for e in self.history if e.action == action and is_automatic(e.actor)]
+
+
+class RuntimeOps:
+    """Enable / disable / drain, the states' cache the dispatcher reads, each runtime's detail."""
+
+    def __init__(
+        self,
+        store: Store,
+        config: Callable[[], GatewayConfig],
+        registry: Registry,
+        implemented: Collection[str],
+        clock: Clock,
+        *,
+        poll_s: float,
+    ) -> None:
+        self._store = store
+        self._config = config
+        self._registry = registry
+        self._implemented = implemented
+        self._clock = clock
+        self._poll_s = poll_s
+        self.states: dict[str, RuntimeState] = {}
+
+    def excluded(self) -> frozenset[str]:
+        """The runtimes an operator (or a stop condition) disabled or drained: no new dispatch."""
+        return frozenset(rid for rid, s in self.states.items() if not s.takes_dispatch)
+
+    async def tick(self) -> None:
+        """Re-read every runtime's state from the store (changes made by other replicas)."""
+        self.states = await self._store.runtime_states()
+
+    async def run(self) -> None:
+        """Follow the stored states every ``poll_s``; a failed read is logged, the cache kept."""
+        while True:
+            await self._clock.sleep(self._poll_s)
+            try:
+                await self.tick()
+            except GpugateError as exc:
+                log.warning("cannot read the runtime states: %s", exc.message)
+
+    async def set_state(self, runtime: str, state: str, reason: str, actor: str) -> RuntimeState:
+        """Set a configured runtime's state (audited by the store in the same transaction)."""
+        self.runtime_config(runtime)
+        stored = await self._store.set_runtime_state(runtime, state, reason, actor)
+        self.states = {**self.states, runtime: stored}
+        log.info("runtime %s is %s (by %s): %s", runtime, state, actor, reason or "no reason")
+        return stored
+
+    def runtime_config(self, runtime: str) -> RuntimeConfig:
+        """The configured runtime, or :class:`UnknownRuntime` naming the configured ones."""
+        try:
+            return self._config().runtime(runtime)
+        except KeyError as exc:
+            raise UnknownRuntime(exc.args[0]) from None
+
+    def ids(self) -> list[str]:
+        """The configured runtimes, in the config's order."""
+        return [r.id for r in self._config().runtimes]
+
+    async def detail(self, runtime: str, *, history: bool = True) -> RuntimeDetail:
+        """Everything an operator asks of one runtime (``history``: its latest state changes)."""
+        cfg = self.runtime_config(runtime)
+        events = (
+            await self._store.list_audit(subject=runtime_subject(runtime), limit=HISTORY)
+            if history
+            else []
+        )
+        return RuntimeDetail(
+            config=cfg,
+            state=self.states.get(runtime),
+            implemented=runtime in self._implemented,
+            reachable=self._reachable(cfg),
+            queue_depth=await self._store.queue_depth(runtime),
+            in_flight=await self._store.count_leased(runtime),
+            last_submit=await self._store.last_submit(runtime),
+            history=[e for e in events if e.action.startswith("runtime.")],
+        )
+
+    def _reachable(self, cfg: RuntimeConfig) -> bool | None:
+        """An upstream runtime is reachable when a model it serves has an endpoint in rotation."""
+        if cfg.kind != "upstream":
+            return None
+        live = set(self._registry.models())
+        return any(model in live for model in self._config().runtime_models(cfg.id))
+
+    def __repr__(self) -> str:
+        return f"<RuntimeOps states={len(self.states)} excluded={sorted(self.excluded())}>"

@@ -1,0 +1,16 @@
+-- The operator state of each runtime (DESIGN §3): enabled, disabled or drained, why, by whom and
+-- since when. A runtime without a row is enabled. Every change appends an audit event in the
+-- same transaction, so the audit log holds the history (auto-disables included).
+
+CREATE TABLE runtime_states (
+    runtime TEXT PRIMARY KEY,
+    state   TEXT NOT NULL CHECK (state IN ('enabled', 'disabled', 'drained')),
+    reason  TEXT NOT NULL DEFAULT '',
+    actor   TEXT NOT NULL,
+    since   TEXT NOT NULL
+);
+
+-- The audit log filtered by actor (GET /admin/audit?actor=...).
+CREATE INDEX audit_events_actor_id ON audit_events (actor, id);
+-- A runtime's last submit (GET /admin/runtimes/{id}).
+CREATE INDEX job_events_runtime_status ON job_events (runtime, status, id);

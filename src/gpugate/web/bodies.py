@@ -1,0 +1,20 @@
+"""Reading a request body within ``server.max_body_bytes``, for the JSON API routes."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from gpugate.errors import PayloadTooLarge
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body; :class:`PayloadTooLarge` as soon as it (or its declared length) is over."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds max_body_bytes ({limit})")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
+    return bytes(raw)
