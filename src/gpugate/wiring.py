@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gpugate.adapters.push_client import PushClient
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock, SystemClock
 from gpugate.config import GatewayConfig
@@ -32,6 +33,8 @@ from gpugate.services.proxy import Proxy
 from gpugate.services.readiness import Readiness, probe
 from gpugate.services.reaper import Reaper
 from gpugate.services.runtimes.base import Runtime
+from gpugate.services.runtimes.push import PushRuntime
+from gpugate.services.runtimes.push_reports import PushReports
 from gpugate.services.runtimes.upstream import UpstreamRuntime
 from gpugate.services.shed import ShedGate
 from gpugate.store import JobRecord, Store
@@ -59,6 +62,7 @@ class Gateway:
     jobs: Jobs | None = None
     dispatcher: Dispatcher | None = None
     reaper: Reaper | None = None
+    push_reports: PushReports | None = None  # None: no push runtime
     stopping: bool = field(default=False)
 
     @property
@@ -188,8 +192,9 @@ async def build_gateway(
 async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatcher, Reaper]:
     """Runtimes, dispatcher, reaper and the jobs API service, wired to the live config.
 
-    Push and serverless runtimes have no implementation yet: the walk skips them
-    (``no_implementation``). With SQLite one process owns the store, so every lease left over
+    Push runtimes get their secret from ``push.secret_env`` (one without it is not built, and
+    the walk skips it: ``no_implementation``); serverless runtimes have no implementation yet.
+    With SQLite one process owns the store, so every lease left over
     from a previous run is taken back at start-up (the reaper asks the runtime first).
     """
     store, clock = gateway.store, gateway.clock
@@ -201,6 +206,8 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     for runtime in upstream_runtimes:
         stack.push_async_callback(runtime.close)
     runtimes: dict[str, Runtime] = {r.id: r for r in upstream_runtimes}
+    push_runtimes = await _push_runtimes(gateway, stack)
+    runtimes.update((r.id, r) for r in push_runtimes)
 
     def views() -> dict[str, RuntimeView]:
         return runtime_views(gateway.config, runtimes.keys())
@@ -212,6 +219,13 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     for runtime in upstream_runtimes:
         runtime.on_finished = dispatcher.slot_freed
     reaper = Reaper(store, runtimes, config, clock, on_released=dispatcher.slot_freed)
+    if push_runtimes:
+        gateway.push_reports = PushReports(
+            store,
+            {r.id: gateway.environ[_secret_env(gateway.config, r.id)] for r in push_runtimes},
+            config,
+            on_finished=dispatcher.slot_freed,
+        )
     if store.backend == "sqlite":
         await reaper.recover()
 
@@ -223,6 +237,51 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     gateway.dispatcher, gateway.reaper = dispatcher, reaper
     gateway.jobs = Jobs(store, config, wake=dispatcher.wake, cancel_call=cancel_call)
     return dispatcher, reaper
+
+
+def _secret_env(config: GatewayConfig, runtime_id: str) -> str:
+    runtime = config.runtime(runtime_id)
+    assert runtime.kind == "push"
+    return runtime.push.secret_env
+
+
+async def _push_runtimes(gateway: Gateway, stack: AsyncExitStack) -> list[PushRuntime]:
+    """A :class:`PushRuntime` per ``kind: push`` runtime whose secret is set, sharing one
+    client; the workers report to the address the gateway listens on."""
+    config, environ = gateway.config, gateway.environ
+    wanted = [r for r in config.runtimes if r.kind == "push"]
+    if not wanted:
+        return []
+    client = PushClient()
+    await client.start()
+    stack.push_async_callback(client.close)
+    host = config.host if config.host not in ("0.0.0.0", "::", "") else "127.0.0.1"  # noqa: S104
+    host = f"[{host}]" if ":" in host else host
+    gateway_url = f"http://{host}:{config.port}"
+    built = []
+    for runtime in wanted:
+        assert runtime.kind == "push"
+        secret = environ.get(runtime.push.secret_env)
+        if not secret:
+            log.warning(
+                "runtime %s: %s is not set; the runtime is not built and jobs skip it",
+                runtime.id,
+                runtime.push.secret_env,
+            )
+            continue
+        budget = runtime.budget
+        built.append(
+            PushRuntime(
+                runtime.id,
+                str(runtime.push.url),
+                secret,
+                client,
+                gateway.clock,
+                gateway_url=gateway_url,
+                cents_per_second=budget.cents_per_second if budget is not None else None,
+            )
+        )
+    return built
 
 
 def _gpu_health(

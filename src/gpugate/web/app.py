@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from gpugate.errors import GpugateError
-from gpugate.web import admin, jobs, models, ops
+from gpugate.web import admin, jobs, models, openapi, ops, worker
 from gpugate.web.dataplane import DataPlane
 from gpugate.web.errors import error_response
 from gpugate.web.requestid import RequestIdMiddleware, RequestIds
@@ -34,7 +34,14 @@ def create_app(gateway: Gateway) -> ASGIApp:
             gateway.stopping = True
 
     app = Starlette(
-        routes=[*ops.routes, *models.routes, *jobs.routes, *admin.routes],
+        routes=[
+            *ops.routes,
+            *models.routes,
+            *jobs.routes,
+            *worker.routes,
+            *admin.routes,
+            *openapi.routes,
+        ],
         lifespan=lifespan,
         exception_handlers={GpugateError: _gpugate_error},
     )

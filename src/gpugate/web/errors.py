@@ -27,6 +27,8 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.UnknownModel: 404,
     errors.UnknownUpstream: 404,
     errors.JobNotFound: 404,
+    errors.WrongRuntime: 403,
+    errors.LeaseTokenStale: 409,
     errors.ExternalUpstreamForbidden: 403,
     errors.IdempotencyConflict: 409,
     errors.IdempotencyKeyReused: 422,
