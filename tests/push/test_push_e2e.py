@@ -8,10 +8,7 @@ other worker. None is lost, none completed twice.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import sqlite3
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,49 +28,18 @@ EVENTS_SQL = (
 )
 
 
-class WorkerProcess:
+class WorkerProcess(GatewayProcess):
     """One ``gpugate worker`` subprocess for runtime ``home-<n>``; ``kill()`` is ``kill -9``."""
 
     def __init__(self, n: int, port: int, gateway: str, upstream: str, tmp: Path) -> None:
-        self.n, self.port, self.log = n, port, tmp / f"worker{n}.log"
+        super().__init__(tmp / f"worker{n}-state", port, tmp / f"worker{n}.log")
         self.args = [
             "worker", "--listen", f"127.0.0.1:{port}", "--gateway", gateway,
             "--runtime", f"home-{n}", "--secret-env", f"HOME{n}_SECRET", "--upstream", upstream,
-            "--concurrency", "4", "--state-dir", str(tmp / f"worker{n}-state"),
+            "--concurrency", "4", "--state-dir", str(self.config),
         ]  # fmt: skip
-        self._proc: asyncio.subprocess.Process | None = None
 
-    async def start(self, http: aiohttp.ClientSession, *, within_s: float = 20) -> None:
-        with self.log.open("ab") as out:
-            self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gpugate", *self.args,
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=dict(os.environ),
-            )  # fmt: skip
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            assert self._proc.returncode is None, self.log.read_text()
-            try:
-                async with http.get(f"http://127.0.0.1:{self.port}/healthz") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.05)
-        pytest.fail(f"worker {self.n} did not start:\n{self.log.read_text()}")
-
-    async def kill(self) -> None:
-        assert self._proc is not None
-        if self._proc.returncode is None:
-            self._proc.send_signal(signal.SIGKILL)
-        await self._proc.wait()
-
-    async def stop(self) -> None:
-        if self._proc is not None and self._proc.returncode is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self._proc.wait(), timeout=10)
-            except TimeoutError:
-                await self.kill()
+        self.ready_path = "/healthz"
 
 
 def push_runtimes(ports: tuple[int, int]) -> str:
