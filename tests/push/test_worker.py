@@ -5,6 +5,7 @@ and across its own."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import aiohttp
@@ -20,8 +21,10 @@ from push_rig import (
 )
 
 from gpugate.fleet import ModelServer
+from gpugate.worker import WorkerSettings
 from gpugate.worker.calls import FinalReport
 from gpugate.worker.outbox import Outbox
+from gpugate.worker.server import serve_worker
 from harness import eventually, serving
 
 
@@ -160,3 +163,54 @@ async def test_a_report_left_on_disk_by_a_previous_run_is_sent_when_the_worker_s
     assert "worker:home-1" == events[-1].actor
     assert [] == list(outbox.glob("*.json"))
     assert {} == fake.stats.executions  # nothing ran again
+
+
+async def test_the_status_route_answers_a_running_call_and_delete_cancels_it(
+    sqlite_dsn: str, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    port = free_port()
+    headers = {"Authorization": f"Bearer {SECRETS['HOME1_SECRET']}"}
+    async with ModelServer(["qwen"], name="q0") as fake:
+        fake.update(hang=True)
+        async with (
+            serving(
+                push_config(sqlite_dsn, fake.url), environ=SECRETS, run_job_loops=False
+            ) as gw,  # fmt: skip
+            running_worker(port, gw.url, fake.url, tmp_path / "o") as worker,
+        ):
+            job = await leased(gw.gateway.store, "j1")
+            url = f"http://127.0.0.1:{port}/calls"
+            _, accepted = await push_call(http, url, "j1", job.lease_token)
+            call_url = f"{url}/{accepted['call_id']}"
+            await until_state(gw.gateway.store, "j1", "running")
+            await eventually(lambda: fake.stats.open_requests == 1, what="the model works")
+            async with http.get(call_url, headers=headers) as resp:
+                running = (resp.status, (await resp.json())["state"])
+            async with http.delete(call_url, headers=headers) as resp:
+                cancelled = resp.status
+            async with http.get(call_url, headers=headers) as resp:
+                after = (resp.status, (await resp.json())["state"])
+            await eventually(lambda: fake.stats.open_requests == 0, what="the request closed")
+
+    assert (200, "running") == running
+    assert 204 == cancelled
+    assert (404, "unknown") == after
+    assert 0 == worker.active
+
+
+async def test_the_worker_exits_after_idle_exit_s_with_nothing_to_run_or_send(
+    tmp_path: Path,
+) -> None:
+    settings = WorkerSettings(
+        runtime_id="home-1",
+        secret="s",
+        gateway_url="http://127.0.0.1:9",
+        upstream_url="http://127.0.0.1:9",
+        state_dir=tmp_path / "o",
+        idle_exit_s=0.2,
+    )
+
+    async with asyncio.timeout(10):
+        code = await serve_worker(settings, "127.0.0.1", free_port())
+
+    assert 0 == code

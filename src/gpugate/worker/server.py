@@ -103,6 +103,8 @@ async def serve_worker(settings: WorkerSettings, host: str, port: int) -> int:
     await links.start()
     worker = Worker(settings, links, Outbox(settings.state_dir))
     runner = web.AppRunner(make_app(worker), access_log=None)
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
     try:
         await worker.start()
         await runner.setup()
@@ -116,8 +118,7 @@ async def serve_worker(settings: WorkerSettings, host: str, port: int) -> int:
             settings.gateway_url,
         )
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in signals:
             loop.add_signal_handler(signum, stop.set)
         waiters: list[asyncio.Task[Any]] = [
             asyncio.create_task(stop.wait()),
@@ -131,6 +132,8 @@ async def serve_worker(settings: WorkerSettings, host: str, port: int) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*waiters, return_exceptions=True)
     finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
         await runner.cleanup()
         await worker.close()
         await links.close()
