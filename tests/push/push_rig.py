@@ -24,7 +24,7 @@ from gpugate.worker import Worker, WorkerSettings
 from gpugate.worker.links import Links
 from gpugate.worker.outbox import Outbox
 from gpugate.worker.server import make_app
-from harness import make_config, upstream
+from harness import RunningGateway, make_config, serving, upstream
 
 SECRETS = {"HOME1_SECRET": "secret-of-home-1", "HOME2_SECRET": "secret-of-home-2"}
 CHAT = {"messages": [{"role": "user", "content": "hello"}]}
@@ -100,6 +100,14 @@ async def send(
     """One worker report; (status, JSON body)."""
     async with http.request(method, url, json=body, headers=worker_headers(secret, token)) as resp:
         return resp.status, await resp.json()
+
+
+def held_gateway(
+    dsn: str, model_url: str
+) -> contextlib.AbstractAsyncContextManager[RunningGateway]:
+    """The gateway of :func:`push_config`, served with its dispatcher and reaper held still:
+    only the test and the worker move its jobs."""
+    return serving(push_config(dsn, model_url), environ=SECRETS, run_job_loops=False)
 
 
 def free_port() -> int:

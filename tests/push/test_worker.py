@@ -13,6 +13,7 @@ from push_rig import (
     CHAT,
     SECRETS,
     free_port,
+    held_gateway,
     leased,
     push_call,
     push_config,
@@ -63,9 +64,7 @@ async def test_the_worker_refuses_a_call_beyond_its_concurrency_with_429(
     async with ModelServer(["qwen"], name="q0") as fake:
         fake.update(hang=True)
         async with (
-            serving(
-                push_config(sqlite_dsn, fake.url), environ=SECRETS, run_job_loops=False
-            ) as gw,  # fmt: skip
+            held_gateway(sqlite_dsn, fake.url) as gw,
             running_worker(port, gw.url, fake.url, tmp_path / "o", concurrency=1) as worker,
         ):
             first = await leased(gw.gateway.store, "j1")
@@ -146,7 +145,7 @@ async def test_a_report_left_on_disk_by_a_previous_run_is_sent_when_the_worker_s
     outbox = tmp_path / "outbox"
     async with (
         ModelServer(["qwen"], name="q0") as fake,
-        serving(push_config(sqlite_dsn, fake.url), environ=SECRETS, run_job_loops=False) as gw,
+        held_gateway(sqlite_dsn, fake.url) as gw,
     ):
         job = await leased(gw.gateway.store, "j1")
         assert job.lease_token is not None
@@ -173,9 +172,7 @@ async def test_the_status_route_answers_a_running_call_and_delete_cancels_it(
     async with ModelServer(["qwen"], name="q0") as fake:
         fake.update(hang=True)
         async with (
-            serving(
-                push_config(sqlite_dsn, fake.url), environ=SECRETS, run_job_loops=False
-            ) as gw,  # fmt: skip
+            held_gateway(sqlite_dsn, fake.url) as gw,
             running_worker(port, gw.url, fake.url, tmp_path / "o") as worker,
         ):
             job = await leased(gw.gateway.store, "j1")

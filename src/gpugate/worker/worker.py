@@ -205,8 +205,9 @@ class Worker:
                 self.completed += 1
             else:
                 self.failed += 1
-        else:
-            log.warning(
+        else:  # 409 is routine: the reaper completed the job from GET /calls/{id} first
+            log.log(
+                logging.INFO if answer.status == 409 else logging.WARNING,
                 "job %s: the gateway refused the report of call %s (%s); dropping it",
                 call.slug,
                 call.call_id,
