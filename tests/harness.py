@@ -55,12 +55,19 @@ async def serving(
     environ: Mapping[str, str] | None = None,
     probe_interval_s: float = 3600.0,
     clock: Clock | None = None,
+    run_job_loops: bool = True,
+    port: int = 0,
 ) -> AsyncIterator[RunningGateway]:
-    """Build the gateway and serve it with uvicorn on 127.0.0.1:<free port> until the block ends."""
-    sock = bind("127.0.0.1", 0)
+    """Build the gateway and serve it with uvicorn on 127.0.0.1:<port> (default: a free one)
+    until the block ends; ``run_job_loops=False`` leaves the dispatcher and reaper to the test."""
+    sock = bind("127.0.0.1", port)
     port = sock.getsockname()[1]
     async with build_gateway(
-        config, environ=environ or {}, probe_interval_s=probe_interval_s, clock=clock
+        config,
+        environ=environ or {},
+        probe_interval_s=probe_interval_s,
+        clock=clock,
+        run_job_loops=run_job_loops,
     ) as gateway:
         server = make_server(create_app(gateway), grace_s=1)
         task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -269,6 +269,85 @@ def cmd_config_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    from gpugate.logs import configure_logging
+    from gpugate.worker import WorkerSettings
+    from gpugate.worker.server import serve_worker
+
+    configure_logging("text", args.log_level)
+    secret = os.environ.get(args.secret_env)
+    if not secret:
+        raise GpugateError(f"environment variable {args.secret_env} (--secret-env) is not set")
+    host, port = _split_listen(args.listen)
+    state_dir = args.state_dir or _state_home() / "gpugate" / f"worker-{args.runtime}"
+    settings = WorkerSettings(
+        runtime_id=args.runtime,
+        secret=secret,
+        gateway_url=args.gateway,
+        upstream_url=args.upstream,
+        state_dir=state_dir,
+        concurrency=args.concurrency,
+        idle_exit_s=args.idle_exit_s,
+    )
+    result = _run(serve_worker(settings, host, port))
+    assert isinstance(result, int)
+    return result
+
+
+def _state_home() -> Path:
+    """``$XDG_STATE_HOME``, else ``~/.local/state``."""
+    home = os.environ.get("XDG_STATE_HOME")
+    return Path(home) if home else Path.home() / ".local" / "state"
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+def _add_worker_command(sub: Any) -> None:
+    """worker (the reference push worker)."""
+    p = sub.add_parser(
+        "worker",
+        help="run the reference push worker (a home or local GPU machine)",
+        description="Serve the push protocol at http://HOST:PORT/calls (the runtime's push.url), "
+        "run each pushed job against a local OpenAI-compatible server (POST "
+        "{upstream}/v1/{operation}), and report claimed, lease extensions and the result or "
+        "the failure to the gateway's worker routes. Reports are retried with backoff while "
+        "the gateway is down; a finished result is kept on disk (--state-dir) until the "
+        "gateway has taken it, and sent again after a restart of the worker.",
+    )
+    p.add_argument("--listen", required=True, help="HOST:PORT to serve /calls on")
+    p.add_argument("--gateway", required=True, help="the gateway's base URL, e.g. http://gw:8080")
+    p.add_argument("--runtime", required=True, help="the runtime id this worker serves")
+    p.add_argument(
+        "--secret-env",
+        required=True,
+        help="the environment variable holding the runtime's secret (push.secret_env)",
+    )
+    p.add_argument(
+        "--upstream", required=True, help="the local model server's base URL (OpenAI-compatible)"
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=1, help="calls run at once; more get 429 (default 1)"
+    )
+    p.add_argument(
+        "--idle-exit-s",
+        type=_positive,
+        help="exit after this many seconds with nothing to run or send (default: never)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="where finished results wait for the gateway "
+        "(default $XDG_STATE_HOME/gpugate/worker-RUNTIME, else ~/.local/state/...)",
+    )
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    p.set_defaults(func=cmd_worker)
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"gpugate {__version__}")
     return 0
@@ -463,6 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_jobs_commands(sub)
     _add_runtimes_commands(sub)
     _add_config_commands(sub)
+    _add_worker_command(sub)
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=cmd_version)
     return parser

@@ -25,7 +25,9 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── IdempotencyKeyReused       IDEMPOTENCY_KEY_REUSED
     │   ├── JobNotFound                JOB_NOT_FOUND
     │   ├── UnknownRuntime             UNKNOWN_RUNTIME
-    │   └── UnknownConfigVersion       UNKNOWN_CONFIG_VERSION
+    │   ├── UnknownConfigVersion       UNKNOWN_CONFIG_VERSION
+    │   ├── WrongRuntime               WRONG_RUNTIME: a worker's secret is not the lease holder's
+    │   └── LeaseTokenStale            LEASE_TOKEN_STALE: a worker's lease token is not current
     ├── Refused                        admission said no for now; retry later (Retry-After)
     │   ├── GpuSaturated               GPU_SATURATED
     │   ├── QueueTimeout               QUEUE_TIMEOUT
@@ -42,6 +44,7 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
         └── RuntimeFailure             RUNTIME_FAILED: a runtime did not take a call
             ├── RuntimeBusy            RUNTIME_BUSY         retryable (429, at capacity)
             ├── RuntimeUnreachable     RUNTIME_UNREACHABLE  retryable
+            │   └── RuntimeRefused     RUNTIME_UNREACHABLE  nothing listens there (refused)
             ├── RuntimeTimeout         RUNTIME_TIMEOUT      retryable
             ├── RuntimeRejected        RUNTIME_REJECTED     not retryable
             └── RuntimeAuthFailed      RUNTIME_AUTH_FAILED  not retryable (401/403)
@@ -268,6 +271,19 @@ class UnknownConfigVersion(ClientError):
     code = "UNKNOWN_CONFIG_VERSION"
 
 
+class WrongRuntime(ClientError):
+    """This secret belongs to another runtime than the one holding the job's lease."""
+
+    code = "WRONG_RUNTIME"
+
+
+class LeaseTokenStale(ClientError):
+    """The lease token is not the job's current one: the job was taken back, walked on or
+    finished, and this worker's call no longer counts."""
+
+    code = "LEASE_TOKEN_STALE"
+
+
 class JobError(GpugateError):
     """A job could not be dispatched or run."""
 
@@ -321,6 +337,11 @@ class RuntimeUnreachable(RuntimeFailure):
 
     code = "RUNTIME_UNREACHABLE"
     retryable = True
+
+
+class RuntimeRefused(RuntimeUnreachable):
+    """Nothing listens at the runtime's address (connection refused): no process there runs
+    a call, so none of its calls is running."""
 
 
 class RuntimeTimeout(RuntimeFailure):

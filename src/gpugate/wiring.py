@@ -18,9 +18,10 @@ from typing import Any
 
 from gpugate.adapters.blobs import BlobStore, open_blobs
 from gpugate.adapters.modal_calls import ModalCalls
+from gpugate.adapters.push_client import PushClient
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock, SystemClock
-from gpugate.config import GatewayConfig, ModalRuntimeConfig, RuntimeConfig
+from gpugate.config import GatewayConfig, ModalRuntimeConfig, PushRuntimeConfig, RuntimeConfig
 from gpugate.core.jobs import RuntimeView, runtime_views
 from gpugate.core.registry import Registry
 from gpugate.errors import GpugateError
@@ -37,6 +38,8 @@ from gpugate.services.reaper import Reaper
 from gpugate.services.runtime_ops import RuntimeOps
 from gpugate.services.runtimes.base import Runtime
 from gpugate.services.runtimes.modal import ModalRuntime
+from gpugate.services.runtimes.push import PushRuntime
+from gpugate.services.runtimes.push_reports import PushReports
 from gpugate.services.runtimes.upstream import UpstreamRuntime
 from gpugate.services.shed import ShedGate
 from gpugate.store import JobRecord, Store
@@ -71,6 +74,7 @@ class Gateway:
     new_runtime: Callable[[RuntimeConfig], Runtime | None] | None = (
         None  # builds a runtime a new config adds
     )
+    push_reports: PushReports | None = None  # None: no push runtime
     stopping: bool = field(default=False)
 
     def apply_config(self, config: GatewayConfig, version: int) -> None:
@@ -231,11 +235,12 @@ async def build_gateway(
 async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatcher, Reaper]:
     """Runtimes, dispatcher, reaper and the jobs API service, wired to the live config.
 
-    ``upstream`` and ``modal`` runtimes are built here; push runtimes have no implementation
-    yet (the walk skips them: ``no_implementation``). Runtimes an operator disabled or drained
-    are skipped too (``disabled``), as :class:`RuntimeOps` last read their states. With SQLite
-    one process owns the store, so every lease left over from a previous run is taken back at
-    start-up (the reaper asks the runtime first).
+    Every kind is built here, also when a new config version adds a runtime; a push runtime
+    whose ``push.secret_env`` is unset is not (the walk skips it: ``no_implementation``).
+    Runtimes an operator disabled or drained are skipped too (``disabled``), as
+    :class:`RuntimeOps` last read their states. With SQLite one process owns the store, so
+    every lease left over from a previous run is taken back at start-up (the reaper asks the
+    runtime first).
     """
     store, clock = gateway.store, gateway.clock
     runtimes = gateway.runtimes  # shared with the dispatcher and the reaper; a new config adds
@@ -256,9 +261,14 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
         return runtime_views(gateway.config, runtimes.keys(), disabled=ops.excluded())
 
     dispatcher = Dispatcher(store, runtimes, views, config, clock)
+    push_client = PushClient()
+    await push_client.start()
+    stack.push_async_callback(push_client.close)
+    reports = PushReports(store, {}, config, on_finished=dispatcher.slot_freed)
+    gateway.push_reports = reports
 
     def new_runtime(entry: RuntimeConfig) -> Runtime | None:
-        runtime = _runtime_for(gateway, entry)
+        runtime = _runtime_for(gateway, entry, push_client, reports)
         if runtime is not None:
             stack.push_async_callback(runtime.close)
             if isinstance(runtime, UpstreamRuntime):
@@ -285,8 +295,16 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     return dispatcher, reaper
 
 
-def _runtime_for(gateway: Gateway, entry: RuntimeConfig) -> Runtime | None:
-    """The implementation of a configured runtime; None for a kind not built here (push)."""
+def _runtime_for(
+    gateway: Gateway, entry: RuntimeConfig, push_client: PushClient, reports: PushReports
+) -> Runtime | None:
+    """The implementation of a configured runtime (None: a push runtime without its secret);
+    a push runtime's secret is registered with the worker routes' ``reports``."""
+    if isinstance(entry, PushRuntimeConfig):
+        push = _push_runtime(gateway, entry, push_client)
+        if push is not None:
+            reports.add_secret(entry.id, gateway.environ[entry.push.secret_env])
+        return push
     if isinstance(entry, ModalRuntimeConfig):
         return _modal_runtime(gateway, entry)
     if entry.kind == "upstream":
@@ -322,6 +340,34 @@ def _modal_runtime(gateway: Gateway, entry: ModalRuntimeConfig) -> ModalRuntime:
         cents_per_second=entry.budget.cents_per_second if entry.budget else 0.0,
         presign_s=config.blobs.presign_s,
         poll_s=config.jobs.reap_s,
+    )
+
+
+def _push_runtime(
+    gateway: Gateway, entry: PushRuntimeConfig, client: PushClient
+) -> PushRuntime | None:
+    """A push runtime, or None when its secret is unset; its workers report to the address
+    the gateway listens on."""
+    config = gateway.config
+    secret = gateway.environ.get(entry.push.secret_env)
+    if not secret:
+        log.warning(
+            "runtime %s: %s is not set; the runtime is not built and jobs skip it",
+            entry.id,
+            entry.push.secret_env,
+        )
+        return None
+    host = config.host if config.host not in ("0.0.0.0", "::", "") else "127.0.0.1"  # noqa: S104
+    host = f"[{host}]" if ":" in host else host
+    budget = entry.budget
+    return PushRuntime(
+        entry.id,
+        str(entry.push.url),
+        secret,
+        client,
+        gateway.clock,
+        gateway_url=f"http://{host}:{config.port}",
+        cents_per_second=budget.cents_per_second if budget is not None else None,
     )
 
 

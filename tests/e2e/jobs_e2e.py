@@ -56,6 +56,8 @@ class GatewayProcess:
         self.config = config
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
+        self.args = ["serve", "--config", str(config)]  # what follows `gpugate`
+        self.ready_path = "/readyz"
         self._proc: asyncio.subprocess.Process | None = None
 
     def __repr__(self) -> str:
@@ -67,10 +69,10 @@ class GatewayProcess:
         return self._proc is not None and self._proc.returncode is None
 
     async def start(self, http: aiohttp.ClientSession, *, within_s: float = 20) -> None:
-        """Start the process and wait until ``/readyz`` answers 200."""
+        """Start the process and wait until ``ready_path`` (``/readyz``) answers 200."""
         with self.log.open("ab") as out:
             self._proc = await asyncio.create_subprocess_exec(
-                *GPUGATE, "serve", "--config", str(self.config),
+                *GPUGATE, *self.args,
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=dict(os.environ),
             )  # fmt: skip
         deadline = time.monotonic() + within_s
@@ -78,7 +80,7 @@ class GatewayProcess:
             if not self.alive:
                 pytest.fail(f"gpugate exited early:\n{self.tail()}")
             try:
-                async with http.get(self.url + "/readyz") as resp:
+                async with http.get(self.url + self.ready_path) as resp:
                     if resp.status == 200:
                         return
             except aiohttp.ClientConnectionError:

@@ -66,7 +66,7 @@ async def test_the_list_shows_every_runtime_with_queue_flight_state_and_spend_pl
     assert {"state": "enabled", "reachable": True, "implemented": True} == {
         k: local["health"][k] for k in ("state", "reachable", "implemented")
     }
-    assert (None, False) == (home["health"]["reachable"], home["health"]["implemented"])
+    assert (None, True) == (home["health"]["reachable"], home["health"]["implemented"])
     assert {"daily_cents": 1000, "today_cents": None, "ledger": []} == {
         k: home["spend"][k] for k in ("daily_cents", "today_cents", "ledger")
     }

@@ -29,6 +29,8 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.JobNotFound: 404,
     errors.UnknownRuntime: 404,
     errors.UnknownConfigVersion: 404,
+    errors.WrongRuntime: 403,
+    errors.LeaseTokenStale: 409,
     errors.ExternalUpstreamForbidden: 403,
     errors.IdempotencyConflict: 409,
     errors.IdempotencyKeyReused: 422,

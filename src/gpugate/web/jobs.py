@@ -23,7 +23,7 @@ def _jobs(request: Request) -> Jobs:
     return gateway.jobs
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
+async def json_body(request: Request) -> dict[str, Any]:
     gateway: Gateway = request.app.state.gateway
     raw = await read_body(request, gateway.config.server.max_body_bytes)
     try:
@@ -37,7 +37,7 @@ async def _json_body(request: Request) -> dict[str, Any]:
 
 async def create_job(request: Request) -> Response:
     """202 with the new job; 200 with the existing one when the Idempotency-Key was seen."""
-    job_request = parse_job_request(await _json_body(request))
+    job_request = parse_job_request(await json_body(request))
     key = request.headers.get("idempotency-key")
     job, created = await _jobs(request).create(job_request, idempotency_key=key)
     return JSONResponse(job_view(job), status_code=202 if created else 200)

@@ -17,7 +17,10 @@ _BASE = {
     "openapi": "3.0.0",
     "info": {"title": "gpugate", "version": __version__},
     "components": {
-        "securitySchemes": {"admin": {"type": "http", "scheme": "bearer"}},
+        "securitySchemes": {
+            "admin": {"type": "http", "scheme": "bearer"},
+            "worker": {"type": "http", "scheme": "bearer"},
+        },
     },
 }
 

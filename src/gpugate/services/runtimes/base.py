@@ -38,6 +38,7 @@ __all__ = [
     "RuntimeTimeout",
     "RuntimeUnreachable",
     "Submission",
+    "job_payload",
 ]
 
 CallState = Literal["queued", "running", "completed", "failed", "unknown"]
@@ -109,3 +110,21 @@ class Runtime(Protocol):
     async def close(self) -> None:
         """Stop every call this process runs itself (at shutdown)."""
         ...
+
+
+def job_payload(runtime_id: str, job: JobRecord, runner: str) -> dict[str, Any]:
+    """The job as a remote runtime receives it (DESIGN §3 push protocol: ``slug``, ``model``,
+    ``class``, ``operation``, ``input``); :class:`RuntimeRejected` when its input is held in a
+    blob, which ``runner`` (who runs it) cannot read."""
+    if job.input_ref is not None:
+        raise RuntimeRejected(
+            f"{runtime_id}: the job's input is held in a blob ({job.input_ref}); "
+            f"{runner} needs it inline"
+        )
+    return {
+        "slug": job.slug,
+        "model": job.model,
+        "class": job.job_class,
+        "operation": job.operation,
+        "input": job.input,
+    }

@@ -38,7 +38,7 @@ from gpugate.adapters.modal_calls import (
 )
 from gpugate.clock import Clock
 from gpugate.errors import BlobError, BlobNotFound, RuntimeRejected, RuntimeUnreachable
-from gpugate.services.runtimes.base import CallStatus, Submission
+from gpugate.services.runtimes.base import CallStatus, Submission, job_payload
 from gpugate.store import JobRecord
 
 log = logging.getLogger("gpugate.runtimes.modal")
@@ -88,8 +88,7 @@ class ModalRuntime:
         return self._id
 
     async def submit(self, job: JobRecord, lease_token: str) -> Submission:  # noqa: ARG002
-        if job.input_ref is not None:
-            raise RuntimeRejected(f"{self._id}: the job's input is held in a blob; need it inline")
+        common = job_payload(self._id, job, "a Modal function")
         if not self._blobs.presigns:
             raise RuntimeUnreachable(
                 f"{self._id}: Modal writes results through presigned URLs; "
@@ -98,11 +97,7 @@ class ModalRuntime:
         nonce = secrets.token_hex(8)
         key = result_key(self._id, nonce)
         payload = {
-            "slug": job.slug,
-            "model": job.model,
-            "class": job.job_class,
-            "operation": job.operation,
-            "input": job.input,
+            **common,
             "result_put_url": await self._blobs.presign_put(
                 key, expires_s=self._presign_s, content_type=_JSON
             ),

@@ -1,0 +1,166 @@
+"""The worker's outbound HTTP, on one pooled aiohttp session: its reports to the gateway and its
+requests to the local model server.
+
+Reports (:meth:`Links.deliver`) are retried with exponential backoff for as long as the gateway
+gives no answer that settles them — it is down, restarting, overloaded (429, 5xx) — and stop
+at the first that does: 2xx (taken) or any other 4xx (refused for good: a stale lease, another
+runtime's job, an unknown job). A worker therefore survives a gateway restart without losing a
+report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from gpugate.worker.calls import FinalReport, Push, answered, failed
+
+log = logging.getLogger("gpugate.worker.links")
+
+JOB_HEADER = "X-Gpugate-Job"
+LEASE_HEADER = "X-Lease-Token"
+_RETRIED = frozenset({408, 425, 429})
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The gateway's answer to one report; ``status`` 0 when none came (``error`` says why)."""
+
+    status: int
+    body: Any = None
+    error: str = ""
+
+    @property
+    def taken(self) -> bool:
+        return 200 <= self.status < 300
+
+    @property
+    def refused(self) -> bool:
+        """Refused for good: sending it again cannot help."""
+        return 400 <= self.status < 500 and self.status not in _RETRIED
+
+    @property
+    def settled(self) -> bool:
+        return self.taken or self.refused
+
+    def describe(self) -> str:
+        if self.status == 0:
+            return self.error
+        error = self.body.get("error") if isinstance(self.body, dict) else None
+        if isinstance(error, dict):
+            return f"{self.status} {error.get('code')}: {error.get('message')}"
+        return str(self.status)
+
+
+class Links:
+    """The gateway at ``gateway_url`` (reports carry ``secret``) and the model server at
+    ``upstream_url``."""
+
+    def __init__(
+        self,
+        gateway_url: str,
+        secret: str,
+        upstream_url: str,
+        *,
+        report_timeout_s: float = 10.0,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+        max_call_s: float = 3600.0,
+    ) -> None:
+        self._gateway = gateway_url.rstrip("/")
+        self._secret = secret
+        self._upstream = upstream_url.rstrip("/")
+        self._report_timeout = aiohttp.ClientTimeout(total=report_timeout_s)
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._max_call_s = max_call_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- the gateway -----------------------------------------------------------------------
+
+    async def report(
+        self, method: str, path: str, token: str, body: dict[str, Any] | None = None
+    ) -> Answer:
+        """One attempt at a report."""
+        assert self._session is not None, "Links.start() was not awaited"
+        headers = {"Authorization": f"Bearer {self._secret}", LEASE_HEADER: token}
+        try:
+            async with self._session.request(
+                method,
+                self._gateway + path,
+                json=body,
+                headers=headers,
+                timeout=self._report_timeout,
+            ) as resp:
+                raw = await resp.read()
+                return Answer(resp.status, _json_or_none(raw))
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return Answer(0, error=f"{type(exc).__name__}: {exc}")
+
+    async def deliver(
+        self, method: str, path: str, token: str, body: dict[str, Any] | None = None
+    ) -> Answer:
+        """:meth:`report` until the gateway settles it (taken or refused for good)."""
+        delay = self._backoff_s
+        while True:
+            answer = await self.report(method, path, token, body)
+            if answer.settled:
+                return answer
+            log.warning("%s %s: %s; again in %.1f s", method, path, answer.describe(), delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._max_backoff_s)
+
+    # -- the model server ------------------------------------------------------------------
+
+    async def run(self, call_id: str, push: Push) -> FinalReport:
+        """``POST {upstream}/v1/{operation}`` with the job's input and model, until the deadline;
+        every way it can end, as the call's final report."""
+        assert self._session is not None, "Links.start() was not awaited"
+        timeout_s = self._max_call_s
+        if push.deadline is not None:
+            timeout_s = min(timeout_s, (push.deadline - datetime.now(UTC)).total_seconds())
+        if timeout_s <= 0:
+            return failed(
+                call_id, push, "DEADLINE_EXCEEDED", "the call's deadline passed", retryable=True
+            )
+        started = time.monotonic()
+        try:
+            async with self._session.post(
+                f"{self._upstream}/v1/{push.operation}",
+                json={**push.input, "model": push.model},
+                headers={JOB_HEADER: push.slug},
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                body = await resp.read()
+                return answered(call_id, push, resp.status, body, time.monotonic() - started)
+        except TimeoutError:
+            message = f"the model server did not answer within {timeout_s:.0f} s"
+            return failed(call_id, push, "UPSTREAM_TIMEOUT", message, retryable=True)
+        except aiohttp.ClientError as exc:
+            message = f"the model server at {self._upstream} failed: {exc}"
+            return failed(call_id, push, "UPSTREAM_UNREACHABLE", message, retryable=True)
+
+    def __repr__(self) -> str:
+        return f"<Links gateway={self._gateway} upstream={self._upstream}>"
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None

@@ -1,0 +1,140 @@
+"""The push worker's HTTP face (``/calls``, DESIGN §3 push protocol) and its process.
+
+* ``POST /calls`` — a push: ``202 {"call_id"}``; 401 without the runtime's secret, 400 for a
+  body it cannot run, 429 (``Retry-After``) when every ``--concurrency`` slot is taken;
+* ``GET /calls/{call_id}`` — ``{"state": queued|running|completed|failed, ...}`` with the
+  result or the error once finished; 404 ``{"state": "unknown"}`` for a call it does not hold;
+* ``DELETE /calls/{call_id}`` — cancel: 204, or 404 for an unknown call;
+* ``GET /healthz`` — liveness, without the secret.
+
+:func:`serve_worker` runs the whole process until SIGTERM/SIGINT or ``--idle-exit-s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from typing import Any
+
+from aiohttp import web
+
+from gpugate.worker.calls import Push
+from gpugate.worker.links import Links
+from gpugate.worker.outbox import Outbox
+from gpugate.worker.worker import Worker, WorkerBusy, WorkerSettings
+
+log = logging.getLogger("gpugate.worker")
+
+_MAX_BODY = 64 * 1024 * 1024
+_WORKER: web.AppKey[Worker] = web.AppKey("worker", Worker)
+
+
+def _error(status: int, code: str, message: str, **headers: str) -> web.Response:
+    body = {"error": {"message": message, "type": "worker_error", "code": code}}
+    return web.json_response(body, status=status, headers=headers or None)
+
+
+def _authorized(request: web.Request) -> Worker | web.Response:
+    worker = request.app[_WORKER]
+    if not worker.authorized(request.headers.get("Authorization")):
+        return _error(401, "UNAUTHORIZED", "missing or wrong runtime secret")
+    return worker
+
+
+async def _push(request: web.Request) -> web.Response:
+    worker = _authorized(request)
+    if isinstance(worker, web.Response):
+        return worker
+    try:
+        push = Push.parse(json.loads(await request.read()))
+    except ValueError as exc:  # PushRejected, or the body is not JSON
+        return _error(400, "BAD_REQUEST", str(exc))
+    try:
+        call_id = worker.accept(push)
+    except WorkerBusy:
+        slots = worker.settings.concurrency
+        return _error(429, "WORKER_BUSY", f"all {slots} slot(s) run a call", **{"Retry-After": "1"})
+    return web.json_response({"call_id": call_id}, status=202)
+
+
+async def _status(request: web.Request) -> web.Response:
+    worker = _authorized(request)
+    if isinstance(worker, web.Response):
+        return worker
+    view = worker.status(request.match_info["call_id"])
+    if view is None:
+        return web.json_response({"state": "unknown"}, status=404)
+    return web.json_response(view)
+
+
+async def _cancel(request: web.Request) -> web.Response:
+    worker = _authorized(request)
+    if isinstance(worker, web.Response):
+        return worker
+    if not worker.cancel(request.match_info["call_id"]):
+        return web.json_response({"state": "unknown"}, status=404)
+    return web.Response(status=204)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    worker = request.app[_WORKER]
+    return web.json_response(
+        {"status": "ok", "runtime": worker.settings.runtime_id, "active": worker.active}
+    )
+
+
+def make_app(worker: Worker) -> web.Application:
+    """The ``/calls`` routes over ``worker``."""
+    app = web.Application(client_max_size=_MAX_BODY)
+    app[_WORKER] = worker
+    app.router.add_post("/calls", _push)
+    app.router.add_get("/calls/{call_id}", _status)
+    app.router.add_delete("/calls/{call_id}", _cancel)
+    app.router.add_get("/healthz", _healthz)
+    return app
+
+
+async def serve_worker(settings: WorkerSettings, host: str, port: int) -> int:
+    """Run the worker until SIGTERM/SIGINT or ``idle_exit_s`` of idleness; the exit code."""
+    links = Links(settings.gateway_url, settings.secret, settings.upstream_url)
+    await links.start()
+    worker = Worker(settings, links, Outbox(settings.state_dir))
+    runner = web.AppRunner(make_app(worker), access_log=None)
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    try:
+        await worker.start()
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        log.info(
+            "gpugate worker %s listening on http://%s:%d/calls, reporting to %s",
+            settings.runtime_id,
+            host,
+            port,
+            settings.gateway_url,
+        )
+        stop = asyncio.Event()
+        for signum in signals:
+            loop.add_signal_handler(signum, stop.set)
+        waiters: list[asyncio.Task[Any]] = [
+            asyncio.create_task(stop.wait()),
+            asyncio.create_task(worker.idle_exit()),
+        ]
+        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        if waiters[1] in done:
+            log.info("idle for %s s: exiting", settings.idle_exit_s)
+        for waiter in waiters:
+            waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*waiters, return_exceptions=True)
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+        await runner.cleanup()
+        await worker.close()
+        await links.close()
+    return 0
