@@ -7,8 +7,12 @@ collide. Families keep the ``gateway_`` prefix (DESIGN §3).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 from gpugate import __version__
 
@@ -124,9 +128,70 @@ class Metrics:
             registry=r,
         )
 
+        self.runtime_queue_depth = Gauge(
+            "gateway_runtime_queue_depth",
+            "Jobs queued for each runtime (its runner), across replicas; refreshed every few s",
+            ["runtime"],
+            registry=r,
+        )
+        self.runtime_in_flight = Gauge(
+            "gateway_runtime_in_flight",
+            "Calls in flight on each runtime (leased), across replicas; refreshed every few s",
+            ["runtime"],
+            registry=r,
+        )
+
+    def count_jobs(
+        self,
+        dispatched: Callable[[], Mapping[str, int]],
+        reaped: Callable[[], Mapping[str, int]],
+        stuck: Callable[[], Mapping[str, int]],
+    ) -> None:
+        """Export this process's job-loop totals, read when scraped (nothing on the hot path):
+        ``dispatched()`` and ``reaped()`` by outcome, ``stuck()`` by runtime."""
+        self.registry.register(_JobTotals(dispatched, reaped, stuck))
+
     def render(self) -> bytes:
         """The exposition text of every family."""
         return generate_latest(self.registry)
 
     def __repr__(self) -> str:
         return f"<Metrics families={len(list(self.registry.collect()))}>"
+
+
+class _JobTotals(Collector):
+    """The dispatcher's and the reaper's running totals as counter families."""
+
+    def __init__(
+        self,
+        dispatched: Callable[[], Mapping[str, int]],
+        reaped: Callable[[], Mapping[str, int]],
+        stuck: Callable[[], Mapping[str, int]],
+    ) -> None:
+        self._sources = (
+            (
+                "gateway_jobs_dispatch",
+                "Jobs the dispatcher of this process handled, by outcome",
+                "outcome",
+                dispatched,
+            ),
+            (
+                "gateway_jobs_reaped",
+                "Expired leases the reaper of this process handled, by outcome",
+                "outcome",
+                reaped,
+            ),
+            (
+                "gateway_runtime_stuck_calls",
+                "Calls found stuck (quiet for several reaper passes), by runtime",
+                "runtime",
+                stuck,
+            ),
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        for name, documentation, label, read in self._sources:
+            family = CounterMetricFamily(name, documentation, labels=[label])
+            for value, count in sorted(read().items()):
+                family.add_metric([value], count)
+            yield family

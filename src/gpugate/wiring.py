@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +30,7 @@ from gpugate.services.config_versions import ConfigVersions
 from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.gpu_monitor import GpuMonitor
 from gpugate.services.idempotency import Idempotency
+from gpugate.services.job_gauges import RuntimeGauges
 from gpugate.services.jobs import Jobs
 from gpugate.services.prober import Prober
 from gpugate.services.proxy import Proxy
@@ -74,7 +75,8 @@ class Gateway:
     new_runtime: Callable[[RuntimeConfig], Runtime | None] | None = (
         None  # builds a runtime a new config adds
     )
-    push_reports: PushReports | None = None  # None: no push runtime
+    push_reports: PushReports | None = None  # the worker routes' judge
+    gauges: RuntimeGauges | None = None
     stopping: bool = field(default=False)
 
     def apply_config(self, config: GatewayConfig, version: int) -> None:
@@ -222,6 +224,19 @@ async def build_gateway(
         loops.start("runtime-states", gateway.runtime_ops.run())
         if monitor is not None:
             loops.start("gpu-monitor", monitor.run())
+        metrics.count_jobs(
+            lambda: asdict(dispatcher.totals),
+            lambda: asdict(reaper.totals),
+            lambda: reaper.stuck_by_runtime,
+        )
+        gateway.gauges = RuntimeGauges(
+            store,
+            gateway.runtimes.keys,
+            metrics,
+            clock,
+            interval_s=config.server.config_poll_s,
+        )
+        loops.start("job-gauges", gateway.gauges.run())
         if run_job_loops:
             loops.start("dispatcher", dispatcher.run())
             loops.start("reaper", reaper.run())
