@@ -354,7 +354,7 @@ def _modal_runtime(gateway: Gateway, entry: ModalRuntimeConfig) -> ModalRuntime:
         gateway.clock,
         cents_per_second=entry.budget.cents_per_second if entry.budget else 0.0,
         presign_s=config.blobs.presign_s,
-        poll_s=config.jobs.reap_s,
+        poll_s=config.jobs.reap_s / 2,  # expired by the reaper's next pass
     )
 
 

@@ -61,6 +61,7 @@ class ScriptedRuntime:
     ) -> None:
         self.id = runtime_id
         self.kind = kind
+        self.call_lease_s: float | None = None
         self.script: list[Exception | None] = list(script or [])
         self.submits: list[str] = []
         self.calls: dict[str, tuple[str, str]] = {}  # call id -> (slug, lease token)

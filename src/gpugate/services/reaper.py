@@ -163,7 +163,7 @@ class Reaper:
             log.warning(
                 "job %s: %s cannot say how call %s is: %s", job.slug, runtime_id, call_id, exc
             )
-            return await self._extend(job)
+            return await self._extend(job, runtime)
         return await self._settle(job, runtime_id, status)
 
     async def _settle(self, job: JobRecord, runtime_id: str, status: CallStatus) -> _Outcome:
@@ -176,7 +176,7 @@ class Reaper:
                 )
                 return "completed" if done else "stale"
             case "running" | "queued":
-                return await self._extend(job)
+                return await self._extend(job, self._runtimes.get(runtime_id))
             case "failed":
                 code = status.error_code or "RUNTIME_CALL_FAILED"
                 message = status.message or f"{runtime_id} reported the call failed"
@@ -201,9 +201,10 @@ class Reaper:
             case "unknown":
                 return await self._rescue(job)
 
-    async def _extend(self, job: JobRecord) -> _Outcome:
-        quiet_s = self._config().jobs.quiet_s
-        until = await self._store.extend_lease(job.slug, _token(job), lease_s=quiet_s)
+    async def _extend(self, job: JobRecord, runtime: Runtime | None) -> _Outcome:
+        """Give the call another lease: the runtime's own, else ``jobs.quiet_s``."""
+        lease_s = (runtime.call_lease_s if runtime else None) or self._config().jobs.quiet_s
+        until = await self._store.extend_lease(job.slug, _token(job), lease_s=lease_s)
         return "extended" if until is not None else "stale"
 
     async def _rescue(self, job: JobRecord) -> _Outcome:

@@ -87,6 +87,13 @@ class Runtime(Protocol):
         """``upstream``, ``push`` or ``modal``."""
         ...
 
+    @property
+    def call_lease_s(self) -> float | None:
+        """How long a call's lease lasts before the reaper asks the runtime about it; None:
+        ``jobs.quiet_s``. A runtime whose calls complete only through that poll (Modal) asks
+        sooner."""
+        ...
+
     async def submit(self, job: JobRecord, lease_token: str) -> Submission:
         """Hand ``job`` over; ``lease_token`` fences every write made for this call."""
         ...

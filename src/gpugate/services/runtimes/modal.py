@@ -79,8 +79,8 @@ class ModalRuntime:
         self._cents_per_second = cents_per_second
         self._presign_s = presign_s
         self._timeout_s = timeout_s
-        #: How often the reaper polls a call of this runtime (the lease a call is given).
-        self.poll_s = poll_s
+        #: How often the reaper polls a call of this runtime: the lease a call is given.
+        self.call_lease_s: float | None = poll_s
         self._spawned_at: dict[str, float] = {}  # call id → monotonic time of the spawn
 
     @property

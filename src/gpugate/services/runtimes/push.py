@@ -64,6 +64,7 @@ class PushRuntime:
     """One ``kind: push`` runtime: its worker's address and secret; see the module docstring."""
 
     kind = "push"
+    call_lease_s: float | None = None  # jobs.quiet_s
 
     def __init__(  # noqa: PLR0913 - the runtime's identity, then keyword-only knobs
         self,

@@ -81,6 +81,7 @@ class UpstreamRuntime:
     """Runs jobs on the gateway's own upstreams; see the module docstring."""
 
     kind = "upstream"
+    call_lease_s: float | None = None  # jobs.quiet_s
 
     def __init__(  # noqa: PLR0913 - collaborators, then keyword-only knobs
         self,
