@@ -325,14 +325,23 @@ class PostgresStore(PostgresJobs):
             return await _schema_version(conn)
 
     @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[Connection]:
-        """A pooled connection in a transaction; the one place psycopg's exceptions become ours."""
+    async def _transaction(self, *, pipeline: bool = False) -> AsyncIterator[Connection]:
+        """A pooled connection in a transaction; the one place psycopg's exceptions become ours.
+
+        ``pipeline``: in psycopg's pipeline mode, so that ``BEGIN`` travels with the first
+        statement, and the statements whose results are not fetched travel with ``COMMIT``.
+        """
         pool = self._pool
         if pool is None:
             raise StoreUnavailable(f"the PostgreSQL store {self._shown} is not open")
         try:
-            async with pool.connection() as conn, conn.transaction():
-                yield conn
+            async with pool.connection() as conn:
+                if not pipeline:
+                    async with conn.transaction():
+                        yield conn
+                    return
+                async with conn.pipeline(), conn.transaction():
+                    yield conn
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"PostgreSQL store {self._shown}: {_first_line(exc)}") from exc
         except psycopg.Error as exc:

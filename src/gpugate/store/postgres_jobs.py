@@ -7,9 +7,14 @@ Many replicas share the table, and the database settles every race:
 * a claim is ONE statement: a CTE picks the claimable rows ``FOR UPDATE SKIP LOCKED`` (a row
   another replica is claiming is skipped, not waited for), updates them with a fresh token each
   and appends their ``dispatching`` events (job-store lessons §2-3);
-* a fenced write reads the job ``FOR UPDATE`` filtered by its token (a concurrent writer waits,
-  then re-checks the filter against the row as committed), then writes the change and its event
-  in one statement.
+* fenced writes come in group-committed batches (:mod:`gpugate.store.group_commit`): one
+  statement locks the batch's jobs ``FOR UPDATE`` in id order (a concurrent writer waits, then
+  reads the row as committed; two batches never deadlock), the fence is checked against the row
+  as read, and each change is written with its event in one statement;
+* creations come in batches too: one ``INSERT ... SELECT FROM unnest(...)`` for the batch.
+
+Both run pipelined (psycopg's pipeline mode): ``BEGIN`` and the first statement travel together,
+and the writes, ``COMMIT`` and the answer to them in one more round trip.
 """
 
 from __future__ import annotations
@@ -27,14 +32,14 @@ from gpugate.store.jobs_base import (
     JobEvent,
     JobPage,
     JobRecord,
-    NewJob,
     check_runtime,
     job_cursor,
     parse_job_cursor,
 )
-from gpugate.store.jobs_writes import JobWrites
+from gpugate.store.jobs_writes import Created, Creation, JobWrites, LeasedWrite, fenced, written
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from contextlib import AbstractAsyncContextManager
 
     import psycopg
@@ -54,20 +59,28 @@ _EVENT_FROM = (
     " %(detail)s FROM {source}"
 )
 JOBS_CHANNEL = "gpugate_jobs"
-_NOTIFY = f"SELECT pg_notify('{JOBS_CHANNEL}', %(slug)s)"
-_INSERT_JOB = f"""
-WITH created AS (
+_INSERT_JOBS = f"""
+WITH wanted AS (
+    SELECT * FROM unnest(%(slug)s::text[], %(idempotency_key)s::text[], %(model)s::text[],
+                         %(job_class)s::text[], %(operation)s::text[], %(input)s::jsonb[],
+                         %(input_ref)s::text[], %(runner)s::text[], %(not_before)s::timestamptz[],
+                         %(allow_external)s::boolean[], %(at)s::timestamptz[])
+        WITH ORDINALITY AS w(slug, idempotency_key, model, class, operation, input, input_ref,
+                             runner, not_before, allow_external, at, n)
+), created AS (
     INSERT INTO jobs (slug, idempotency_key, model, class, operation, input, input_ref, runner,
                       state, not_before, allow_external, created_at, updated_at)
-    VALUES (%(slug)s, %(idempotency_key)s, %(model)s, %(job_class)s, %(operation)s, %(input)s,
-            %(input_ref)s, %(runner)s, 'queued', %(not_before)s, %(allow_external)s, %(at)s,
-            %(at)s)
+    SELECT slug, idempotency_key, model, class, operation, input, input_ref, runner, 'queued',
+           not_before, allow_external, at, at
+    FROM wanted ORDER BY n
     ON CONFLICT DO NOTHING
     RETURNING {_COLUMNS}
 ), logged AS (
-    {_EVENT_FROM.format(source="created")}
+    INSERT INTO job_events (job_id, at, status, actor, runtime, detail)
+    SELECT id, created_at, 'queued', %(actor)s, runner, '{{}}'::jsonb FROM created
 )
-SELECT {_COLUMNS} FROM created"""  # noqa: S608 -- constants only; values are bound
+SELECT {_COLUMNS}, pg_notify('{JOBS_CHANNEL}', slug) FROM created"""  # noqa: S608 -- constants
+_LOCK_JOBS = f"{_SELECT_JOB} WHERE slug = ANY(%(slugs)s) ORDER BY id FOR UPDATE"
 _CLAIM = f"""
 WITH picked AS (
     SELECT id FROM jobs
@@ -105,34 +118,36 @@ class PostgresJobs(JobWrites):
 
     if TYPE_CHECKING:
 
-        def _transaction(self) -> AbstractAsyncContextManager[Connection]: ...
+        def _transaction(
+            self, *, pipeline: bool = False
+        ) -> AbstractAsyncContextManager[Connection]: ...
 
-    async def create_job(self, new: NewJob) -> tuple[JobRecord, bool]:
-        slug = new.slug or transitions.new_slug()
+    async def _create_many(self, creations: Sequence[Creation]) -> list[Created | Exception]:
+        news = [c.new for c in creations]
         params = {
-            "slug": slug,
-            "idempotency_key": new.idempotency_key,
-            "model": new.model,
-            "job_class": new.job_class,
-            "operation": new.operation,
-            "input": Jsonb(new.input),
-            "input_ref": new.input_ref,
-            "runner": new.runner,
-            "not_before": new.not_before,
-            "allow_external": new.allow_external,
+            "slug": [c.slug for c in creations],
+            "idempotency_key": [n.idempotency_key for n in news],
+            "model": [n.model for n in news],
+            "job_class": [n.job_class for n in news],
+            "operation": [n.operation for n in news],
+            "input": [Jsonb(n.input) for n in news],
+            "input_ref": [n.input_ref for n in news],
+            "runner": [n.runner for n in news],
+            "not_before": [n.not_before for n in news],
+            "allow_external": [n.allow_external for n in news],
+            "at": [c.now for c in creations],
+            "actor": transitions.CREATE_ACTOR,
         }
-        params |= _event_params(self._clock.now(), transitions.created_event(new.runner))
-        async with self._transaction() as conn:
-            row = await (await conn.execute(_INSERT_JOB, params)).fetchone()
-            if row is not None:
-                await conn.execute(_NOTIFY, {"slug": slug})  # delivered at commit
-                return _job(row), True
-            if new.idempotency_key is not None:
-                sql = f"{_SELECT_JOB} WHERE idempotency_key = %(idempotency_key)s"
-                existing = await (await conn.execute(sql, params)).fetchone()
-                if existing is not None:
-                    return _job(existing), False
-        raise BadRequest(f"job slug {slug!r} is taken")
+        async with self._transaction(pipeline=True) as conn:
+            rows = await (await conn.execute(_INSERT_JOBS, params)).fetchall()
+            inserted = {job.slug: job for job in (_job(row[:-1]) for row in rows)}
+            keys = [n.idempotency_key for n in news if n.idempotency_key is not None]
+            existing: dict[str | None, JobRecord] = {}
+            if len(inserted) < len(creations) and keys:
+                sql = f"{_SELECT_JOB} WHERE idempotency_key = ANY(%(keys)s)"
+                cursor = await conn.execute(sql, {"keys": keys})
+                existing = {job.idempotency_key: job for job in map(_job, await cursor.fetchall())}
+        return _creations(creations, inserted, existing)
 
     async def get_job(self, slug: str) -> JobRecord | None:
         async with self._transaction() as conn:
@@ -213,7 +228,7 @@ class PostgresJobs(JobWrites):
         return await self._jobs(_CLAIM.format(only=only), params | extra)
 
     async def _jobs(self, sql: str, params: dict[str, Any]) -> list[JobRecord]:
-        async with self._transaction() as conn:
+        async with self._transaction(pipeline=True) as conn:
             cursor = await conn.execute(sql, params)
             return [_job(row) for row in await cursor.fetchall()]
 
@@ -224,12 +239,30 @@ class PostgresJobs(JobWrites):
             raise StoreError("count(*) returned no row")
         return int(row[0])
 
-    async def _change_leased(
-        self, slug: str, token: str, now: datetime, decide: Decide
-    ) -> JobRecord | None:
-        sql = f"""{_SELECT_JOB}
-            WHERE slug = %(slug)s AND lease_token = %(token)s AND {_LEASED} FOR UPDATE"""
-        return await self._change(sql, {"slug": slug, "token": token}, now, decide)
+    async def _change_leased_many(
+        self, writes: Sequence[LeasedWrite]
+    ) -> list[JobRecord | Exception | None]:
+        slugs = list(dict.fromkeys(write.slug for write in writes))
+        outcomes: list[JobRecord | Exception | None] = []
+        async with self._transaction(pipeline=True) as conn:
+            cursor = await conn.execute(_LOCK_JOBS, {"slugs": slugs})
+            jobs = {job.slug: job for job in map(_job, await cursor.fetchall())}
+            for write in writes:
+                job = jobs.get(write.slug)
+                if job is None or not fenced(job, write.token):
+                    outcomes.append(None)
+                    continue
+                try:
+                    change = write.decide(job)
+                    statement = _write_statement(job, change, write.now)
+                except Exception as exc:  # noqa: BLE001 - this write's own failure is its answer
+                    outcomes.append(exc)
+                    continue
+                if statement is not None:
+                    await conn.execute(*statement)  # pipelined: sent with the COMMIT
+                job = jobs[write.slug] = written(job, change)
+                outcomes.append(job)
+        return outcomes
 
     async def _change_job(self, slug: str, now: datetime, decide: Decide) -> JobRecord | None:
         return await self._change(
@@ -267,6 +300,48 @@ async def _apply(
     if row is None:
         raise StoreError(f"job {job.slug} vanished while locked")
     return _job(row)
+
+
+def _write_statement(
+    job: JobRecord, change: transitions.Change, now: datetime
+) -> tuple[str, dict[str, Any]] | None:
+    """The one statement that writes ``change`` to the (locked) row and appends its event."""
+    if not change.values:
+        return None
+    params: dict[str, Any] = {"id": job.id}
+    params |= {f"v_{name}": _encode(name, value) for name, value in change.values.items()}
+    sets = ", ".join(f"{name} = %(v_{name})s" for name in change.values)
+    sql = f"UPDATE jobs SET {sets} WHERE id = %(id)s"  # noqa: S608 -- column names are constants
+    if change.event is not None:
+        params |= _event_params(now, change.event)
+        logged = _EVENT_FROM.format(source="changed")
+        sql = f"WITH changed AS ({sql} RETURNING id) {logged}"
+    return sql, params
+
+
+def _creations(
+    creations: Sequence[Creation],
+    inserted: dict[str, JobRecord],
+    existing: dict[str | None, JobRecord],
+) -> list[Created | Exception]:
+    """Each creation's answer: the job it inserted, or the job holding its key, or BadRequest."""
+    outcomes: list[Created | Exception] = []
+    taken: set[str] = set()
+    for creation in creations:
+        key = creation.new.idempotency_key
+        job = inserted.get(creation.slug)
+        if job is not None and job.idempotency_key == key and creation.slug not in taken:
+            taken.add(creation.slug)
+            outcomes.append((job, True))
+        elif key is not None and (job := _inserted_by_key(inserted, key) or existing.get(key)):
+            outcomes.append((job, False))
+        else:
+            outcomes.append(BadRequest(f"job slug {creation.slug!r} is taken"))
+    return outcomes
+
+
+def _inserted_by_key(inserted: dict[str, JobRecord], key: str) -> JobRecord | None:
+    return next((job for job in inserted.values() if job.idempotency_key == key), None)
 
 
 def _event_params(at: datetime, event: transitions.EventDraft) -> dict[str, Any]:

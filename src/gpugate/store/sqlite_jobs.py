@@ -9,6 +9,7 @@ that is what makes idempotent creation, claims and fenced writes race-free here.
 from __future__ import annotations
 
 import json
+import sqlite3
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,22 +21,21 @@ from gpugate.store.jobs_base import (
     JobEvent,
     JobPage,
     JobRecord,
-    NewJob,
     check_runtime,
     job_cursor,
     parse_job_cursor,
 )
-from gpugate.store.jobs_writes import JobWrites
+from gpugate.store.jobs_writes import Created, Creation, JobWrites, LeasedWrite
 from gpugate.store.sqlite_codec import json_text, text_time, time_text
 
 if TYPE_CHECKING:
-    import sqlite3
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from datetime import datetime
 
     from gpugate.store.jobs_writes import Decide
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 _COLUMNS = ", ".join(transitions.JOB_COLUMNS)
 _SELECT_JOB = f"SELECT {_COLUMNS} FROM jobs"  # noqa: S608 -- constants only
@@ -72,37 +72,8 @@ class SqliteJobs(JobWrites):
 
         async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
 
-    async def create_job(self, new: NewJob) -> tuple[JobRecord, bool]:
-        now = self._clock.now()
-        slug = new.slug or transitions.new_slug()
-        params = {
-            "slug": slug,
-            "idempotency_key": new.idempotency_key,
-            "model": new.model,
-            "job_class": new.job_class,
-            "operation": new.operation,
-            "input": json_text(new.input),
-            "input_ref": new.input_ref,
-            "runner": new.runner,
-            "not_before": None if new.not_before is None else time_text(new.not_before),
-            "allow_external": int(new.allow_external),
-            "now": time_text(now),
-        }
-
-        def work(conn: sqlite3.Connection) -> tuple[JobRecord, bool]:
-            row = conn.execute(_INSERT_JOB, params).fetchone()
-            if row is not None:
-                job = _job(row)
-                _insert_event(conn, job.id, now, transitions.created_event(job.runner))
-                return job, True
-            if new.idempotency_key is not None:
-                sql = f"{_SELECT_JOB} WHERE idempotency_key = :idempotency_key"
-                existing = conn.execute(sql, params).fetchone()
-                if existing is not None:
-                    return _job(existing), False
-            raise BadRequest(f"job slug {slug!r} is taken")
-
-        return await self._write(work)
+    async def _create_many(self, creations: Sequence[Creation]) -> list[Created | Exception]:
+        return await self._write(partial(_each, _create, creations))
 
     async def get_job(self, slug: str) -> JobRecord | None:
         def work(conn: sqlite3.Connection) -> JobRecord | None:
@@ -188,15 +159,68 @@ class SqliteJobs(JobWrites):
     async def _count(self, sql: str, params: dict[str, Any]) -> int:
         return await self._read(lambda conn: int(conn.execute(sql, params).fetchone()[0]))
 
-    async def _change_leased(
-        self, slug: str, token: str, now: datetime, decide: Decide
-    ) -> JobRecord | None:
-        sql = f"{_SELECT_JOB} WHERE slug = :slug AND lease_token = :token AND {_LEASED}"
-        return await self._write(partial(_change, sql, {"slug": slug, "token": token}, now, decide))
+    async def _change_leased_many(
+        self, writes: Sequence[LeasedWrite]
+    ) -> list[JobRecord | Exception | None]:
+        return await self._write(partial(_each, _change_leased, writes))
 
     async def _change_job(self, slug: str, now: datetime, decide: Decide) -> JobRecord | None:
         sql = f"{_SELECT_JOB} WHERE slug = :slug"
         return await self._write(partial(_change, sql, {"slug": slug}, now, decide))
+
+
+def _each(
+    work: Callable[[sqlite3.Connection, Item], T], items: Sequence[Item], conn: sqlite3.Connection
+) -> list[T | Exception]:
+    """``work`` for each item inside the caller's transaction, each under its own savepoint:
+    an item that raises leaves no trace and its exception is its answer; the others commit.
+    SQLite's own errors fail the whole transaction (the store turns them into StoreError)."""
+    outcomes: list[T | Exception] = []
+    for item in items:
+        conn.execute("SAVEPOINT item")
+        try:
+            outcomes.append(work(conn, item))
+        except sqlite3.Error:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this item's own failure is its answer
+            conn.execute("ROLLBACK TO item")
+            outcomes.append(exc)
+        conn.execute("RELEASE item")
+    return outcomes
+
+
+def _create(conn: sqlite3.Connection, creation: Creation) -> Created:
+    new, slug, now = creation.new, creation.slug, creation.now
+    params = {
+        "slug": slug,
+        "idempotency_key": new.idempotency_key,
+        "model": new.model,
+        "job_class": new.job_class,
+        "operation": new.operation,
+        "input": json_text(new.input),
+        "input_ref": new.input_ref,
+        "runner": new.runner,
+        "not_before": None if new.not_before is None else time_text(new.not_before),
+        "allow_external": int(new.allow_external),
+        "now": time_text(now),
+    }
+    row = conn.execute(_INSERT_JOB, params).fetchone()
+    if row is not None:
+        job = _job(row)
+        _insert_event(conn, job.id, now, transitions.created_event(job.runner))
+        return job, True
+    if new.idempotency_key is not None:
+        sql = f"{_SELECT_JOB} WHERE idempotency_key = :idempotency_key"
+        existing = conn.execute(sql, params).fetchone()
+        if existing is not None:
+            return _job(existing), False
+    raise BadRequest(f"job slug {slug!r} is taken")
+
+
+def _change_leased(conn: sqlite3.Connection, write: LeasedWrite) -> JobRecord | None:
+    sql = f"{_SELECT_JOB} WHERE slug = :slug AND lease_token = :token AND {_LEASED}"
+    params = {"slug": write.slug, "token": write.token}
+    return _change(sql, params, write.now, write.decide, conn)
 
 
 def _claim(
