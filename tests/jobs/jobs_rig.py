@@ -187,10 +187,13 @@ class Rig:
                 while runtime._tasks:
                     await asyncio.gather(*list(runtime._tasks), return_exceptions=True)
 
-    async def until(self, slug: str, state: str, *, within_s: float = 5.0) -> JobRecord:
-        """Wait (bounded, in real time) until the job is in ``state``."""
+    async def until(
+        self, slug: str, state: str, *, submitted: bool = False, within_s: float = 5.0
+    ) -> JobRecord:
+        """Wait (bounded, in real time) until the job is in ``state`` (and, ``submitted``, its
+        lease is a runtime's call: the claim and the recorded submit are two transactions)."""
         async with asyncio.timeout(within_s):
-            while (job := await self.job(slug)).state != state:
+            while (job := await self.job(slug)).state != state or (submitted and job.call is None):
                 await asyncio.sleep(0.01)
         return job
 

@@ -133,7 +133,7 @@ async def test_a_deferred_job_is_dispatched_by_the_loop_when_its_backoff_ends(ds
             await asyncio.sleep(0.05)
             before = (await r.job("b")).state
             r.clock.advance(5)  # the AT_CAPACITY backoff, well before the sweep
-            b = await r.until("b", "dispatching")
+            b = await r.until("b", "dispatching", submitted=True)
     assert "queued" == before
     assert "home-1:home-1-call-2" == b.leased_by
 

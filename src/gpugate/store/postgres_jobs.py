@@ -247,6 +247,7 @@ class PostgresJobs(JobWrites):
         async with self._transaction(pipeline=True) as conn:
             cursor = await conn.execute(_LOCK_JOBS, {"slugs": slugs})
             jobs = {job.slug: job for job in map(_job, await cursor.fetchall())}
+            batch = _Batch()
             for write in writes:
                 job = jobs.get(write.slug)
                 if job is None or not fenced(job, write.token):
@@ -254,14 +255,15 @@ class PostgresJobs(JobWrites):
                     continue
                 try:
                     change = write.decide(job)
-                    statement = _write_statement(job, change, write.now)
+                    batch.add(job, change, write.now)
                 except Exception as exc:  # noqa: BLE001 - this write's own failure is its answer
                     outcomes.append(exc)
                     continue
-                if statement is not None:
-                    await conn.execute(*statement)  # pipelined: sent with the COMMIT
                 job = jobs[write.slug] = written(job, change)
                 outcomes.append(job)
+            statement = batch.statement(jobs)
+            if statement is not None:
+                await conn.execute(*statement)  # pipelined: sent with the COMMIT
         return outcomes
 
     async def _change_job(self, slug: str, now: datetime, decide: Decide) -> JobRecord | None:
@@ -302,21 +304,89 @@ async def _apply(
     return _job(row)
 
 
-def _write_statement(
-    job: JobRecord, change: transitions.Change, now: datetime
-) -> tuple[str, dict[str, Any]] | None:
-    """The one statement that writes ``change`` to the (locked) row and appends its event."""
-    if not change.values:
-        return None
-    params: dict[str, Any] = {"id": job.id}
-    params |= {f"v_{name}": _encode(name, value) for name, value in change.values.items()}
-    sets = ", ".join(f"{name} = %(v_{name})s" for name in change.values)
-    sql = f"UPDATE jobs SET {sets} WHERE id = %(id)s"  # noqa: S608 -- column names are constants
-    if change.event is not None:
-        params |= _event_params(now, change.event)
-        logged = _EVENT_FROM.format(source="changed")
-        sql = f"WITH changed AS ({sql} RETURNING id) {logged}"
-    return sql, params
+_COLUMN_TYPES = {
+    "runner": "text",
+    "state": "text",
+    "attempts": "jsonb",
+    "submit_count": "integer",
+    "rescue_count": "integer",
+    "leased_by": "text",
+    "lease_token": "text",
+    "lease_expires_at": "timestamptz",
+    "not_before": "timestamptz",
+    "result": "jsonb",
+    "result_ref": "text",
+    "error_code": "text",
+    "error_message": "text",
+    "cost_cents": "double precision",
+    "updated_at": "timestamptz",
+    "finished_at": "timestamptz",
+}
+_EVENT_TYPES = {
+    "job_id": "bigint",
+    "at": "timestamptz",
+    "status": "text",
+    "actor": "text",
+    "runtime": "text",
+    "call_id": "text",
+    "error_code": "text",
+    "detail": "jsonb",
+}
+
+
+class _Batch:
+    """The writes of one batch of changes as ONE statement: each job's final values (jobs
+    changing the same columns updated together, ``UPDATE ... FROM unnest(...)``) and every
+    event, in order (``INSERT ... SELECT FROM unnest(...)``)."""
+
+    def __init__(self) -> None:
+        self._columns: dict[str, set[str]] = {}  # slug -> the columns its changes set
+        self._events: dict[str, list[Any]] = {name: [] for name in _EVENT_TYPES}
+
+    def add(self, job: JobRecord, change: transitions.Change, now: datetime) -> None:
+        if not change.values:
+            return
+        for name in change.values:
+            if name not in _COLUMN_TYPES:
+                raise ValueError(f"no column type for {name!r}")
+        event = change.event
+        if event is not None:
+            row = (job.id, now, event.status, event.actor, event.runtime, event.call_id)
+            for values, value in zip(
+                self._events.values(), (*row, event.error_code, Jsonb(event.detail)), strict=True
+            ):
+                values.append(value)
+        self._columns.setdefault(job.slug, set()).update(change.values)
+
+    def statement(self, jobs: dict[str, JobRecord]) -> tuple[str, dict[str, Any]] | None:
+        if not self._columns:
+            return None
+        groups: dict[tuple[str, ...], list[JobRecord]] = {}
+        for slug, columns in self._columns.items():
+            groups.setdefault(tuple(sorted(columns)), []).append(jobs[slug])
+        params: dict[str, Any] = {}
+        updates = []
+        for n, (names, group) in enumerate(groups.items()):
+            params[f"u{n}_id"] = [job.id for job in group]
+            arrays = [f"%(u{n}_id)s::bigint[]"]
+            for name in names:
+                params[f"u{n}_{name}"] = [_encode(name, getattr(job, name)) for job in group]
+                arrays.append(f"%(u{n}_{name})s::{_COLUMN_TYPES[name]}[]")
+            sets = ", ".join(f"{name} = v.{name}" for name in names)
+            updates.append(
+                f"u{n} AS (UPDATE jobs SET {sets} FROM unnest({', '.join(arrays)})"  # noqa: S608
+                f" AS v(id, {', '.join(names)}) WHERE jobs.id = v.id)"
+            )
+        if self._events["job_id"]:
+            params |= {f"e_{name}": values for name, values in self._events.items()}
+            arrays = [f"%(e_{name})s::{kind}[]" for name, kind in _EVENT_TYPES.items()]
+            last = (
+                f"INSERT INTO job_events ({', '.join(_EVENT_TYPES)})"  # noqa: S608 -- constants
+                f" SELECT * FROM unnest({', '.join(arrays)})"
+            )
+        else:
+            last = "SELECT 1"
+        return f"WITH {', '.join(updates)} {last}", params
 
 
 def _creations(
