@@ -146,6 +146,7 @@ class PostgresStore(PostgresJobs):
                 max_size=self._max_size,
                 open=False,
                 timeout=self._connect_timeout_s,
+                kwargs={"autocommit": True},  # transactions are explicit: _transaction()
                 name="gpugate-store",
             )
             try:
@@ -325,22 +326,21 @@ class PostgresStore(PostgresJobs):
             return await _schema_version(conn)
 
     @asynccontextmanager
-    async def _transaction(self, *, pipeline: bool = False) -> AsyncIterator[Connection]:
+    async def _transaction(self, *, single: bool = False) -> AsyncIterator[Connection]:
         """A pooled connection in a transaction; the one place psycopg's exceptions become ours.
 
-        ``pipeline``: in psycopg's pipeline mode, so that ``BEGIN`` travels with the first
-        statement, and the statements whose results are not fetched travel with ``COMMIT``.
+        ``single``: for one statement, which is atomic on its own: no ``BEGIN`` and ``COMMIT``,
+        two round trips saved (the pool's connections are in autocommit mode).
         """
         pool = self._pool
         if pool is None:
             raise StoreUnavailable(f"the PostgreSQL store {self._shown} is not open")
         try:
             async with pool.connection() as conn:
-                if not pipeline:
-                    async with conn.transaction():
-                        yield conn
+                if single:
+                    yield conn
                     return
-                async with conn.pipeline(), conn.transaction():
+                async with conn.transaction():
                     yield conn
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"PostgreSQL store {self._shown}: {_first_line(exc)}") from exc
