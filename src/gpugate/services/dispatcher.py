@@ -114,7 +114,7 @@ class Dispatcher:
         clock: Clock,
         metrics: DispatchMetrics | None = None,
         *,
-        batch: int = 10,
+        batch: int = 32,
         capacity_backoff_s: float = 5.0,
         shed_backoff_s: float = 15.0,
         max_batches: int = 100,
