@@ -408,7 +408,12 @@ def _iso(value: Any) -> Any:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    """A batch's rows as one JSON document; StoreError for a value JSON cannot hold (as
+    psycopg's own Jsonb would), which the group commit then pins on the write at fault."""
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"a job write holds a value JSON cannot hold: {exc}") from exc
 
 
 def _creations(
