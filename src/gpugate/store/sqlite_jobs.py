@@ -25,7 +25,7 @@ from gpugate.store.jobs_base import (
     job_cursor,
     parse_job_cursor,
 )
-from gpugate.store.jobs_writes import Created, Creation, JobWrites, LeasedWrite
+from gpugate.store.jobs_writes import Created, Creation, JobWrites, LeasedWrite, written
 from gpugate.store.sqlite_codec import json_text, text_time, time_text
 
 if TYPE_CHECKING:
@@ -172,20 +172,19 @@ class SqliteJobs(JobWrites):
 def _each(
     work: Callable[[sqlite3.Connection, Item], T], items: Sequence[Item], conn: sqlite3.Connection
 ) -> list[T | Exception]:
-    """``work`` for each item inside the caller's transaction, each under its own savepoint:
-    an item that raises leaves no trace and its exception is its answer; the others commit.
-    SQLite's own errors fail the whole transaction (the store turns them into StoreError)."""
+    """``work`` for each item inside the caller's transaction; an item that raises is its own
+    answer and the others commit. ``work`` raises only before it writes (it prepares every
+    value first), so a failed item leaves nothing behind; SQLite's own errors fail the whole
+    transaction (the store turns them into StoreError, and the group commit retries each
+    item alone)."""
     outcomes: list[T | Exception] = []
     for item in items:
-        conn.execute("SAVEPOINT item")
         try:
             outcomes.append(work(conn, item))
         except sqlite3.Error:
             raise
         except Exception as exc:  # noqa: BLE001 - this item's own failure is its answer
-            conn.execute("ROLLBACK TO item")
             outcomes.append(exc)
-        conn.execute("RELEASE item")
     return outcomes
 
 
@@ -248,23 +247,30 @@ def _change(
 def _apply(
     conn: sqlite3.Connection, job: JobRecord, change: transitions.Change, now: datetime
 ) -> JobRecord:
-    """Write ``change`` to the job's row and append its event; the job as written."""
+    """Write ``change`` to the job's row and append its event; the job as written.
+
+    Every value is encoded before the first write, so whatever raises leaves nothing behind.
+    """
     if not change.values:
         return job
     sets = ", ".join(f"{name} = :{name}" for name in change.values)
     params = {name: _encode(name, value) for name, value in change.values.items()}
     params["id"] = job.id
-    sql = f"UPDATE jobs SET {sets} WHERE id = :id RETURNING {_COLUMNS}"  # noqa: S608
-    written = _job(conn.execute(sql, params).fetchone())
-    if change.event is not None:
-        _insert_event(conn, written.id, now, change.event)
-    return written
+    event = None if change.event is None else _event_params(job.id, now, change.event)
+    conn.execute(f"UPDATE jobs SET {sets} WHERE id = :id", params)  # noqa: S608 -- columns
+    if event is not None:
+        conn.execute(_INSERT_EVENT, event)
+    return written(job, change)
 
 
 def _insert_event(
     conn: sqlite3.Connection, job_id: int, at: datetime, event: transitions.EventDraft
 ) -> None:
-    params = {
+    conn.execute(_INSERT_EVENT, _event_params(job_id, at, event))
+
+
+def _event_params(job_id: int, at: datetime, event: transitions.EventDraft) -> dict[str, Any]:
+    return {
         "job_id": job_id,
         "at": time_text(at),
         "status": event.status,
@@ -274,7 +280,6 @@ def _insert_event(
         "error_code": event.error_code,
         "detail": json_text(event.detail),
     }
-    conn.execute(_INSERT_EVENT, params)
 
 
 def _encode(name: str, value: Any) -> Any:
