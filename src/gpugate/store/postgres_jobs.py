@@ -226,7 +226,7 @@ class PostgresJobs(JobWrites):
             "now": now,
             "limit": limit,
             "suffix": transitions.DISPATCHER_SUFFIX,
-            "tokens": [transitions.new_lease_token() for _ in range(limit)],
+            "tokens": transitions.new_lease_tokens(limit),
             "expires_at": now + timedelta(seconds=transitions.check_lease_s(lease_s)),
             "actor": transitions.CLAIM_ACTOR,
         }

@@ -225,10 +225,10 @@ def _change_leased(conn: sqlite3.Connection, write: LeasedWrite) -> JobRecord | 
 def _claim(
     sql: str, params: dict[str, Any], now: datetime, lease_s: float, conn: sqlite3.Connection
 ) -> list[JobRecord]:
+    rows = conn.execute(sql, params).fetchall()
     claimed = []
-    for row in conn.execute(sql, params).fetchall():
+    for row, token in zip(rows, transitions.new_lease_tokens(len(rows)), strict=True):
         job = _job(row)
-        token = transitions.new_lease_token()
         change = transitions.claim(job, now=now, lease_s=lease_s, token=token)
         claimed.append(_apply(conn, job, change, now))
     return claimed
