@@ -10,8 +10,10 @@ Many replicas share the table, and the database settles every race:
 * fenced writes come in group-committed batches (:mod:`gpugate.store.group_commit`): one
   statement locks the batch's jobs ``FOR UPDATE`` in id order (a concurrent writer waits, then
   reads the row as committed; two batches never deadlock), the fence is checked against the row
-  as read, and each change is written with its event in one statement;
-* creations come in batches too: one ``INSERT ... SELECT FROM unnest(...)`` for the batch.
+  as read (so two writes of one job in a batch see each other), and the batch's changes and
+  events are written in one statement;
+* creations come in batches too: one ``INSERT ... SELECT`` for the batch, its events and its
+  ``NOTIFY`` in the same statement.
 
 A batch's rows travel as one JSON document (``jsonb_to_recordset``): one ``json.dumps`` in C,
 where psycopg's array dumpers cost a Python call per value. A single statement (a claim, a batch
