@@ -28,6 +28,19 @@ class Clock(Protocol):
         ...
 
 
+def honour_cancellation() -> None:
+    """Raise :class:`asyncio.CancelledError` if this task was asked to stop.
+
+    A library that catches the cancellation of a call it was awaiting and carries on (the
+    request was cancelled, the task was not) leaves the task running with the request pending;
+    a loop that then sleeps would never stop, and shutdown would wait for it for ever. Every
+    loop sleeps through a :class:`Clock`, so that is where the request is honoured.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class SystemClock:
     """The real clock."""
 
@@ -38,6 +51,7 @@ class SystemClock:
         return time.monotonic()
 
     async def sleep(self, seconds: float) -> None:
+        honour_cancellation()
         await asyncio.sleep(seconds)
 
     def __repr__(self) -> str:
@@ -62,6 +76,7 @@ class ManualClock:
         return self._mono
 
     async def sleep(self, seconds: float) -> None:
+        honour_cancellation()
         if seconds <= 0:
             await asyncio.sleep(0)
             return

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, TypeVar
 
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
@@ -52,6 +52,7 @@ from gpugate.services.runtimes.base import Runtime, Submission
 from gpugate.store import JobEvent, JobRecord, JobStore
 
 log = logging.getLogger("gpugate.dispatcher")
+_T = TypeVar("_T")
 
 ACTOR = "dispatcher"
 Outcome = Literal["dispatched", "deferred", "failed", "stale", "error"]
@@ -87,6 +88,15 @@ class _Tally:
     walked: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Submitted:
+    """A runtime took the job; the call is still to be recorded."""
+
+    runtime: str
+    token: str
+    submission: Submission
+
+
 class Dispatcher:
     """Claims jobs and submits them along their chain; see the module docstring.
 
@@ -104,7 +114,7 @@ class Dispatcher:
         clock: Clock,
         metrics: DispatchMetrics | None = None,
         *,
-        batch: int = 10,
+        batch: int = 32,
         capacity_backoff_s: float = 5.0,
         shed_backoff_s: float = 15.0,
         max_batches: int = 100,
@@ -162,11 +172,19 @@ class Dispatcher:
         return await self._dispatch_all([job] if job is not None else [])
 
     async def _dispatch_all(self, jobs: Sequence[JobRecord]) -> DispatchReport:
+        """Walk each job in turn up to its submit; the calls are recorded together.
+
+        The walks run one after the other (each sees the calls the previous ones took, for
+        ``max_concurrency``); recording a call (:meth:`_record`) is left running while the next
+        job is walked, so the batch's ``record_submit`` writes reach the store together and are
+        group-committed in one transaction instead of one each.
+        """
         report = DispatchReport(claimed=len(jobs))
         if jobs:
             views = await self._live_views()
-            for job in jobs:
-                report += await self._dispatch_safely(job, views)
+            finishing = [await self._dispatch_safely(job, views) for job in jobs]
+            for finished in await asyncio.gather(*finishing):
+                report += finished
         self.totals += report
         return report
 
@@ -184,18 +202,36 @@ class Dispatcher:
 
     async def _dispatch_safely(
         self, job: JobRecord, views: dict[str, RuntimeView]
-    ) -> DispatchReport:
+    ) -> asyncio.Future[DispatchReport]:
+        """Walk the job; what is left once it was submitted (recording the call) is the task
+        returned, whose result is the job's report."""
         tally = _Tally()
+        walked = await self._settle(job, self._dispatch(job, views, tally))
+        if isinstance(walked, _Submitted):
+            return asyncio.ensure_future(self._finish(job, walked, tally))
+        done: asyncio.Future[DispatchReport] = asyncio.get_running_loop().create_future()
+        done.set_result(self._count(walked, tally))
+        return done
+
+    async def _finish(self, job: JobRecord, submitted: _Submitted, tally: _Tally) -> DispatchReport:
+        record = self._record(job, submitted.token, submitted.runtime, submitted.submission)
+        return self._count(await self._settle(job, record), tally)
+
+    @staticmethod
+    async def _settle(job: JobRecord, work: Awaitable[_T]) -> _T | tuple[Outcome, str]:
         try:
-            outcome, runtime = await self._dispatch(job, views, tally)
+            return await work
         except StaleLease:
             log.info("job %s: lease taken over while dispatching; letting it go", job.slug)
-            outcome, runtime = "stale", ""
+            return "stale", ""
         except Exception:
             # One job's trouble must not stop the others; its dispatcher lease runs out and
             # the reaper takes it back (counted against max_rescues).
             log.exception("job %s: dispatch failed", job.slug)
-            outcome, runtime = "error", ""
+            return "error", ""
+
+    def _count(self, settled: tuple[Outcome, str], tally: _Tally) -> DispatchReport:
+        outcome, runtime = settled
         if self._metrics is not None:
             self._metrics(outcome, runtime)
         counts = dict.fromkeys(("dispatched", "deferred", "failed", "stale", "errors"), 0)
@@ -206,7 +242,8 @@ class Dispatcher:
 
     async def _dispatch(
         self, job: JobRecord, views: dict[str, RuntimeView], tally: _Tally
-    ) -> tuple[Outcome, str]:
+    ) -> tuple[Outcome, str] | _Submitted:
+        """The job's walk up to the runtime that took it (or how it ended without one)."""
         cfg = self._config()
         token = job.lease_token
         assert token is not None, "a claimed job holds a lease token"
@@ -254,11 +291,10 @@ class Dispatcher:
                 )
                 step = decision if isinstance(decision, Submit) else walk.next()
                 continue
-            await self._record(job, token, name, submission, cfg)
             view = views.get(name)
-            if view is not None:
+            if view is not None:  # taken now, for the walks of the batch's next jobs
                 views[name] = replace(view, leased=view.leased + 1)
-            return "dispatched", name
+            return _Submitted(name, token, submission)
         if isinstance(step, Defer):
             await self._defer(job, token, step)
             return "deferred", ""
@@ -266,9 +302,10 @@ class Dispatcher:
         return "failed", ""
 
     async def _record(
-        self, job: JobRecord, token: str, name: str, submission: Submission, cfg: GatewayConfig
-    ) -> None:
+        self, job: JobRecord, token: str, name: str, submission: Submission
+    ) -> tuple[Outcome, str]:
         """Record the call, then let the runtime start it; cancel it if it cannot be recorded."""
+        cfg = self._config()
         runtime = self._runtimes[name]
         try:
             recorded = await self._store.record_submit(
@@ -276,7 +313,7 @@ class Dispatcher:
                 token,
                 runtime=name,
                 call_id=submission.call_id,
-                lease_s=cfg.jobs.quiet_s,
+                lease_s=runtime.call_lease_s or cfg.jobs.quiet_s,
                 running=submission.running,
                 actor=ACTOR,
             )
@@ -287,6 +324,7 @@ class Dispatcher:
             await runtime.cancel(submission.call_id)
             raise StaleLease(f"job {job.slug}: the call {submission.call_id} was not recorded")
         await runtime.confirm(submission.call_id)
+        return "dispatched", name
 
     async def _defer(self, job: JobRecord, token: str, defer: Defer) -> None:
         await self._fenced(

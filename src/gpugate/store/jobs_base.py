@@ -231,12 +231,14 @@ class JobPage:
 class JobStore(Protocol):
     """The durable jobs: creation, claims, fenced lease-holder writes, operator verbs, reaping.
 
-    Every method is one transaction (on SQLite one hop to the store's thread) and takes its time
-    from the store's clock. Lifecycle: :meth:`create_job` (``queued``) -> :meth:`claim_jobs` or
-    :meth:`claim_job` (``dispatching``, a fresh lease and token) -> :meth:`promote_runner`,
-    :meth:`record_submit`, :meth:`record_attempt_failure` -> :meth:`mark_running` (or
-    ``record_submit(running=True)``) -> :meth:`complete` | :meth:`fail`; :meth:`release` puts a
-    job back in the queue, :meth:`rescue` takes back a lost lease.
+    Every method is atomic (creates and fenced writes in flight at the same moment may share one
+    transaction — group commit — but each succeeds, is refused or fails on its own) and takes
+    its time from the store's clock. Lifecycle: :meth:`create_job` (``queued``) ->
+    :meth:`claim_jobs` or :meth:`claim_job` (``dispatching``, a fresh lease and token) ->
+    :meth:`promote_runner`, :meth:`record_submit`, :meth:`record_attempt_failure` ->
+    :meth:`mark_running` (or ``record_submit(running=True)``) -> :meth:`complete` |
+    :meth:`fail`; :meth:`release` puts a job back in the queue, :meth:`rescue` takes back a
+    lost lease.
 
     **Fencing.** Every method that takes ``token`` changes nothing and answers False / None
     unless the job is ``dispatching`` or ``running`` and its current ``lease_token`` equals

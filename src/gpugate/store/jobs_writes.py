@@ -1,25 +1,43 @@
-"""The lease holder's fenced writes, the operator verbs and the rescue, once for every backend.
+"""The job store's writes: creation, the lease holder's fenced writes, the operator verbs and
+the rescue, once for every backend.
 
 Each method validates its arguments, takes the time from the clock and hands one decision
-(a function of :mod:`gpugate.store.jobs_transitions`) to one of two primitives the backend
-implements, each a single transaction:
+(a function of :mod:`gpugate.store.jobs_transitions`) to a primitive the backend implements:
 
-* :meth:`JobWrites._change_leased` reads the job only when it is ``dispatching``/``running``
-  and holds ``token`` (the fence), locked, and writes what the decision says with its event;
-* :meth:`JobWrites._change_job` does the same for the job whatever its lease (operator verbs).
+* :meth:`JobWrites._change_leased_many` applies a batch of fenced decisions in one transaction:
+  for each, it reads the job (locked) and writes the decision's change and event only when the
+  job is ``dispatching``/``running`` and holds the write's token (the fence), in order, so two
+  writes of one job in one batch see each other;
+* :meth:`JobWrites._create_many` stores a batch of new jobs in one transaction;
+* :meth:`JobWrites._change_job` changes one job whatever its lease (operator verbs).
+
+Creates and fenced writes go through :class:`~gpugate.store.group_commit.GroupCommit`: written
+at once when the store is idle, and together with whatever arrived meanwhile when it is busy.
+Each write still succeeds or fails on its own: a backend answers an exception for an item that
+failed, not for the batch.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from datetime import UTC
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from gpugate.store import jobs_transitions as transitions
-from gpugate.store.jobs_base import JobRecord, check_actor, check_aware, check_runtime
+from gpugate.store.group_commit import GroupCommit
+from gpugate.store.jobs_base import (
+    LEASED_STATES,
+    JobRecord,
+    NewJob,
+    check_actor,
+    check_aware,
+    check_runtime,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from datetime import datetime
 
     from gpugate.clock import Clock
@@ -27,18 +45,88 @@ if TYPE_CHECKING:
     Decide = Callable[[JobRecord], transitions.Change]
 
 
+@dataclass(frozen=True, slots=True)
+class LeasedWrite:
+    """One fenced write of a batch: ``decide`` applies to ``slug`` if it holds ``token``."""
+
+    slug: str
+    token: str
+    now: datetime
+    decide: Decide
+
+
+@dataclass(frozen=True, slots=True)
+class Creation:
+    """One job of a batch of creates, its slug chosen and its time taken."""
+
+    new: NewJob
+    slug: str
+    now: datetime
+
+
+Created = tuple[JobRecord, bool]
+
+
+def fenced(job: JobRecord, token: str) -> bool:
+    """The fence: the job is leased (``dispatching``/``running``) and holds ``token``."""
+    return job.state in LEASED_STATES and job.lease_token == token
+
+
+def written(job: JobRecord, change: transitions.Change) -> JobRecord:
+    """The job as ``change`` leaves it: what the backend wrote, as reading it back would give."""
+    if not change.values:
+        return job
+    values = {name: _as_read(name, value) for name, value in change.values.items()}
+    return replace(job, **values)
+
+
+def _as_read(name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if name in transitions.TIME_FIELDS:
+        return value.astimezone(UTC)
+    if name == "cost_cents":
+        return float(value)
+    return value
+
+
 class JobWrites(ABC):
-    """The writes of :class:`gpugate.store.base.JobStore` that change one existing job."""
+    """The writes of :class:`gpugate.store.base.JobStore`, batched by group commit."""
 
     _clock: Clock
+    _leased_group: GroupCommit[LeasedWrite, JobRecord | None] | None = None
+    _create_group: GroupCommit[Creation, Created] | None = None
 
     @abstractmethod
+    async def _change_leased_many(
+        self, writes: Sequence[LeasedWrite]
+    ) -> Sequence[JobRecord | Exception | None]:
+        """In one transaction, in order: for each write, lock the job, and when it is leased
+        with the write's token (:func:`fenced`, against the job as the earlier writes of the
+        batch left it) apply ``decide``'s change and event (at ``now``). Per write: the job as
+        written, None when the fence refuses, or the exception that write alone raised.
+        """
+
+    @abstractmethod
+    async def _create_many(self, creations: Sequence[Creation]) -> Sequence[Created | Exception]:
+        """In one transaction, store each new job as ``queued`` with its ``queued`` event (see
+        :meth:`create_job`); per creation ``(job, created)``, or the exception (BadRequest for
+        a slug taken under another key) of that creation alone.
+        """
+
+    async def create_job(self, new: NewJob) -> tuple[JobRecord, bool]:
+        creation = Creation(new, new.slug or transitions.new_slug(), self._clock.now())
+        if self._create_group is None:
+            self._create_group = GroupCommit(self._create_many)
+        return await self._create_group.submit(creation)
+
     async def _change_leased(
         self, slug: str, token: str, now: datetime, decide: Decide
     ) -> JobRecord | None:
-        """In one transaction: lock the job if leased with ``token``, apply ``decide``'s change
-        and event (at ``now``), return the job as written; None when the fence refuses.
-        """
+        """One fenced write, group-committed with the others in flight."""
+        if self._leased_group is None:
+            self._leased_group = GroupCommit(self._change_leased_many)
+        return await self._leased_group.submit(LeasedWrite(slug, token, now, decide))
 
     @abstractmethod
     async def _change_job(self, slug: str, now: datetime, decide: Decide) -> JobRecord | None:

@@ -143,6 +143,7 @@ class PostgresStore(PostgresJobs, PostgresRuntimeState):
                 max_size=self._max_size,
                 open=False,
                 timeout=self._connect_timeout_s,
+                kwargs={"autocommit": True},  # transactions are explicit: _transaction()
                 name="gpugate-store",
             )
             try:
@@ -322,14 +323,22 @@ class PostgresStore(PostgresJobs, PostgresRuntimeState):
             return await _schema_version(conn)
 
     @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[Connection]:
-        """A pooled connection in a transaction; the one place psycopg's exceptions become ours."""
+    async def _transaction(self, *, single: bool = False) -> AsyncIterator[Connection]:
+        """A pooled connection in a transaction; the one place psycopg's exceptions become ours.
+
+        ``single``: for one statement, which is atomic on its own: no ``BEGIN`` and ``COMMIT``,
+        two round trips saved (the pool's connections are in autocommit mode).
+        """
         pool = self._pool
         if pool is None:
             raise StoreUnavailable(f"the PostgreSQL store {self._shown} is not open")
         try:
-            async with pool.connection() as conn, conn.transaction():
-                yield conn
+            async with pool.connection() as conn:
+                if single:
+                    yield conn
+                    return
+                async with conn.transaction():
+                    yield conn
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"PostgreSQL store {self._shown}: {_first_line(exc)}") from exc
         except psycopg.Error as exc:

@@ -7,13 +7,22 @@ Many replicas share the table, and the database settles every race:
 * a claim is ONE statement: a CTE picks the claimable rows ``FOR UPDATE SKIP LOCKED`` (a row
   another replica is claiming is skipped, not waited for), updates them with a fresh token each
   and appends their ``dispatching`` events (job-store lessons §2-3);
-* a fenced write reads the job ``FOR UPDATE`` filtered by its token (a concurrent writer waits,
-  then re-checks the filter against the row as committed), then writes the change and its event
-  in one statement.
+* fenced writes come in group-committed batches (:mod:`gpugate.store.group_commit`): one
+  statement locks the batch's jobs ``FOR UPDATE`` in id order (a concurrent writer waits, then
+  reads the row as committed; two batches never deadlock), the fence is checked against the row
+  as read (so two writes of one job in a batch see each other), and the batch's changes and
+  events are written in one statement;
+* creations come in batches too: one ``INSERT ... SELECT`` for the batch, its events and its
+  ``NOTIFY`` in the same statement.
+
+A batch's rows travel as one JSON document (``jsonb_to_recordset``): one ``json.dumps`` in C,
+where psycopg's array dumpers cost a Python call per value. A single statement (a claim, a batch
+of creates, a read) runs without ``BEGIN``/``COMMIT``: it is atomic on its own.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -27,14 +36,14 @@ from gpugate.store.jobs_base import (
     JobEvent,
     JobPage,
     JobRecord,
-    NewJob,
     check_runtime,
     job_cursor,
     parse_job_cursor,
 )
-from gpugate.store.jobs_writes import JobWrites
+from gpugate.store.jobs_writes import Created, Creation, JobWrites, LeasedWrite, fenced, written
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from contextlib import AbstractAsyncContextManager
 
     import psycopg
@@ -54,20 +63,28 @@ _EVENT_FROM = (
     " %(detail)s FROM {source}"
 )
 JOBS_CHANNEL = "gpugate_jobs"
-_NOTIFY = f"SELECT pg_notify('{JOBS_CHANNEL}', %(slug)s)"
-_INSERT_JOB = f"""
-WITH created AS (
+_INSERT_JOBS = f"""
+WITH wanted AS (
+    SELECT * FROM ROWS FROM (jsonb_to_recordset(%(rows)s::jsonb)
+        AS (slug text, idempotency_key text, model text, class text, operation text,
+            input jsonb, input_ref text, runner text, not_before timestamptz,
+            allow_external boolean, at timestamptz)) WITH ORDINALITY
+        AS w(slug, idempotency_key, model, class, operation, input, input_ref, runner,
+             not_before, allow_external, at, n)
+), created AS (
     INSERT INTO jobs (slug, idempotency_key, model, class, operation, input, input_ref, runner,
                       state, not_before, allow_external, created_at, updated_at)
-    VALUES (%(slug)s, %(idempotency_key)s, %(model)s, %(job_class)s, %(operation)s, %(input)s,
-            %(input_ref)s, %(runner)s, 'queued', %(not_before)s, %(allow_external)s, %(at)s,
-            %(at)s)
+    SELECT slug, idempotency_key, model, class, operation, input, input_ref, runner, 'queued',
+           not_before, allow_external, at, at
+    FROM wanted ORDER BY n
     ON CONFLICT DO NOTHING
     RETURNING {_COLUMNS}
 ), logged AS (
-    {_EVENT_FROM.format(source="created")}
+    INSERT INTO job_events (job_id, at, status, actor, runtime, detail)
+    SELECT id, created_at, 'queued', %(actor)s, runner, '{{}}'::jsonb FROM created
 )
-SELECT {_COLUMNS} FROM created"""  # noqa: S608 -- constants only; values are bound
+SELECT {_COLUMNS}, pg_notify('{JOBS_CHANNEL}', slug) FROM created"""  # noqa: S608 -- constants
+_LOCK_JOBS = f"{_SELECT_JOB} WHERE slug = ANY(%(slugs)s) ORDER BY id FOR UPDATE"
 _CLAIM = f"""
 WITH picked AS (
     SELECT id FROM jobs
@@ -105,43 +122,48 @@ class PostgresJobs(JobWrites):
 
     if TYPE_CHECKING:
 
-        def _transaction(self) -> AbstractAsyncContextManager[Connection]: ...
+        def _transaction(
+            self, *, single: bool = False
+        ) -> AbstractAsyncContextManager[Connection]: ...
 
-    async def create_job(self, new: NewJob) -> tuple[JobRecord, bool]:
-        slug = new.slug or transitions.new_slug()
-        params = {
-            "slug": slug,
-            "idempotency_key": new.idempotency_key,
-            "model": new.model,
-            "job_class": new.job_class,
-            "operation": new.operation,
-            "input": Jsonb(new.input),
-            "input_ref": new.input_ref,
-            "runner": new.runner,
-            "not_before": new.not_before,
-            "allow_external": new.allow_external,
-        }
-        params |= _event_params(self._clock.now(), transitions.created_event(new.runner))
-        async with self._transaction() as conn:
-            row = await (await conn.execute(_INSERT_JOB, params)).fetchone()
-            if row is not None:
-                await conn.execute(_NOTIFY, {"slug": slug})  # delivered at commit
-                return _job(row), True
-            if new.idempotency_key is not None:
-                sql = f"{_SELECT_JOB} WHERE idempotency_key = %(idempotency_key)s"
-                existing = await (await conn.execute(sql, params)).fetchone()
-                if existing is not None:
-                    return _job(existing), False
-        raise BadRequest(f"job slug {slug!r} is taken")
+    async def _create_many(self, creations: Sequence[Creation]) -> list[Created | Exception]:
+        news = [c.new for c in creations]
+        rows = [
+            {
+                "slug": c.slug,
+                "idempotency_key": c.new.idempotency_key,
+                "model": c.new.model,
+                "class": c.new.job_class,
+                "operation": c.new.operation,
+                "input": c.new.input,
+                "input_ref": c.new.input_ref,
+                "runner": c.new.runner,
+                "not_before": _iso(c.new.not_before),
+                "allow_external": c.new.allow_external,
+                "at": _iso(c.now),
+            }
+            for c in creations
+        ]
+        params = {"rows": _json(rows), "actor": transitions.CREATE_ACTOR}
+        async with self._transaction(single=True) as conn:
+            got = await (await conn.execute(_INSERT_JOBS, params)).fetchall()
+            inserted = {job.slug: job for job in (_job(row[:-1]) for row in got)}
+            keys = [n.idempotency_key for n in news if n.idempotency_key is not None]
+            existing: dict[str | None, JobRecord] = {}
+            if len(inserted) < len(creations) and keys:
+                sql = f"{_SELECT_JOB} WHERE idempotency_key = ANY(%(keys)s)"
+                cursor = await conn.execute(sql, {"keys": keys})
+                existing = {job.idempotency_key: job for job in map(_job, await cursor.fetchall())}
+        return _creations(creations, inserted, existing)
 
     async def get_job(self, slug: str) -> JobRecord | None:
-        async with self._transaction() as conn:
+        async with self._transaction(single=True) as conn:
             cursor = await conn.execute(f"{_SELECT_JOB} WHERE slug = %(slug)s", {"slug": slug})
             row = await cursor.fetchone()
         return None if row is None else _job(row)
 
     async def job_events(self, slug: str) -> list[JobEvent]:
-        async with self._transaction() as conn:
+        async with self._transaction(single=True) as conn:
             cursor = await conn.execute(_SELECT_EVENTS, {"slug": slug})
             return [_event(row) for row in await cursor.fetchall()]
 
@@ -206,30 +228,50 @@ class PostgresJobs(JobWrites):
             "now": now,
             "limit": limit,
             "suffix": transitions.DISPATCHER_SUFFIX,
-            "tokens": [transitions.new_lease_token() for _ in range(limit)],
+            "tokens": transitions.new_lease_tokens(limit),
             "expires_at": now + timedelta(seconds=transitions.check_lease_s(lease_s)),
             "actor": transitions.CLAIM_ACTOR,
         }
         return await self._jobs(_CLAIM.format(only=only), params | extra)
 
     async def _jobs(self, sql: str, params: dict[str, Any]) -> list[JobRecord]:
-        async with self._transaction() as conn:
+        async with self._transaction(single=True) as conn:
             cursor = await conn.execute(sql, params)
             return [_job(row) for row in await cursor.fetchall()]
 
     async def _count(self, sql: str, params: dict[str, Any]) -> int:
-        async with self._transaction() as conn:
+        async with self._transaction(single=True) as conn:
             row = await (await conn.execute(sql, params)).fetchone()
         if row is None:
             raise StoreError("count(*) returned no row")
         return int(row[0])
 
-    async def _change_leased(
-        self, slug: str, token: str, now: datetime, decide: Decide
-    ) -> JobRecord | None:
-        sql = f"""{_SELECT_JOB}
-            WHERE slug = %(slug)s AND lease_token = %(token)s AND {_LEASED} FOR UPDATE"""
-        return await self._change(sql, {"slug": slug, "token": token}, now, decide)
+    async def _change_leased_many(
+        self, writes: Sequence[LeasedWrite]
+    ) -> list[JobRecord | Exception | None]:
+        slugs = list(dict.fromkeys(write.slug for write in writes))
+        outcomes: list[JobRecord | Exception | None] = []
+        async with self._transaction() as conn:
+            cursor = await conn.execute(_LOCK_JOBS, {"slugs": slugs})
+            jobs = {job.slug: job for job in map(_job, await cursor.fetchall())}
+            batch = _Batch()
+            for write in writes:
+                job = jobs.get(write.slug)
+                if job is None or not fenced(job, write.token):
+                    outcomes.append(None)
+                    continue
+                try:
+                    change = write.decide(job)
+                    batch.add(job, change, write.now)
+                except Exception as exc:  # noqa: BLE001 - this write's own failure is its answer
+                    outcomes.append(exc)
+                    continue
+                job = jobs[write.slug] = written(job, change)
+                outcomes.append(job)
+            statement = batch.statement(jobs)
+            if statement is not None:
+                await conn.execute(*statement)
+        return outcomes
 
     async def _change_job(self, slug: str, now: datetime, decide: Decide) -> JobRecord | None:
         return await self._change(
@@ -267,6 +309,138 @@ async def _apply(
     if row is None:
         raise StoreError(f"job {job.slug} vanished while locked")
     return _job(row)
+
+
+_COLUMN_TYPES = {
+    "runner": "text",
+    "state": "text",
+    "attempts": "jsonb",
+    "submit_count": "integer",
+    "rescue_count": "integer",
+    "leased_by": "text",
+    "lease_token": "text",
+    "lease_expires_at": "timestamptz",
+    "not_before": "timestamptz",
+    "result": "jsonb",
+    "result_ref": "text",
+    "error_code": "text",
+    "error_message": "text",
+    "cost_cents": "double precision",
+    "updated_at": "timestamptz",
+    "finished_at": "timestamptz",
+}
+_EVENT_TYPES = {
+    "job_id": "bigint",
+    "at": "timestamptz",
+    "status": "text",
+    "actor": "text",
+    "runtime": "text",
+    "call_id": "text",
+    "error_code": "text",
+    "detail": "jsonb",
+}
+_EVENTS_FROM = (
+    f"INSERT INTO job_events ({', '.join(_EVENT_TYPES)}) SELECT {', '.join(_EVENT_TYPES)} "  # noqa: S608
+    "FROM ROWS FROM (jsonb_to_recordset(%(events)s::jsonb) AS ("
+    + ", ".join(f"{name} {kind}" for name, kind in _EVENT_TYPES.items())
+    + f")) WITH ORDINALITY AS e({', '.join(_EVENT_TYPES)}, n) ORDER BY n"
+)
+
+
+class _Batch:
+    """The writes of one batch of changes as ONE statement: each job's final values (jobs
+    changing the same columns updated together, ``UPDATE ... FROM jsonb_to_recordset(...)``)
+    and every event, in order. A JSON ``null`` becomes SQL NULL, as a None did one by one."""
+
+    def __init__(self) -> None:
+        self._columns: dict[str, set[str]] = {}  # slug -> the columns its changes set
+        self._events: list[dict[str, Any]] = []
+
+    def add(self, job: JobRecord, change: transitions.Change, now: datetime) -> None:
+        if not change.values:
+            return
+        for name in change.values:
+            if name not in _COLUMN_TYPES:
+                raise ValueError(f"no column type for {name!r}")
+        event = change.event
+        if event is not None:
+            self._events.append(
+                {
+                    "job_id": job.id,
+                    "at": now.isoformat(),
+                    "status": event.status,
+                    "actor": event.actor,
+                    "runtime": event.runtime,
+                    "call_id": event.call_id,
+                    "error_code": event.error_code,
+                    "detail": event.detail,
+                }
+            )
+        self._columns.setdefault(job.slug, set()).update(change.values)
+
+    def statement(self, jobs: dict[str, JobRecord]) -> tuple[str, dict[str, Any]] | None:
+        if not self._columns:
+            return None
+        groups: dict[tuple[str, ...], list[JobRecord]] = {}
+        for slug, columns in self._columns.items():
+            groups.setdefault(tuple(sorted(columns)), []).append(jobs[slug])
+        params: dict[str, Any] = {}
+        updates = []
+        for n, (names, group) in enumerate(groups.items()):
+            rows = [
+                {"id": job.id} | {name: _iso(getattr(job, name)) for name in names} for job in group
+            ]
+            params[f"u{n}"] = _json(rows)
+            sets = ", ".join(f"{name} = v.{name}" for name in names)
+            types = ", ".join(f"{name} {_COLUMN_TYPES[name]}" for name in names)
+            updates.append(
+                f"u{n} AS (UPDATE jobs SET {sets}"  # noqa: S608 -- column names are constants
+                f" FROM jsonb_to_recordset(%(u{n})s::jsonb) AS v(id bigint, {types})"
+                " WHERE jobs.id = v.id)"
+            )
+        last = "SELECT 1"
+        if self._events:
+            params["events"] = _json(self._events)
+            last = _EVENTS_FROM
+        return f"WITH {', '.join(updates)} {last}", params
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _json(value: Any) -> str:
+    """A batch's rows as one JSON document; StoreError for a value JSON cannot hold (as
+    psycopg's own Jsonb would), which the group commit then pins on the write at fault."""
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"a job write holds a value JSON cannot hold: {exc}") from exc
+
+
+def _creations(
+    creations: Sequence[Creation],
+    inserted: dict[str, JobRecord],
+    existing: dict[str | None, JobRecord],
+) -> list[Created | Exception]:
+    """Each creation's answer: the job it inserted, or the job holding its key, or BadRequest."""
+    outcomes: list[Created | Exception] = []
+    taken: set[str] = set()
+    for creation in creations:
+        key = creation.new.idempotency_key
+        job = inserted.get(creation.slug)
+        if job is not None and job.idempotency_key == key and creation.slug not in taken:
+            taken.add(creation.slug)
+            outcomes.append((job, True))
+        elif key is not None and (job := _inserted_by_key(inserted, key) or existing.get(key)):
+            outcomes.append((job, False))
+        else:
+            outcomes.append(BadRequest(f"job slug {creation.slug!r} is taken"))
+    return outcomes
+
+
+def _inserted_by_key(inserted: dict[str, JobRecord], key: str) -> JobRecord | None:
+    return next((job for job in inserted.values() if job.idempotency_key == key), None)
 
 
 def _event_params(at: datetime, event: transitions.EventDraft) -> dict[str, Any]:

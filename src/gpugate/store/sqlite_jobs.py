@@ -9,6 +9,7 @@ that is what makes idempotent creation, claims and fenced writes race-free here.
 from __future__ import annotations
 
 import json
+import sqlite3
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,22 +21,21 @@ from gpugate.store.jobs_base import (
     JobEvent,
     JobPage,
     JobRecord,
-    NewJob,
     check_runtime,
     job_cursor,
     parse_job_cursor,
 )
-from gpugate.store.jobs_writes import JobWrites
+from gpugate.store.jobs_writes import Created, Creation, JobWrites, LeasedWrite, written
 from gpugate.store.sqlite_codec import json_text, text_time, time_text
 
 if TYPE_CHECKING:
-    import sqlite3
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from datetime import datetime
 
     from gpugate.store.jobs_writes import Decide
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 _COLUMNS = ", ".join(transitions.JOB_COLUMNS)
 _SELECT_JOB = f"SELECT {_COLUMNS} FROM jobs"  # noqa: S608 -- constants only
@@ -72,37 +72,8 @@ class SqliteJobs(JobWrites):
 
         async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
 
-    async def create_job(self, new: NewJob) -> tuple[JobRecord, bool]:
-        now = self._clock.now()
-        slug = new.slug or transitions.new_slug()
-        params = {
-            "slug": slug,
-            "idempotency_key": new.idempotency_key,
-            "model": new.model,
-            "job_class": new.job_class,
-            "operation": new.operation,
-            "input": json_text(new.input),
-            "input_ref": new.input_ref,
-            "runner": new.runner,
-            "not_before": None if new.not_before is None else time_text(new.not_before),
-            "allow_external": int(new.allow_external),
-            "now": time_text(now),
-        }
-
-        def work(conn: sqlite3.Connection) -> tuple[JobRecord, bool]:
-            row = conn.execute(_INSERT_JOB, params).fetchone()
-            if row is not None:
-                job = _job(row)
-                _insert_event(conn, job.id, now, transitions.created_event(job.runner))
-                return job, True
-            if new.idempotency_key is not None:
-                sql = f"{_SELECT_JOB} WHERE idempotency_key = :idempotency_key"
-                existing = conn.execute(sql, params).fetchone()
-                if existing is not None:
-                    return _job(existing), False
-            raise BadRequest(f"job slug {slug!r} is taken")
-
-        return await self._write(work)
+    async def _create_many(self, creations: Sequence[Creation]) -> list[Created | Exception]:
+        return await self._write(partial(_each, _create, creations))
 
     async def get_job(self, slug: str) -> JobRecord | None:
         def work(conn: sqlite3.Connection) -> JobRecord | None:
@@ -188,24 +159,76 @@ class SqliteJobs(JobWrites):
     async def _count(self, sql: str, params: dict[str, Any]) -> int:
         return await self._read(lambda conn: int(conn.execute(sql, params).fetchone()[0]))
 
-    async def _change_leased(
-        self, slug: str, token: str, now: datetime, decide: Decide
-    ) -> JobRecord | None:
-        sql = f"{_SELECT_JOB} WHERE slug = :slug AND lease_token = :token AND {_LEASED}"
-        return await self._write(partial(_change, sql, {"slug": slug, "token": token}, now, decide))
+    async def _change_leased_many(
+        self, writes: Sequence[LeasedWrite]
+    ) -> list[JobRecord | Exception | None]:
+        return await self._write(partial(_each, _change_leased, writes))
 
     async def _change_job(self, slug: str, now: datetime, decide: Decide) -> JobRecord | None:
         sql = f"{_SELECT_JOB} WHERE slug = :slug"
         return await self._write(partial(_change, sql, {"slug": slug}, now, decide))
 
 
+def _each(
+    work: Callable[[sqlite3.Connection, Item], T], items: Sequence[Item], conn: sqlite3.Connection
+) -> list[T | Exception]:
+    """``work`` for each item inside the caller's transaction; an item that raises is its own
+    answer and the others commit. ``work`` raises only before it writes (it prepares every
+    value first), so a failed item leaves nothing behind; SQLite's own errors fail the whole
+    transaction (the store turns them into StoreError, and the group commit retries each
+    item alone)."""
+    outcomes: list[T | Exception] = []
+    for item in items:
+        try:
+            outcomes.append(work(conn, item))
+        except sqlite3.Error:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this item's own failure is its answer
+            outcomes.append(exc)
+    return outcomes
+
+
+def _create(conn: sqlite3.Connection, creation: Creation) -> Created:
+    new, slug, now = creation.new, creation.slug, creation.now
+    params = {
+        "slug": slug,
+        "idempotency_key": new.idempotency_key,
+        "model": new.model,
+        "job_class": new.job_class,
+        "operation": new.operation,
+        "input": json_text(new.input),
+        "input_ref": new.input_ref,
+        "runner": new.runner,
+        "not_before": None if new.not_before is None else time_text(new.not_before),
+        "allow_external": int(new.allow_external),
+        "now": time_text(now),
+    }
+    row = conn.execute(_INSERT_JOB, params).fetchone()
+    if row is not None:
+        job = _job(row)
+        _insert_event(conn, job.id, now, transitions.created_event(job.runner))
+        return job, True
+    if new.idempotency_key is not None:
+        sql = f"{_SELECT_JOB} WHERE idempotency_key = :idempotency_key"
+        existing = conn.execute(sql, params).fetchone()
+        if existing is not None:
+            return _job(existing), False
+    raise BadRequest(f"job slug {slug!r} is taken")
+
+
+def _change_leased(conn: sqlite3.Connection, write: LeasedWrite) -> JobRecord | None:
+    sql = f"{_SELECT_JOB} WHERE slug = :slug AND lease_token = :token AND {_LEASED}"
+    params = {"slug": write.slug, "token": write.token}
+    return _change(sql, params, write.now, write.decide, conn)
+
+
 def _claim(
     sql: str, params: dict[str, Any], now: datetime, lease_s: float, conn: sqlite3.Connection
 ) -> list[JobRecord]:
+    rows = conn.execute(sql, params).fetchall()
     claimed = []
-    for row in conn.execute(sql, params).fetchall():
+    for row, token in zip(rows, transitions.new_lease_tokens(len(rows)), strict=True):
         job = _job(row)
-        token = transitions.new_lease_token()
         change = transitions.claim(job, now=now, lease_s=lease_s, token=token)
         claimed.append(_apply(conn, job, change, now))
     return claimed
@@ -224,23 +247,30 @@ def _change(
 def _apply(
     conn: sqlite3.Connection, job: JobRecord, change: transitions.Change, now: datetime
 ) -> JobRecord:
-    """Write ``change`` to the job's row and append its event; the job as written."""
+    """Write ``change`` to the job's row and append its event; the job as written.
+
+    Every value is encoded before the first write, so whatever raises leaves nothing behind.
+    """
     if not change.values:
         return job
     sets = ", ".join(f"{name} = :{name}" for name in change.values)
     params = {name: _encode(name, value) for name, value in change.values.items()}
     params["id"] = job.id
-    sql = f"UPDATE jobs SET {sets} WHERE id = :id RETURNING {_COLUMNS}"  # noqa: S608
-    written = _job(conn.execute(sql, params).fetchone())
-    if change.event is not None:
-        _insert_event(conn, written.id, now, change.event)
-    return written
+    event = None if change.event is None else _event_params(job.id, now, change.event)
+    conn.execute(f"UPDATE jobs SET {sets} WHERE id = :id", params)  # noqa: S608 -- columns
+    if event is not None:
+        conn.execute(_INSERT_EVENT, event)
+    return written(job, change)
 
 
 def _insert_event(
     conn: sqlite3.Connection, job_id: int, at: datetime, event: transitions.EventDraft
 ) -> None:
-    params = {
+    conn.execute(_INSERT_EVENT, _event_params(job_id, at, event))
+
+
+def _event_params(job_id: int, at: datetime, event: transitions.EventDraft) -> dict[str, Any]:
+    return {
         "job_id": job_id,
         "at": time_text(at),
         "status": event.status,
@@ -250,7 +280,6 @@ def _insert_event(
         "error_code": event.error_code,
         "detail": json_text(event.detail),
     }
-    conn.execute(_INSERT_EVENT, params)
 
 
 def _encode(name: str, value: Any) -> Any:
