@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("GPUGATE_TEST_CHROMIUM", "/usr/bin/chromium")  # Debian's build
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
 TOKEN = "demo-admin-token"
 REQUIRED = os.environ.get("GPUGATE_TEST_BROWSER") == "required"
