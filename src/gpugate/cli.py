@@ -395,8 +395,24 @@ def _add_process_commands(sub: Any) -> None:
     p.add_argument("--host-label", choices=["Hostname", "hostname"], default="Hostname")
     p.set_defaults(func=cmd_fleet)
 
-    p = sub.add_parser("demo", help="gateway + simulated fleet in one command, embedded SQLite")
-    p.add_argument("--scenario", help="play a scripted incident (as capabilities land)")
+    from gpugate.demo_scenarios import SCENARIOS, describe
+
+    p = sub.add_parser(
+        "demo",
+        help="gateway + simulated fleet in one command, embedded SQLite",
+        description="Start a gateway in front of a simulated fleet (fake model servers and a fake "
+        "dcgm-exporter), with a fresh SQLite store; it prints the console's URL and the admin "
+        "token. --scenario plays a scripted incident you watch in the console, ending with the "
+        "fleet healthy again.",
+        epilog=describe(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--scenario",
+        choices=list(SCENARIOS),
+        metavar="NAME",
+        help="play a scripted incident (listed below)",
+    )
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
     p.add_argument("--workdir", default=".gpugate", help="state directory (default ./.gpugate)")
     p.add_argument("--log-level", default="INFO")

@@ -1,27 +1,32 @@
 """``gpugate demo`` and ``gpugate fleet``: the simulated fleet, alone or behind a real gateway.
 
 The demo writes its config to ``<workdir>/demo.yaml`` (a real file, loaded like any other) and
-starts from a fresh embedded SQLite store at ``<workdir>/demo.db`` each time.
+starts from a fresh embedded SQLite store at ``<workdir>/demo.db`` each time. Its GPU health
+polls every 2 s with batch shedding on, so a scenario (``--scenario``, see
+:mod:`gpugate.demo_scenarios`) plays out in seconds while a newcomer watches the console.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import signal
 from pathlib import Path
 
 from gpugate.config import load_config
+from gpugate.demo_scenarios import SCENARIOS, Stage, play
 from gpugate.errors import GpugateError
 from gpugate.fleet import Fleet, FleetSpec, HostLabel, demo_spec
 from gpugate.server import bind, serve_gateway
 
+log = logging.getLogger("gpugate.demo")
+
 DEMO_TOKEN = "demo-admin-token"  # noqa: S105 - printed on purpose: it guards a loopback demo
-SCENARIOS: dict[str, str] = {}  # name -> what it shows; filled as capabilities land
 
 
-def _fleet_spec(gpus: int = 2, host_label: HostLabel = "Hostname") -> FleetSpec:
+def fleet_spec(gpus: int = 2, host_label: HostLabel = "Hostname") -> FleetSpec:
     spec = demo_spec()
     exporter = dataclasses.replace(spec.exporter, host_label=host_label)
     return dataclasses.replace(spec, gpus=gpus, exporter=exporter)
@@ -33,7 +38,7 @@ async def run_fleet(*, gpus: int = 2, host_label: HostLabel = "Hostname") -> Non
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Fleet(_fleet_spec(gpus, host_label)) as fleet:
+    async with Fleet(fleet_spec(gpus, host_label)) as fleet:
         for line in fleet.describe():
             print(line, flush=True)  # noqa: T201 - the command's output
         print("Ctrl-C stops.", flush=True)  # noqa: T201
@@ -51,8 +56,10 @@ admin_token_env: GPUGATE_ADMIN_TOKEN
 
 gpu_health:
   dcgm_url: {fleet.exporter.url}/metrics
-  poll_s: 5
+  poll_s: 2
   staleness_s: 20
+  sustained_samples: 3
+  shed_batch: true        # on for the demo: `--scenario saturate` shows batch being shed
 
 upstreams:
   - id: qwen-35b
@@ -84,8 +91,9 @@ def banner(fleet: Fleet, *, url: str, workdir: Path, token: str) -> list[str]:
     return [
         "",
         f"gpugate demo is up: {url}",
-        f"  config  {workdir / 'demo.yaml'}    store  {workdir / 'demo.db'}",
+        f"  console      {url}/console    (log in with the admin token)",
         f"  admin token  {token}",
+        f"  config  {workdir / 'demo.yaml'}    store  {workdir / 'demo.db'}",
         "  simulated fleet:",
         *(f"    {line}" for line in fleet.describe()),
         "",
@@ -128,22 +136,58 @@ def _fresh_store(workdir: Path) -> Path:
 
 async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None = None) -> bool:
     """Gateway + simulated fleet until SIGINT/SIGTERM; True when it started and stopped cleanly."""
-    if scenario is not None and scenario not in SCENARIOS:
-        known = ", ".join(sorted(SCENARIOS)) or "none yet"
-        raise GpugateError(f"unknown scenario {scenario!r} (known: {known})")
+    if scenario is not None:
+        if scenario not in SCENARIOS:
+            raise GpugateError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+        if pending := SCENARIOS[scenario].pending:
+            raise GpugateError(f"scenario {scenario!r} cannot play yet: {pending}")
     environ = dict(os.environ)
     token = environ.setdefault("GPUGATE_ADMIN_TOKEN", DEMO_TOKEN)
     sock = bind(host, port)  # first, so a taken port fails before anything starts
     actual_port = sock.getsockname()[1]
     url = f"http://{host}:{actual_port}"
     db = await asyncio.to_thread(_fresh_store, workdir)
-    async with Fleet(_fleet_spec()) as fleet:
+    async with Fleet(fleet_spec()) as fleet:
         config_path = workdir / "demo.yaml"
         text = demo_config(fleet, store=db, listen=f"{host}:{actual_port}")
         await asyncio.to_thread(config_path.write_text, text)
         config = load_config(config_path, environ=environ, require_env=True)
 
+        plays: list[asyncio.Task[None]] = []
+
         async def announce() -> None:
             print("\n".join(banner(fleet, url=url, workdir=workdir, token=token)), flush=True)  # noqa: T201
+            if scenario is not None:
+                stage = stage_for(fleet, url=url, token=token)
+                plays.append(asyncio.create_task(_play(scenario, stage), name="demo-scenario"))
 
-        return await serve_gateway(config, sock, environ=environ, on_started=announce)
+        try:
+            return await serve_gateway(config, sock, environ=environ, on_started=announce)
+        finally:
+            for task in plays:
+                task.cancel()
+            await asyncio.gather(*plays, return_exceptions=True)
+
+
+def stage_for(fleet: Fleet, *, url: str, token: str, pace_s: float = 5.0) -> Stage:
+    """The stage a scenario plays on: this gateway, this fleet's control routes, stdout."""
+
+    def say(line: str) -> None:
+        print(line, flush=True)  # noqa: T201 - the scenario's narration is the demo's output
+
+    return Stage(
+        gateway_url=url,
+        token=token,
+        exporter_url=fleet.exporter.url,
+        servers={name: server.url for name, server in fleet.servers.items()},
+        say=say,
+        pace_s=pace_s,
+    )
+
+
+async def _play(scenario: str, stage: Stage) -> None:
+    stage.say(f"Playing scenario {scenario!r}: {SCENARIOS[scenario].shows}. Watch the console.")
+    try:
+        await play(scenario, stage)
+    except GpugateError as exc:
+        log.error("scenario %s stopped: %s", scenario, exc.message)  # noqa: TRY400 - no traceback helps

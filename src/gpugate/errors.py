@@ -18,6 +18,7 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── BadRequest                 BAD_REQUEST
     │   ├── PayloadTooLarge            PAYLOAD_TOO_LARGE
     │   ├── Unauthorized               UNAUTHORIZED
+    │   ├── CsrfRejected               CSRF_REJECTED: a console action without its session's token
     │   ├── UnknownModel               UNKNOWN_MODEL
     │   ├── UnknownUpstream            UNKNOWN_UPSTREAM
     │   ├── ExternalUpstreamForbidden  EXTERNAL_UPSTREAM_FORBIDDEN
@@ -162,6 +163,12 @@ class Unauthorized(ClientError):
     """Missing or wrong credentials."""
 
     code = "UNAUTHORIZED"
+
+
+class CsrfRejected(ClientError):
+    """A console action came without the CSRF token of its session."""
+
+    code = "CSRF_REJECTED"
 
 
 class UnknownModel(ClientError):

@@ -96,12 +96,11 @@ async def list_upstreams(request: Request, gateway: Gateway) -> Response:
     )
 
 
-@admin
-async def list_gpus(request: Request, gateway: Gateway) -> Response:
-    """Every GPU row: readings, verdict, reasons, mapped upstreams; and each exporter's state."""
+def gpus_view(gateway: Gateway) -> dict[str, Any]:
+    """Every GPU row (readings, verdict, reasons, mapped upstreams) and each exporter's state."""
     monitor = gateway.monitor
     if monitor is None:
-        return JSONResponse({"dormant": True, "gpus": [], "exporters": []})
+        return {"dormant": True, "gpus": [], "exporters": []}
     exporters = [
         {
             "url": e.url,
@@ -116,13 +115,11 @@ async def list_gpus(request: Request, gateway: Gateway) -> Response:
         for e in monitor.exporters
     ]
     gpus = monitor.snapshot(gateway.clock.now())
-    return JSONResponse({"dormant": False, "gpus": gpus, "exporters": exporters})
+    return {"dormant": False, "gpus": gpus, "exporters": exporters}
 
 
-@admin
-async def clear_gpu(request: Request, gateway: Gateway) -> Response:
-    """Clear a GPU's held fault (``0``, or ``host/0`` with several exporters); audited."""
-    raw: str = request.path_params["gpu"]
+async def clear_gpu_fault(gateway: Gateway, raw: str, actor: str) -> list[str]:
+    """Clear a GPU's held fault (``0``, or ``host/0``) at once, audited; returns the rows."""
     gpu_id: int | str = int(raw) if raw.isdigit() else raw
     try:
         gpu_key_for(gpu_id)
@@ -131,8 +128,23 @@ async def clear_gpu(request: Request, gateway: Gateway) -> Response:
     if gateway.monitor is None:
         raise BadRequest("gpu_health is dormant: there is no GPU state to clear")
     cleared = gateway.monitor.clear(gpu_id)
-    event = AuditEvent(admin_actor(request), "gpu.cleared", f"gpu:{raw}", {"rows": cleared})
-    await gateway.store.append_audit(event)
+    await gateway.store.append_audit(
+        AuditEvent(actor, "gpu.cleared", f"gpu:{raw}", {"rows": cleared})
+    )
+    return cleared
+
+
+@admin
+async def list_gpus(request: Request, gateway: Gateway) -> Response:
+    """Every GPU row: readings, verdict, reasons, mapped upstreams; and each exporter's state."""
+    return JSONResponse(gpus_view(gateway))
+
+
+@admin
+async def clear_gpu(request: Request, gateway: Gateway) -> Response:
+    """Clear a GPU's held fault (``0``, or ``host/0`` with several exporters); audited."""
+    raw: str = request.path_params["gpu"]
+    cleared = await clear_gpu_fault(gateway, raw, admin_actor(request))
     return JSONResponse({"gpu": raw, "cleared": cleared})
 
 

@@ -172,7 +172,7 @@ def _verb(verb: str) -> Any:
     return change_state
 
 
-def _since(raw: str | None) -> datetime | None:
+def parse_since(raw: str | None) -> datetime | None:
     if raw is None:
         return None
     try:
@@ -213,7 +213,7 @@ async def list_audit(request: Request, gateway: Gateway) -> Response:
         action=q.get("action"),
         subject=q.get("subject"),
         actor=q.get("actor"),
-        since=_since(q.get("since")),
+        since=parse_since(q.get("since")),
         limit=limit,
         before_id=before,
     )

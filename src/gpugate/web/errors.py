@@ -24,6 +24,7 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.BadRequest: 400,
     errors.PayloadTooLarge: 413,
     errors.Unauthorized: 401,
+    errors.CsrfRejected: 403,
     errors.UnknownModel: 404,
     errors.UnknownUpstream: 404,
     errors.JobNotFound: 404,

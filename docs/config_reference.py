@@ -1,0 +1,325 @@
+"""Writes docs/configuration.md from the config's pydantic models: every key, its type, default.
+
+    python docs/config_reference.py          # rewrite docs/configuration.md
+    python docs/config_reference.py --check  # exit 1 when the file is stale or a key lacks words
+
+The models give the keys, types and defaults; ``MEANING`` below gives each key's meaning. A key
+the models have and ``MEANING`` lacks is an error (tests/docs/test_config_reference.py runs the
+check), so a new config key cannot ship undocumented.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from gpugate.config import GatewayConfig
+from gpugate.config.schema import GATEWAY_KEYS
+
+TARGET = Path(__file__).resolve().parent / "configuration.md"
+
+
+@dataclass(frozen=True)
+class Key:
+    path: str  # upstreams[].models, runtimes[].push.url, ...
+    type: str
+    default: str
+    kinds: tuple[str, ...] = ()  # runtime kinds that have the key; () = every kind
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models an annotation holds (through Optional, list, dict, Annotated and unions)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _type_name(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    args = get_args(annotation)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin is Literal:
+        return " \\| ".join(f"`{a}`" for a in args)
+    if origin in (Union, types.UnionType):
+        names = [_type_name(a) for a in args if a is not type(None)]
+        optional = " or null" if type(None) in args else ""
+        return " \\| ".join(dict.fromkeys(names)) + optional
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    if origin is dict:
+        return f"map {_type_name(args[0])} → {_type_name(args[1])}"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "section"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return "required"
+    value = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
+    if value is PydanticUndefined:
+        return "required"
+    if isinstance(value, BaseModel):
+        return _inline(value.model_dump())
+    if value is None:
+        return "null"
+    if isinstance(value, list) and value and isinstance(value[0], BaseModel):
+        return (
+            "`["
+            + ", ".join(_inline(v.model_dump(exclude_defaults=True))[1:-1] for v in value)
+            + "]`"
+        )
+    if isinstance(value, bool):
+        return "`true`" if value else "`false`"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"`{value!r}`" if isinstance(value, str) else f"`{value}`"
+
+
+def _inline(data: dict[str, Any]) -> str:
+    """A section's default in YAML flow style: ``{max_stuck: 3, ...}``."""
+    parts = [
+        f"{k}: {int(v) if isinstance(v, float) and v.is_integer() else v}" for k, v in data.items()
+    ]
+    return "`{" + ", ".join(parts).replace("True", "true").replace("False", "false") + "}`"
+
+
+def _kind_of(model: type[BaseModel]) -> str | None:
+    field = model.model_fields.get("kind")
+    if field is None or get_origin(field.annotation) is not Literal:
+        return None
+    return str(get_args(field.annotation)[0])
+
+
+def walk(model: type[BaseModel], prefix: str = "") -> Iterator[Key]:
+    """Every key of ``model``, depth first, in the models' order."""
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        annotation = field.annotation
+        nested = _models_in(annotation)
+        listed = get_origin(annotation) is list or any(
+            get_origin(a) is list for a in get_args(annotation)
+        )
+        yield Key(path, _type_name(annotation), _default(field))
+        child = f"{path}[]." if listed else f"{path}."
+        kinds = [k for k in (_kind_of(m) for m in nested) if k]
+        if len(nested) > 1 and kinds:  # a discriminated union: merge the kinds' keys
+            yield from _merged(nested, child)
+        else:
+            for sub in nested:
+                yield from walk(sub, child)
+
+
+def _merged(models: list[type[BaseModel]], prefix: str) -> Iterator[Key]:
+    seen: dict[str, Key] = {}
+    defaults: dict[str, dict[str, str]] = {}  # path -> kind -> default
+    for model in models:
+        kind = _kind_of(model) or ""
+        for found in walk(model, prefix):
+            defaults.setdefault(found.path, {})[kind] = found.default
+            if found.path.endswith(".kind"):
+                kinds = " \\| ".join(f"`{_kind_of(m)}`" for m in models)
+                seen.setdefault(found.path, Key(found.path, kinds, "required"))
+            seen.setdefault(found.path, found)
+    for path, key in seen.items():
+        by_kind = defaults[path]
+        kinds = () if len(by_kind) == len(models) else tuple(by_kind)
+        values = set(by_kind.values())
+        default = (
+            key.default
+            if len(values) == 1 or path.endswith(".kind")
+            else "; ".join(f"{kind}: {value}" for kind, value in by_kind.items())
+        )
+        yield Key(key.path, key.type, default, kinds)
+
+
+MEANING: dict[str, str] = {
+    "listen": "`HOST:PORT` the gateway serves on (`gpugate serve --listen` overrides it)",
+    "store": "`sqlite:///path.db` (embedded, one process) or `postgresql://user@host/db` "
+    "(replicas share it)",
+    "admin_token_env": "the environment variable holding the admin token (admin API and "
+    "console); unset or empty ⇒ the admin API and the console refuse everything",
+    "gpu_health": "GPU health from dcgm-exporter; absent (or no `dcgm_url`/`exporters`) ⇒ "
+    "dormant: no poller, no guard, no shed gate",
+    "gpu_health.dcgm_url": "one exporter's `/metrics` URL; its GPUs are named by index "
+    "(`gpu_ids: [0]`)",
+    "gpu_health.exporters": "several exporters, one per host; GPUs are named `host/index`",
+    "gpu_health.exporters[].host": "the name `gpu_ids` use for this exporter's GPUs",
+    "gpu_health.exporters[].url": "its `/metrics` URL",
+    "gpu_health.poll_s": "how often each exporter is scraped",
+    "gpu_health.staleness_s": "no good scrape for this long ⇒ the GPU is stale: no verdict acts "
+    "(fail open)",
+    "gpu_health.sustained_samples": "saturated = the last N fresh util samples are all ≥ "
+    "`shed_util_pct`",
+    "gpu_health.shed_util_pct": "the utilisation (%) that counts toward saturation",
+    "gpu_health.couple_faults": "a faulted GPU takes every upstream on it out of rotation",
+    "gpu_health.shed_batch": "shed `batch` (sync 429, jobs deferred) when every candidate "
+    "upstream is saturated; ships off",
+    "gpu_health.fault_hold_s": "how long a fault holds after its last evidence (or until an "
+    "operator clears it)",
+    "gpu_health.max_temp_c": "a temperature at or above this is a thermal fault; null: no "
+    "threshold",
+    "gpu_health.scrape_timeout_s": "a scrape taking longer fails (counted; no verdict changes)",
+    "gpu_health.xid_overrides": "XID code → severity, over the shipped table "
+    "(`core/gpu/xid_severity.csv`), e.g. `{109: fatal}`",
+    "upstreams": "the model servers the gateway forwards to (at least one)",
+    "upstreams[].id": "the upstream's name (`X-Gateway-Upstream`, `/u/{id}/...`, metrics)",
+    "upstreams[].url": "its one endpoint's base URL (exactly one of `url` and `urls`)",
+    "upstreams[].urls": "several endpoint base URLs of the same upstream",
+    "upstreams[].models": "the models it serves (the body's `model` routes to it)",
+    "upstreams[].gpu_ids": "the GPUs it runs on: indexes with `dcgm_url`, `host/index` with "
+    "`exporters`",
+    "upstreams[].max_inflight": "admission pool size: requests in flight at once",
+    "upstreams[].queue_timeout_s": "how long a request may wait for admission (then 503 "
+    "`QUEUE_TIMEOUT`)",
+    "upstreams[].timeout_s": "the whole upstream request's time limit (504 `UPSTREAM_TIMEOUT`)",
+    "upstreams[].external": "a third-party API: jobs with `allow_external: false` never go here",
+    "upstreams[].max_queue": "requests waiting beyond this are refused at once (503 `QUEUE_FULL`)",
+    "upstreams[].connect_timeout_s": "time to connect to an endpoint",
+    "upstreams[].first_byte_timeout_s": "time to the response's first byte; null: `timeout_s`",
+    "upstreams[].health_path": "the path the active health probe GETs every 5 s",
+    "upstreams[].api_key_env": "the variable holding a bearer key sent to this upstream",
+    "runtimes": "where jobs run; absent ⇒ one runtime `local` of kind `upstream`",
+    "runtimes[].id": "the runtime's name (`runner`, `fallback_chain`, the console)",
+    "runtimes[].kind": "`upstream`: through the gateway's own upstreams; `push`: a machine "
+    "running the push worker; `modal`: a Modal function",
+    "runtimes[].models": "the models it serves; for `upstream` empty means every upstream model",
+    "runtimes[].enabled": "false ⇒ configured but never dispatched to",
+    "runtimes[].max_concurrency": "calls in flight on it at once, counted across replicas; "
+    "null (upstream): no limit",
+    "runtimes[].budget": "its daily spend guard; null: none",
+    "runtimes[].budget.daily_cents": "today's (UTC) spend ≥ this raises the soft-cap alert; "
+    "≥ 2x ⇒ over budget, skipped in the walk",
+    "runtimes[].budget.cents_per_second": "the cost of a call without a reported cost: its "
+    "duration x this",
+    "runtimes[].push": "where the push worker listens",
+    "runtimes[].push.url": "the worker's `/calls` URL (`POST` submits, `GET /{call_id}` polls)",
+    "runtimes[].push.secret_env": "the variable holding the secret shared with the worker",
+    "runtimes[].modal": "which Modal function runs the jobs",
+    "runtimes[].modal.app": "the Modal app's name",
+    "runtimes[].modal.function": "the function's name in the app",
+    "runtimes[].modal.environment": "the Modal environment; null: the default one",
+    "runtimes[].modal.token_id_env": "the variable holding the Modal token id",
+    "runtimes[].modal.token_secret_env": "the variable holding the Modal token secret",
+    "runtimes[].idle_exit_s": "how long an idle container lingers before it exits",
+    "fallback_chain": "the order jobs walk the runtimes in; dispatch order is the policy",
+    "default_runtime": "the runtime a job without `runner` starts on",
+    "stop_conditions": "when the gateway disables and drains a runtime by itself, with the "
+    "reason recorded",
+    "stop_conditions.max_submits_per_job": "the same job submitted more than this many times",
+    "stop_conditions.max_stuck": "more than this many stuck calls on one runtime",
+    "stop_conditions.disable_on_auth_error": "a 401/403 answering a submit",
+    "jobs": "the timing of the job loops",
+    "jobs.sweep_s": "the dispatcher's safety-net sweep of queued jobs (a new job wakes it at once)",
+    "jobs.reap_s": "how often the reaper looks at calls gone quiet or expired",
+    "jobs.quiet_s": "a call with no news for this long is polled by the reaper",
+    "jobs.max_rescues": "a job whose call is lost goes back to the queue up to this many times "
+    "(then `LEASE_LOST`)",
+    "jobs.dispatcher_lease_s": "the lease a dispatcher holds on a job while it submits",
+    "jobs.max_attempts_per_runtime": "submits of one job to one runtime before the walk moves on",
+    "server": "process settings",
+    "server.shutdown_grace_s": "on SIGTERM, how long requests in flight may finish",
+    "server.max_body_bytes": "request bodies over this are refused (413 `PAYLOAD_TOO_LARGE`)",
+    "server.idempotency_ttl_s": "how long a completed response is kept for `Idempotency-Key` "
+    "replays",
+    "server.log_format": "`text` or `json` lines on stderr",
+    "server.config_poll_s": "how often each replica looks for a new config version and runtime "
+    "states",
+    "blobs": "where large job results go",
+    "blobs.kind": "`local` (a directory) or `s3` (S3-compatible; needed by `modal` runtimes)",
+    "blobs.dir": "the directory of the `local` blob store",
+    "blobs.s3": "the bucket of the `s3` blob store",
+    "blobs.s3.bucket": "the bucket's name",
+    "blobs.s3.prefix": "the key prefix under which gpugate writes",
+    "blobs.s3.endpoint_url": "an S3-compatible endpoint (MinIO, R2, ...); null: AWS",
+    "blobs.s3.region_name": "the bucket's region; null: boto3's default",
+    "blobs.s3.access_key_id_env": "the variable holding the access key id; null: boto3's own "
+    "chain (instance role, `~/.aws`)",
+    "blobs.s3.secret_access_key_env": "the variable holding the secret access key",
+    "blobs.inline_max_bytes": "results up to this size stay in the job row; larger ones go to "
+    "the blob store",
+    "blobs.presign_s": "how long presigned URLs handed to a runtime live",
+}
+
+
+def all_keys() -> list[Key]:
+    return list(walk(GatewayConfig))
+
+
+def missing() -> list[str]:
+    """Keys of the models with no entry in ``MEANING``, and entries no model has."""
+    have = {k.path for k in all_keys()}
+    return sorted(have - set(MEANING)) + sorted(f"{p} (no such key)" for p in set(MEANING) - have)
+
+
+def render() -> str:
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated by `python docs/config_reference.py` from the pydantic models in",
+        "     src/gpugate/config/; edit the models or MEANING there, never this file. -->",
+        "",
+        "One YAML file (`gpugate serve --config FILE`), validated at load: every problem is",
+        "reported as `path.to.key: reason (line N)` and unknown keys are errors. Durations end",
+        "in `_s`. Secrets are never in the file, only the names of the variables holding them",
+        "(`*_env`). `gpugate check-config FILE` validates one. The *gateway* keys (marked ◆) live",
+        "in the store as numbered versions after the first start and change by import or",
+        "rollback (admin API, console, `gpugate config`); the others always come from the file.",
+        "",
+        "`[]` in a path is an item of a list; a key with kinds applies to those runtime kinds.",
+        "",
+    ]
+    parents = {k.path.split(".")[0].split("[")[0] for k in all_keys() if "." in k.path}
+    every = sorted(all_keys(), key=lambda k: k.path.split(".")[0].split("[")[0] in parents)
+    section = None
+    for key in every:
+        top = key.path.split(".")[0].split("[")[0]
+        here = top if top in parents else "top level"
+        if here != section:
+            section = here
+            mark = " ◆" if top in GATEWAY_KEYS else ""
+            title = f"`{top}`{mark}" if top in parents else "Top level"
+            lines += [
+                "",
+                f"## {title}",
+                "",
+                "| key | type | default | meaning |",
+                "|---|---|---|---|",
+            ]
+        kinds = f" ({', '.join(key.kinds)} only)" if key.kinds else ""
+        meaning = MEANING.get(key.path, "**undocumented**")
+        mark = " ◆" if key.path in GATEWAY_KEYS and top not in parents else ""
+        lines.append(f"| `{key.path}`{mark} | {key.type} | {key.default} | {meaning}{kinds} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail when stale or incomplete")
+    args = parser.parse_args(argv)
+    problems = missing()
+    for problem in problems:
+        print(f"config key without a meaning in docs/config_reference.py: {problem}")
+    text = render()
+    if args.check:
+        stale = not TARGET.exists() or TARGET.read_text() != text
+        if stale:
+            print(f"{TARGET} is stale: run python docs/config_reference.py")
+        return 1 if problems or stale else 0
+    TARGET.write_text(text)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Scripted incidents for ``gpugate demo --scenario NAME``, played against the simulated fleet.
+
+A scenario is a short script over a :class:`Stage`: it steers the fleet only through its control
+routes (the fake exporter's ``/_control/gpus/{i}``, a fake server's ``/_control``), watches the
+gateway only through its public and admin APIs — exactly what an operator would see in the
+console — narrates each step, holds each state ``pace_s`` so a person can watch it, and ends with
+the fleet healthy again (:meth:`Stage.healthy`). Every wait is bounded: a step that does not
+happen in ``timeout_s`` raises :class:`ScenarioFailed` naming it.
+
+A scenario whose capability has not landed yet is registered with ``pending`` (why): ``--help``
+lists it as pending and the demo refuses to play it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpugate.adapters.gateway_api import GatewayApi, GatewayApiError
+from gpugate.errors import GpugateError
+
+CHAT_MODEL = "qwen-35b"  # served by the upstream on GPU 0 alone, so GPU 0 decides its fate
+FATAL_XID = 79  # "GPU has fallen off the bus": a fatal XID in NVIDIA's table
+
+
+class ScenarioFailed(GpugateError):
+    """A scenario's step did not happen in time."""
+
+    code = "SCENARIO_FAILED"
+
+
+@dataclass
+class Stage:
+    """What a scenario acts through: the gateway's APIs, the fleet's control routes, a narrator."""
+
+    gateway_url: str
+    token: str
+    exporter_url: str
+    servers: Mapping[str, str]  # fake model server name -> base URL
+    say: Callable[[str], None]
+    pace_s: float = 5.0  # how long a state is held for a watcher (0 in tests)
+    timeout_s: float = 60.0
+    poll_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        self._admin = GatewayApi(self.gateway_url, token=self.token, actor="demo")
+        self._gateway = GatewayApi(self.gateway_url)
+
+    async def admin(self, method: str, path: str, body: Any = None) -> Any:
+        _, answer = await asyncio.to_thread(self._admin.request, method, path, body)
+        return answer
+
+    async def config(self) -> dict[str, Any]:
+        """The gateway config in effect, as exported (``GET /admin/config``)."""
+        return dict(await self.admin("GET", "/admin/config"))
+
+    async def gpu(self, index: int, **readings: Any) -> None:
+        """Change what GPU ``index`` reads on the fake exporter."""
+        api = GatewayApi(self.exporter_url)
+        await asyncio.to_thread(api.request, "POST", f"/_control/gpus/{index}", readings)
+
+    async def server(self, name: str, **behaviour: Any) -> None:
+        """Change how the fake model server ``name`` behaves."""
+        api = GatewayApi(self.servers[name])
+        await asyncio.to_thread(api.request, "POST", "/_control", behaviour)
+
+    async def chat(self, cls: str = "interactive") -> str:
+        """One chat request of class ``cls``: ``200`` or the error code the gateway answered."""
+        body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hello"}]}
+        headers = {"X-Request-Class": cls}
+        try:
+            await asyncio.to_thread(
+                self._gateway.request, "POST", "/v1/chat/completions", body, headers=headers
+            )
+        except GatewayApiError as exc:
+            return f"{exc.status} {exc.code}"
+        return "200"
+
+    async def submit_job(self, *, cls: str = "batch") -> str:
+        body = {
+            "model": CHAT_MODEL,
+            "class": cls,
+            "input": {"messages": [{"role": "user", "content": "summarise the incident"}]},
+        }
+        _, job = await asyncio.to_thread(self._gateway.request, "POST", "/v1/jobs", body)
+        return str(job["slug"])
+
+    async def job(self, slug: str) -> dict[str, Any]:
+        _, job = await asyncio.to_thread(self._gateway.request, "GET", f"/v1/jobs/{slug}")
+        return dict(job)
+
+    async def job_state(self, slug: str) -> str:
+        return str((await self.job(slug))["state"])
+
+    async def job_events(self, slug: str) -> list[dict[str, Any]]:
+        _, events = await asyncio.to_thread(self._gateway.request, "GET", f"/v1/jobs/{slug}/events")
+        return list(events["data"])
+
+    async def gpu_rows(self) -> list[dict[str, Any]]:
+        return list((await self.admin("GET", "/admin/gpus"))["gpus"])
+
+    async def upstream(self, upstream_id: str) -> dict[str, Any]:
+        upstreams = (await self.admin("GET", "/admin/upstreams"))["upstreams"]
+        return next(u for u in upstreams if u["id"] == upstream_id)
+
+    async def until(self, what: str, check: Callable[[], Awaitable[bool]]) -> None:
+        """Wait until ``check()`` holds, polling; :class:`ScenarioFailed` after ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        while not await check():
+            if loop.time() > deadline:
+                raise ScenarioFailed(f"{what}: not within {self.timeout_s:.0f} s")
+            await asyncio.sleep(self.poll_s)
+
+    async def hold(self, factor: float = 1.0) -> None:
+        """Leave the current state on screen for a watcher."""
+        await asyncio.sleep(self.pace_s * factor)
+
+    async def healthy(self) -> bool:
+        """Every upstream in rotation, no GPU faulted or saturated, every runtime enabled."""
+        upstreams = (await self.admin("GET", "/admin/upstreams"))["upstreams"]
+        gpus = await self.gpu_rows()
+        runtimes = (await self.admin("GET", "/admin/runtimes"))["runtimes"]
+        return (
+            all(u["out_of_rotation"] is None for u in upstreams)
+            and all(g["verdict"] == "ok" and not g["saturated"] for g in gpus)
+            and all(r["health"]["state"] == "enabled" for r in runtimes)
+        )
+
+
+Script = Callable[[Stage], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A named incident: what it shows, its script, and why it cannot play yet (if so)."""
+
+    name: str
+    shows: str
+    script: Script
+    pending: str | None = None
+
+
+async def xid(stage: Stage) -> None:
+    """A fatal XID on GPU 0 takes qwen-35b out of rotation; an operator clears it; it returns."""
+    say = stage.say
+    say(f"[xid] GPU 0 reports XID {FATAL_XID} (fallen off the bus): a fatal XID")
+    await stage.gpu(0, xid=FATAL_XID)
+
+    async def out() -> bool:
+        return (await stage.upstream(CHAT_MODEL))["out_of_rotation"] is not None
+
+    await stage.until("qwen-35b leaves rotation", out)
+    answer = await stage.chat()
+    say(f"[xid] qwen-35b is out of rotation; a chat request now answers {answer}")
+    if answer == "200":
+        raise ScenarioFailed("a chat request succeeded with its only upstream out of rotation")
+    await stage.hold(2)
+    say("[xid] the operator replaced the GPU and clears the fault: POST /admin/gpus/0/clear")
+    await stage.admin("POST", "/admin/gpus/0/clear")
+
+    async def back() -> bool:
+        return (await stage.upstream(CHAT_MODEL))["out_of_rotation"] is None
+
+    await stage.until("qwen-35b returns to rotation", back)
+    await stage.gpu(0, xid=0)  # the replaced GPU: no XID since
+    say(f"[xid] qwen-35b is back in rotation; a chat request answers {await stage.chat()}")
+
+
+async def saturate(stage: Stage) -> None:
+    """Sustained 100 % util on GPU 0: batch is shed (sync 429, jobs deferred); then recovery."""
+    say = stage.say
+    say("[saturate] GPU 0 runs at 100 % util, sample after sample")
+    await stage.gpu(0, util=100)
+
+    async def saturated() -> bool:
+        return any(g["gpu"] == 0 and g["saturated"] for g in await stage.gpu_rows())
+
+    await stage.until("GPU 0 is saturated", saturated)
+    batch, interactive = await stage.chat("batch"), await stage.chat("interactive")
+    say(f"[saturate] saturated: a batch request answers {batch}, an interactive one {interactive}")
+    if not batch.endswith("GPU_SATURATED") or interactive != "200":
+        raise ScenarioFailed(f"expected batch shed and interactive served: {batch}, {interactive}")
+    slug = await stage.submit_job()
+
+    async def deferred() -> bool:
+        events = await stage.job_events(slug)
+        return any(e["error_code"] == "GPU_SATURATED" for e in events)
+
+    await stage.until(f"job {slug} is deferred GPU_SATURATED", deferred)
+    say(f"[saturate] batch job {slug} is deferred (still queued), not failed")
+    await stage.hold(2)
+    say("[saturate] the load drops: GPU 0 back to 20 % util")
+    await stage.gpu(0, util=20)
+
+    async def done() -> bool:
+        return await stage.job_state(slug) == "completed"
+
+    await stage.until("GPU 0 is no longer saturated", lambda: _not(saturated))
+    say(f"[saturate] not saturated: a batch request answers {await stage.chat('batch')}")
+    await stage.until(f"the deferred job {slug} completes", done)
+    say(f"[saturate] job {slug} ran once the GPU had room: completed")
+
+
+async def auth(stage: Stage) -> None:
+    """The runtime's model server answers 401: the runtime is auto-disabled; then re-enabled."""
+    say = stage.say
+    say("[auth] the model server behind runtime `local` starts answering 401 Unauthorized")
+    await stage.server(CHAT_MODEL, fail_status=401)
+    slug = await stage.submit_job()
+
+    async def disabled() -> bool:
+        runtime = await stage.admin("GET", "/admin/runtimes/local")
+        return bool(runtime["health"]["state"] == "disabled" and runtime["health"]["auto_disables"])
+
+    await stage.until("runtime local is auto-disabled (stop condition)", disabled)
+    say(f"[auth] runtime local is disabled by the gateway; job {slug} walked on or failed")
+    await stage.hold(2)
+    say("[auth] the credentials are fixed; the operator enables the runtime again")
+    await stage.server(CHAT_MODEL, fail_status=None)
+    await stage.admin("POST", "/admin/runtimes/local/enable", {"reason": "credentials fixed"})
+    fresh = await stage.submit_job()
+
+    async def done() -> bool:
+        return await stage.job_state(fresh) == "completed"
+
+    await stage.until(f"job {fresh} completes on local", done)
+    say(f"[auth] job {fresh} completed: local is back")
+
+
+async def budget(stage: Stage) -> None:
+    """A tiny daily budget on `local`: spend passes 2x, the walk skips it; rollback restores it."""
+    say = stage.say
+    before = await stage.config()
+    document = dict(before)
+    document["runtimes"] = [
+        {"id": "local", "kind": "upstream", "budget": {"daily_cents": 1, "cents_per_second": 100}},
+        {"id": "spare", "kind": "upstream"},
+    ]
+    document["fallback_chain"] = ["local", "spare"]
+    say("[budget] runtime local gets a budget of 1 cent a day; `spare` follows it in the chain")
+    await stage.admin("PUT", "/admin/config", document)
+
+    async def over() -> bool:
+        await stage.submit_job()
+        return bool((await stage.admin("GET", "/admin/runtimes/local"))["spend"]["over_budget"])
+
+    await stage.until("runtime local goes over budget", over)
+    slug = await stage.submit_job()
+
+    async def on_spare() -> bool:
+        job = await stage.job(slug)
+        return bool(job["state"] == "completed" and (job["leased_by"] or "").startswith("spare"))
+
+    await stage.until(f"job {slug} skips local and completes on spare", on_spare)
+    say(f"[budget] local is over budget: job {slug} ran on spare")
+    await stage.hold(2)
+    say("[budget] the operator restores the earlier config (no budget on local)")
+    await stage.admin("PUT", "/admin/config", before)
+
+
+async def _not(check: Callable[[], Awaitable[bool]]) -> bool:
+    return not await check()
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "xid",
+            "a fatal XID on a GPU takes its upstream out of rotation; the operator clears it",
+            xid,
+        ),
+        Scenario(
+            "saturate",
+            "a saturated GPU: batch requests shed (429), batch jobs deferred; then recovery",
+            saturate,
+        ),
+        Scenario(
+            "budget",
+            "a runtime over its daily budget is skipped in the walk; a rollback restores it",
+            budget,
+            pending="needs the spend ledger (budgets are not enforced yet)",
+        ),
+        Scenario(
+            "auth",
+            "a runtime answering 401 is auto-disabled (stop condition); re-enabled after",
+            auth,
+            pending="needs the stop condition disable_on_auth_error (not enforced yet)",
+        ),
+    )
+}
+
+
+def describe() -> str:
+    """One line per scenario, for ``--help``."""
+    lines = ["scenarios:"]
+    for s in SCENARIOS.values():
+        tag = f"\n  {'':10}PENDING: {s.pending}" if s.pending else ""
+        lines.append(f"  {s.name:10}{s.shows}{tag}")
+    return "\n".join(lines)
+
+
+async def play(name: str, stage: Stage) -> None:
+    """Play scenario ``name`` to its end; the fleet is healthy again afterwards (checked)."""
+    scenario = SCENARIOS[name]
+    if scenario.pending:
+        raise GpugateError(f"scenario {name!r} is pending: {scenario.pending}")
+    await scenario.script(stage)
+    await stage.until("the fleet is healthy again", stage.healthy)
+    stage.say(f"[{name}] done: the fleet is healthy again (watch it in the console)")

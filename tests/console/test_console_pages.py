@@ -1,0 +1,177 @@
+"""The console's pages and actions read and change the same state as the admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+
+import yaml
+from console_rig import Console
+
+from gpugate.services.jobs import JobRequest
+from gpugate.web.console import views
+
+
+async def test_the_fleet_page_shows_upstreams_gpus_and_runtimes(console: Console) -> None:
+    await console.login()
+    status, text = await console.page()
+    assert 200 == status
+    for needle in ('data-upstream="a"', 'data-upstream="b"', 'data-runtime="local"', "GPUs"):
+        assert needle in text
+    assert text.count("data-gpu=") == 2
+
+
+async def test_draining_a_runtime_changes_its_state_and_audits_the_console_actor(
+    console: Console,
+) -> None:
+    await console.login(name="alice")
+    status, location, _ = await console.post(
+        "/runtimes/local/drain", {"reason": "maintenance", "next": "/console/runtimes/local"}
+    )
+    assert 303 == status
+    assert location.startswith("/console/runtimes/local?notice=")
+    _, page = await console.page("/runtimes/local")
+    assert '<span class="badge drained">drained</span>' in page
+    assert "maintenance" in page
+    events = await console.gw.gateway.store.list_audit(subject="runtime:local")
+    assert [("console:alice", "runtime.drained")] == [(e.actor, e.action) for e in events]
+
+
+async def test_an_unknown_runtime_action_comes_back_as_an_error_notice(console: Console) -> None:
+    await console.login()
+    _, location, _ = await console.post("/runtimes/nope/disable", {"next": "/console/runtimes"})
+    assert location.startswith("/console/runtimes?error=UNKNOWN_RUNTIME")
+
+
+async def test_clearing_a_gpu_fault_returns_its_upstream_to_rotation(console: Console) -> None:
+    monitor = console.gw.gateway.monitor
+    assert monitor is not None
+    await monitor.tick()
+    console.exporter.set_gpu(0, xid=79)
+    await monitor.tick()
+    assert monitor.guard("a") is not None
+    await console.login()
+    _, page = await console.page()
+    assert "Clear fault" in page
+    status, _, _ = await console.post("/gpus/fleet-node/0/clear", {"next": "/console"})
+    assert 303 == status
+    assert monitor.guard("a") is None
+    events = await console.gw.gateway.store.list_audit(action="gpu.cleared")
+    assert ["console:alice"] == [e.actor for e in events]
+
+
+async def test_an_invalid_import_preview_lists_every_problem_and_changes_nothing(
+    console: Console,
+) -> None:
+    await console.login()
+    document = (
+        "upstreams:\n  - id: a\n    models: []\n    url: not-a-url\nfallback_chain: [nowhere]\n"
+    )
+    status, _, page = await console.post("/config/preview", {"document": document})
+    assert 422 == status
+    problems = html.unescape(page)
+    for path in ("upstreams[0].models", "upstreams[0].url", "fallback_chain"):
+        assert f"<code>{path}" in problems
+    assert "nothing would change" in page
+    assert 1 == console.gw.gateway.config_version
+
+
+async def test_a_valid_preview_shows_the_diff_and_import_stores_a_new_version(
+    console: Console,
+) -> None:
+    await console.login()
+    export = await console.gw.gateway.config_versions.export()  # type: ignore[union-attr]
+    document = yaml.safe_load(yaml.safe_dump(export.document))
+    document["upstreams"][0]["max_inflight"] = 7
+    text = yaml.safe_dump(document)
+    status, _, page = await console.post("/config/preview", {"document": text})
+    assert 200 == status
+    assert '<span class="add">+  max_inflight: 7</span>' in page
+    assert 1 == console.gw.gateway.config_version
+    status, location, _ = await console.post("/config/import", {"document": text})
+    assert (303, 2) == (status, console.gw.gateway.config_version)
+    assert "Imported+as+version+2" in location
+
+
+async def test_rollback_from_the_console_restores_the_earlier_document(console: Console) -> None:
+    await console.login()
+    versions = console.gw.gateway.config_versions
+    assert versions is not None
+    first = (await versions.export()).document
+    changed = yaml.safe_load(yaml.safe_dump(first))
+    changed["upstreams"][1]["max_inflight"] = 3
+    await console.post("/config/import", {"document": yaml.safe_dump(changed)})
+    status, _, _ = await console.post("/config/rollback/1", {"next": "/console/config"})
+    assert (303, 3) == (status, console.gw.gateway.config_version)
+    assert first == (await versions.export()).document
+
+
+async def test_the_export_download_is_the_current_version_as_yaml(console: Console) -> None:
+    await console.login()
+    async with console.http.get(console.url + "/config/export") as resp:
+        text = await resp.text()
+        disposition = resp.headers["Content-Disposition"]
+    export = await console.gw.gateway.config_versions.export()  # type: ignore[union-attr]
+    assert export.document == yaml.safe_load(text)
+    assert 'attachment; filename="gateway.v1.yaml"' == disposition
+
+
+async def test_the_jobs_page_filters_and_a_job_page_shows_its_timeline(console: Console) -> None:
+    jobs = console.gw.gateway.jobs
+    assert jobs is not None
+    job, _ = await jobs.create(
+        JobRequest("m", {"messages": [{"role": "user", "content": "hi"}]}), idempotency_key=None
+    )
+    async with asyncio.timeout(10):
+        while (await jobs.get(job.slug)).state != "completed":
+            await asyncio.sleep(0.01)
+    await console.login()
+    _, listing = await console.page("/jobs?state=completed")
+    _, none = await console.page("/jobs?state=failed")
+    _, page = await console.page(f"/jobs/{job.slug}")
+    assert f'data-job="{job.slug}"' in listing
+    assert f'data-job="{job.slug}"' not in none
+    timeline = [
+        s for s in ("queued", "dispatching", "submitted", "completed") if f"<b>{s}</b>" in page
+    ]
+    assert ["queued", "dispatching", "submitted", "completed"] == timeline
+
+
+async def test_the_audit_page_filters_by_action_and_reports_a_bad_since(console: Console) -> None:
+    await console.login()
+    await console.post("/runtimes/local/disable", {"reason": "x"})
+    _, hits = await console.page("/audit?action=runtime.disabled")
+    _, misses = await console.page("/audit?action=config.saved&actor=nobody")
+    _, bad = await console.page("/audit?since=yesterday")
+    assert "<td>runtime:local</td>" in hits
+    assert "<td>runtime:local</td>" not in misses
+    assert "since must be an ISO-8601 time" in bad
+
+
+async def test_a_fragment_is_the_live_region_alone(console: Console) -> None:
+    await console.login()
+    _, fragment = await console.page("/runtimes?fragment=1")
+    assert 'data-runtime="local"' in fragment
+    assert "<html" not in fragment
+    assert 'name="next" value="/console/runtimes"' in fragment
+
+
+def test_the_spend_chart_draws_per_day_totals_from_the_ledger_against_the_budget() -> None:
+    spend = {
+        "daily_cents": 100,
+        "ledger": [
+            {"day": "2025-01-02", "cents": 50, "job": "j1"},
+            {"day": "2025-01-01", "cents": 20, "job": "j2"},
+            {"day": "2025-01-02", "cents": 30, "job": "j3"},
+        ],
+    }
+    chart = views.chart(spend)
+    assert [("2025-01-01", 20.0, 10.0), ("2025-01-02", 80.0, 40.0)] == [
+        (b["day"], b["cents"], b["pct"]) for b in chart["bars"]
+    ]
+    assert {"soft": 50.0, "over": 100.0} == chart["lines"]
+
+
+def test_the_spend_chart_takes_per_day_totals_when_the_detail_gives_them() -> None:
+    spend = {"daily_cents": None, "days": [{"day": "2025-01-03", "cents": 5}], "ledger": []}
+    assert [("2025-01-03", 100.0)] == [(b["day"], b["pct"]) for b in views.chart(spend)["bars"]]
