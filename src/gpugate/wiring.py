@@ -26,6 +26,7 @@ from gpugate.core.jobs import RuntimeView, runtime_views
 from gpugate.core.registry import Registry
 from gpugate.errors import GpugateError
 from gpugate.metrics import Metrics
+from gpugate.services.azure_di import AzureDocumentIntelligence
 from gpugate.services.config_versions import ConfigVersions
 from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.gpu_monitor import GpuMonitor
@@ -75,6 +76,7 @@ class Gateway:
         None  # builds a runtime a new config adds
     )
     push_reports: PushReports | None = None  # None: no push runtime
+    azure_di: AzureDocumentIntelligence | None = None
     stopping: bool = field(default=False)
 
     def apply_config(self, config: GatewayConfig, version: int) -> None:
@@ -205,6 +207,7 @@ async def build_gateway(
             blobs=blobs,
             monitor=monitor,
         )
+        gateway.azure_di = AzureDocumentIntelligence(proxy, lambda: gateway.config, clock)
         dispatcher, reaper = await _jobs_engine(gateway, stack)
         assert gateway.runtime_ops is not None
         gateway.config_versions = ConfigVersions(

@@ -11,7 +11,17 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from gpugate.errors import GpugateError
-from gpugate.web import admin, admin_config, admin_runtimes, jobs, models, openapi, ops, worker
+from gpugate.web import (
+    admin,
+    admin_config,
+    admin_runtimes,
+    azure_di,
+    jobs,
+    models,
+    openapi,
+    ops,
+    worker,
+)
 from gpugate.web.dataplane import DataPlane
 from gpugate.web.errors import error_response
 from gpugate.web.requestid import RequestIdMiddleware, RequestIds
@@ -43,6 +53,7 @@ def create_app(gateway: Gateway) -> ASGIApp:
             *admin_config.routes,
             *admin_runtimes.routes,
             *openapi.routes,
+            *azure_di.routes,
         ],
         lifespan=lifespan,
         exception_handlers={GpugateError: _gpugate_error},
