@@ -31,11 +31,13 @@ from gpugate.services.config_versions import ConfigVersions
 from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.gpu_monitor import GpuMonitor
 from gpugate.services.idempotency import Idempotency
+from gpugate.services.job_waiter import JobWaiter
 from gpugate.services.jobs import Jobs
 from gpugate.services.prober import Prober
 from gpugate.services.proxy import Proxy
 from gpugate.services.readiness import Readiness, probe
 from gpugate.services.reaper import Reaper
+from gpugate.services.result_cache import ResultCache
 from gpugate.services.runtime_ops import RuntimeOps
 from gpugate.services.runtimes.base import Runtime
 from gpugate.services.runtimes.modal import ModalRuntime
@@ -43,6 +45,7 @@ from gpugate.services.runtimes.push import PushRuntime
 from gpugate.services.runtimes.push_reports import PushReports
 from gpugate.services.runtimes.upstream import UpstreamRuntime
 from gpugate.services.shed import ShedGate
+from gpugate.services.sync_front import SyncFront
 from gpugate.store import JobRecord, Store
 from gpugate.store.factory import open_store
 
@@ -77,6 +80,7 @@ class Gateway:
     )
     push_reports: PushReports | None = None  # None: no push runtime
     azure_di: AzureDocumentIntelligence | None = None
+    sync_front: SyncFront | None = None
     stopping: bool = field(default=False)
 
     def apply_config(self, config: GatewayConfig, version: int) -> None:
@@ -264,10 +268,16 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
         return runtime_views(gateway.config, runtimes.keys(), disabled=ops.excluded())
 
     dispatcher = Dispatcher(store, runtimes, views, config, clock)
+    waiter = JobWaiter(store, clock)
+
+    def finished() -> None:  # a call ended: a slot is free, and sync-front waiters look
+        dispatcher.slot_freed()
+        waiter.pulse()
+
     push_client = PushClient()
     await push_client.start()
     stack.push_async_callback(push_client.close)
-    reports = PushReports(store, {}, config, on_finished=dispatcher.slot_freed)
+    reports = PushReports(store, {}, config, on_finished=finished)
     gateway.push_reports = reports
 
     def new_runtime(entry: RuntimeConfig) -> Runtime | None:
@@ -275,7 +285,7 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
         if runtime is not None:
             stack.push_async_callback(runtime.close)
             if isinstance(runtime, UpstreamRuntime):
-                runtime.on_finished = dispatcher.slot_freed
+                runtime.on_finished = finished
         return runtime
 
     for entry in gateway.config.runtimes:
@@ -284,7 +294,7 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     gateway.new_runtime = new_runtime
     await ops.tick()
     gateway.runtime_ops = ops
-    reaper = Reaper(store, runtimes, config, clock, on_released=dispatcher.slot_freed)
+    reaper = Reaper(store, runtimes, config, clock, on_released=finished)
     if store.backend == "sqlite":
         await reaper.recover()
 
@@ -295,6 +305,9 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
 
     gateway.dispatcher, gateway.reaper = dispatcher, reaper
     gateway.jobs = Jobs(store, config, wake=dispatcher.wake, cancel_call=cancel_call)
+    gateway.sync_front = SyncFront(
+        gateway.jobs, store, waiter, ResultCache(clock), gateway.proxy, config
+    )
     return dispatcher, reaper
 
 
