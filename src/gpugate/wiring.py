@@ -27,6 +27,8 @@ from gpugate.core.registry import Registry
 from gpugate.errors import GpugateError
 from gpugate.metrics import Metrics
 from gpugate.services.azure_di import AzureDocumentIntelligence
+from gpugate.services.batch_runner import BatchRunner
+from gpugate.services.batches import Batches
 from gpugate.services.config_versions import ConfigVersions
 from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.gpu_monitor import GpuMonitor
@@ -81,6 +83,8 @@ class Gateway:
     push_reports: PushReports | None = None  # None: no push runtime
     azure_di: AzureDocumentIntelligence | None = None
     sync_front: SyncFront | None = None
+    batches: Batches | None = None
+    batch_runner: BatchRunner | None = None
     stopping: bool = field(default=False)
 
     def apply_config(self, config: GatewayConfig, version: int) -> None:
@@ -222,6 +226,10 @@ async def build_gateway(
             clock,
             poll_s=file_config.server.config_poll_s,
         )
+        gateway.batches = Batches(store, blobs, clock)
+        gateway.batch_runner = BatchRunner(
+            store, gateway.batches, proxy, clock, takeover_at_start=store.backend == "sqlite"
+        )
         loops = _Loops()
         stack.push_async_callback(loops.stop)
         loops.start("prober", prober.run())
@@ -233,6 +241,7 @@ async def build_gateway(
             loops.start("dispatcher", dispatcher.run())
             loops.start("reaper", reaper.run())
             loops.start("job-wakeups", store.watch_jobs(dispatcher.wake))
+            loops.start("batches", gateway.batch_runner.run())
         try:
             yield gateway
         finally:
