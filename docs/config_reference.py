@@ -175,6 +175,16 @@ MEANING: dict[str, str] = {
     "(`core/gpu/xid_severity.csv`), e.g. `{109: fatal}`",
     "upstreams": "the model servers the gateway forwards to (at least one)",
     "upstreams[].id": "the upstream's name (`X-Gateway-Upstream`, `/u/{id}/...`, metrics)",
+    "upstreams[].kind": "`openai` (an OpenAI-compatible model server) or `azure-di` (an Azure "
+    "Document Intelligence resource behind `/azure-di/...`; external, one `url`, no `gpu_ids`)",
+    "upstreams[].cache": "opt-in result cache of the synchronous job front "
+    "(`POST /v1/jobs?wait=`) for this upstream's models",
+    "upstreams[].cache.ttl_s": "how long a cached result is served",
+    "upstreams[].cache.max_entries": "entries kept per model (least recently used go first)",
+    "runtimes[].cache": "opt-in result cache of the synchronous job front for jobs whose "
+    "runner is this runtime (takes precedence over the upstream's)",
+    "runtimes[].cache.ttl_s": "how long a cached result is served",
+    "runtimes[].cache.max_entries": "entries kept per model (least recently used go first)",
     "upstreams[].url": "its one endpoint's base URL (exactly one of `url` and `urls`)",
     "upstreams[].urls": "several endpoint base URLs of the same upstream",
     "upstreams[].models": "the models it serves (the body's `model` routes to it)",

@@ -25,6 +25,8 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── IdempotencyConflict        IDEMPOTENCY_CONFLICT
     │   ├── IdempotencyKeyReused       IDEMPOTENCY_KEY_REUSED
     │   ├── JobNotFound                JOB_NOT_FOUND
+    │   ├── FileNotFound               FILE_NOT_FOUND: no Batch API file has this id
+    │   ├── BatchNotFound              BATCH_NOT_FOUND: no Batch API batch has this id
     │   ├── UnknownRuntime             UNKNOWN_RUNTIME
     │   ├── UnknownConfigVersion       UNKNOWN_CONFIG_VERSION
     │   ├── WrongRuntime               WRONG_RUNTIME: a worker's secret is not the lease holder's
@@ -264,6 +266,18 @@ class JobNotFound(ClientError):
     """No job has this slug."""
 
     code = "JOB_NOT_FOUND"
+
+
+class FileNotFound(ClientError):
+    """No file (Batch API) has this id."""
+
+    code = "FILE_NOT_FOUND"
+
+
+class BatchNotFound(ClientError):
+    """No batch (Batch API) has this id."""
+
+    code = "BATCH_NOT_FOUND"
 
 
 class UnknownRuntime(ClientError):

@@ -26,16 +26,21 @@ from gpugate.core.jobs import RuntimeView, runtime_views
 from gpugate.core.registry import Registry
 from gpugate.errors import GpugateError
 from gpugate.metrics import Metrics
+from gpugate.services.azure_di import AzureDocumentIntelligence
+from gpugate.services.batch_runner import BatchRunner
+from gpugate.services.batches import Batches
 from gpugate.services.config_versions import ConfigVersions
 from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.gpu_monitor import GpuMonitor
 from gpugate.services.idempotency import Idempotency
 from gpugate.services.job_gauges import RuntimeGauges
+from gpugate.services.job_waiter import JobWaiter
 from gpugate.services.jobs import Jobs
 from gpugate.services.prober import Prober
 from gpugate.services.proxy import Proxy
 from gpugate.services.readiness import Readiness, probe
 from gpugate.services.reaper import Reaper
+from gpugate.services.result_cache import ResultCache
 from gpugate.services.runtime_ops import RuntimeOps
 from gpugate.services.runtimes.base import Runtime
 from gpugate.services.runtimes.modal import ModalRuntime
@@ -43,6 +48,7 @@ from gpugate.services.runtimes.push import PushRuntime
 from gpugate.services.runtimes.push_reports import PushReports
 from gpugate.services.runtimes.upstream import UpstreamRuntime
 from gpugate.services.shed import ShedGate
+from gpugate.services.sync_front import SyncFront
 from gpugate.store import JobRecord, Store
 from gpugate.store.factory import open_store
 
@@ -77,6 +83,10 @@ class Gateway:
     )
     push_reports: PushReports | None = None  # the worker routes' judge
     gauges: RuntimeGauges | None = None
+    azure_di: AzureDocumentIntelligence | None = None
+    sync_front: SyncFront | None = None
+    batches: Batches | None = None
+    batch_runner: BatchRunner | None = None
     stopping: bool = field(default=False)
 
     def apply_config(self, config: GatewayConfig, version: int) -> None:
@@ -207,6 +217,7 @@ async def build_gateway(
             blobs=blobs,
             monitor=monitor,
         )
+        gateway.azure_di = AzureDocumentIntelligence(proxy, lambda: gateway.config, clock)
         dispatcher, reaper = await _jobs_engine(gateway, stack)
         assert gateway.runtime_ops is not None
         gateway.config_versions = ConfigVersions(
@@ -216,6 +227,10 @@ async def build_gateway(
             environ,
             clock,
             poll_s=file_config.server.config_poll_s,
+        )
+        gateway.batches = Batches(store, blobs, clock)
+        gateway.batch_runner = BatchRunner(
+            store, gateway.batches, proxy, clock, takeover_at_start=store.backend == "sqlite"
         )
         loops = _Loops()
         stack.push_async_callback(loops.stop)
@@ -241,6 +256,7 @@ async def build_gateway(
             loops.start("dispatcher", dispatcher.run())
             loops.start("reaper", reaper.run())
             loops.start("job-wakeups", store.watch_jobs(dispatcher.wake))
+            loops.start("batches", gateway.batch_runner.run())
         try:
             yield gateway
         finally:
@@ -276,10 +292,16 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
         return runtime_views(gateway.config, runtimes.keys(), disabled=ops.excluded())
 
     dispatcher = Dispatcher(store, runtimes, views, config, clock)
+    waiter = JobWaiter(store, clock)
+
+    def finished() -> None:  # a call ended: a slot is free, and sync-front waiters look
+        dispatcher.slot_freed()
+        waiter.pulse()
+
     push_client = PushClient()
     await push_client.start()
     stack.push_async_callback(push_client.close)
-    reports = PushReports(store, {}, config, on_finished=dispatcher.slot_freed)
+    reports = PushReports(store, {}, config, on_finished=finished)
     gateway.push_reports = reports
 
     def new_runtime(entry: RuntimeConfig) -> Runtime | None:
@@ -287,7 +309,7 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
         if runtime is not None:
             stack.push_async_callback(runtime.close)
             if isinstance(runtime, UpstreamRuntime):
-                runtime.on_finished = dispatcher.slot_freed
+                runtime.on_finished = finished
         return runtime
 
     for entry in gateway.config.runtimes:
@@ -296,7 +318,7 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     gateway.new_runtime = new_runtime
     await ops.tick()
     gateway.runtime_ops = ops
-    reaper = Reaper(store, runtimes, config, clock, on_released=dispatcher.slot_freed)
+    reaper = Reaper(store, runtimes, config, clock, on_released=finished)
     if store.backend == "sqlite":
         await reaper.recover()
 
@@ -307,6 +329,9 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
 
     gateway.dispatcher, gateway.reaper = dispatcher, reaper
     gateway.jobs = Jobs(store, config, wake=dispatcher.wake, cancel_call=cancel_call)
+    gateway.sync_front = SyncFront(
+        gateway.jobs, store, waiter, ResultCache(clock), gateway.proxy, config
+    )
     return dispatcher, reaper
 
 

@@ -107,7 +107,7 @@ def test_an_unknown_key_in_a_runtime_lists_the_keys_of_its_kind() -> None:
     assert [
         (
             "runtimes[0].push: unknown key"
-            " (allowed: id, kind, models, enabled, max_concurrency, budget)"
+            " (allowed: id, kind, models, enabled, cache, max_concurrency, budget)"
         )
     ] == problems_of_document(
         document(runtimes=[{"id": "x", "kind": "upstream", "push": {"url": "http://h"}}])

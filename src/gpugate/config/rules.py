@@ -116,6 +116,38 @@ def _upstream_findings(upstreams: list[Any]) -> list[Finding]:
         for key in ("models", "urls"):
             if isinstance(upstream.get(key), list):
                 findings += _duplicates(upstream[key], (*path, key), _listed_twice)
+    return findings + _azure_di_findings(upstreams)
+
+
+def _azure_di_findings(upstreams: list[Any]) -> list[Finding]:
+    """An ``azure-di`` upstream is one external Azure resource (one URL: its polls must come
+    back to the resource that took the analyze), and each DI model id has one such upstream."""
+    findings = []
+    owner: dict[str, str] = {}
+    for index, upstream in _mappings(upstreams):
+        if upstream.get("kind") != "azure-di":
+            continue
+        path = ("upstreams", index)
+        if upstream.get("external") is False:
+            findings.append(
+                Finding((*path, "external"), "an azure-di upstream is a third-party service")
+            )
+        if upstream.get("gpu_ids"):
+            message = "an azure-di upstream runs on no GPU of ours: it takes no gpu_ids"
+            findings.append(Finding((*path, "gpu_ids"), message))
+        urls = upstream.get("urls")
+        if isinstance(urls, list) and len(urls) > 1:
+            message = "an azure-di upstream is one resource: give one url (polls return to it)"
+            findings.append(Finding((*path, "urls"), message))
+        models = upstream.get("models")
+        for position, model in enumerate(models if isinstance(models, list) else []):
+            if not isinstance(model, str):
+                continue
+            if model in owner:
+                message = f"DI model '{model}' is served by azure-di upstream '{owner[model]}'"
+                findings.append(Finding((*path, "models", position), message))
+            else:
+                owner[model] = str(upstream.get("id"))
     return findings
 
 
@@ -150,6 +182,8 @@ def _served_models(upstreams: Any) -> set[str] | None:
         models = upstream.get("models") if isinstance(upstream, Mapping) else None
         if not isinstance(models, list):
             return None
+        if upstream.get("kind") == "azure-di":  # DI model ids are not job models
+            continue
         served.update(model for model in models if isinstance(model, str))
     return served
 

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from gpugate.config.cache import CacheConfig
 from gpugate.config.fields import (
     ConfigModel,
     EnvName,
@@ -47,6 +48,7 @@ class _RuntimeBase(ConfigModel):
     kind: str  # narrowed to one literal by each kind; declared here to come second in a dump
     models: list[Name] = Field(default_factory=list)
     enabled: bool = True
+    cache: CacheConfig | None = None  # the sync job front's result cache for these models
 
 
 class UpstreamRuntimeConfig(_RuntimeBase):

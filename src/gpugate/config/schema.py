@@ -16,6 +16,7 @@ from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from gpugate.config import summary
 from gpugate.config.blobs import BlobsConfig, S3Config
+from gpugate.config.cache import CacheConfig
 from gpugate.config.fields import (
     ConfigModel,
     EnvName,
@@ -46,6 +47,7 @@ __all__ = [
     "GATEWAY_KEYS",
     "BlobsConfig",
     "BudgetConfig",
+    "CacheConfig",
     "ExporterConfig",
     "GatewayConfig",
     "GpuHealthConfig",
@@ -176,12 +178,24 @@ class GatewayConfig(ConfigModel):
         raise KeyError(f"no runtime {runtime_id!r} (defined: {known})")
 
     def models(self) -> list[str]:
-        """Every model some upstream serves, sorted."""
-        return sorted({model for upstream in self.upstreams for model in upstream.models})
+        """Every model some OpenAI-compatible upstream serves, sorted (an ``azure-di``
+        upstream's DI model ids are not models of the data plane or of jobs)."""
+        return sorted(
+            {
+                model
+                for upstream in self.upstreams
+                if upstream.kind == "openai"
+                for model in upstream.models
+            }
+        )
 
     def upstreams_serving(self, model: str) -> list[UpstreamConfig]:
-        """The upstreams that list ``model``, in file order."""
-        return [upstream for upstream in self.upstreams if model in upstream.models]
+        """The OpenAI-compatible upstreams that list ``model``, in file order."""
+        return [u for u in self.upstreams if u.kind == "openai" and model in u.models]
+
+    def azure_di_upstream(self, model: str) -> UpstreamConfig | None:
+        """The ``azure-di`` upstream that lists DI model ``model`` (the rules allow one)."""
+        return next((u for u in self.upstreams if u.kind == "azure-di" and model in u.models), None)
 
     def runtime_models(self, runtime_id: str) -> list[str]:
         """The models a runtime serves: its ``models``, or for ``kind: upstream`` without any,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from gpugate.config.cache import CacheConfig
 from gpugate.config.fields import (
     ConfigModel,
     EnvName,
@@ -40,6 +41,21 @@ class UpstreamConfig(ConfigModel):
     first_byte_timeout_s: PositiveSeconds | None = None
     health_path: UrlPath = "/health"
     api_key_env: EnvName | None = None
+    #: ``openai``: an OpenAI-compatible model server (the data plane and jobs route to it).
+    #: ``azure-di``: an Azure Document Intelligence resource, reached only through
+    #: ``/azure-di/...``; its ``models`` are DI model ids, it is ``external`` by nature and
+    #: its key (``api_key_env``) goes in ``Ocp-Apim-Subscription-Key``.
+    kind: Literal["openai", "azure-di"] = "openai"
+    cache: CacheConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _azure_di_is_external(cls, data: Any) -> Any:
+        """An ``azure-di`` upstream is a third-party service: ``external`` unless said
+        otherwise (saying otherwise is a rule finding)."""
+        if isinstance(data, dict) and data.get("kind") == "azure-di" and "external" not in data:
+            return {**data, "external": True}
+        return data
 
     @property
     def endpoints(self) -> tuple[str, ...]:

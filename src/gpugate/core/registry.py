@@ -80,6 +80,8 @@ class Registry:
             by_id[cfg.id] = state
         by_model: dict[str, list[UpstreamState]] = {}
         for state in by_id.values():
+            if state.config.kind != "openai":  # reached through its own façade (azure-di)
+                continue
             for model in state.config.models:
                 by_model.setdefault(model, []).append(state)
         owner = {ep: state for state in by_id.values() for ep in state.endpoints}

@@ -86,6 +86,9 @@ class Reply:
         self._proxy.finished(self._outbound, self.upstream, code or str(self.status))
 
 
+_CREDENTIALS = frozenset({b"authorization", b"ocp-apim-subscription-key"})
+
+
 def _inflight(pool: AdmissionPool) -> int:
     return pool.inflight
 
@@ -264,11 +267,18 @@ class Proxy:
         return any(ep.url not in tried and picking.is_available(ep, now) for ep in endpoints)
 
     def _headers(self, out: Outbound, upstream: UpstreamState) -> list[tuple[bytes, bytes]]:
+        """The client's headers, with the upstream's key (if it has one) in place of any
+        credential the client sent: ``Authorization: Bearer`` for OpenAI-compatible servers,
+        ``Ocp-Apim-Subscription-Key`` for Azure Document Intelligence."""
         key_env = upstream.config.api_key_env
         if key_env is None:
             return out.headers
-        headers = [(k, v) for k, v in out.headers if k.lower() != b"authorization"]
-        headers.append((b"authorization", b"Bearer " + self._secrets.get(key_env, "").encode()))
+        key = self._secrets.get(key_env, "").encode()
+        headers = [(k, v) for k, v in out.headers if k.lower() not in _CREDENTIALS]
+        if upstream.config.kind == "azure-di":
+            headers.append((b"ocp-apim-subscription-key", key))
+        else:
+            headers.append((b"authorization", b"Bearer " + key))
         return headers
 
     def _timeouts(self, upstream: UpstreamState) -> Timeouts:

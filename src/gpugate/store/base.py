@@ -26,6 +26,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gpugate.store.facade_base import FacadeStore
 from gpugate.store.jobs_base import JobStore
 from gpugate.store.runtime_state import RuntimeStateStore
 
@@ -152,9 +153,9 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-class Store(JobStore, RuntimeStateStore, Protocol):
+class Store(JobStore, RuntimeStateStore, FacadeStore, Protocol):
     """The durable state of a gateway: config versions, audit trail, idempotency records, jobs,
-    runtime states."""
+    runtime states, the façades' files and batches."""
 
     @property
     def backend(self) -> str:

@@ -15,6 +15,8 @@ from gpugate.web import (
     admin,
     admin_config,
     admin_runtimes,
+    azure_di,
+    batches,
     console,
     jobs,
     models,
@@ -54,10 +56,14 @@ def create_app(gateway: Gateway) -> ASGIApp:
             *admin_runtimes.routes,
             *openapi.routes,
             *console.routes(),
+            *azure_di.routes,
+            *batches.routes,
         ],
         lifespan=lifespan,
         exception_handlers={GpugateError: _gpugate_error},
     )
     app.state.gateway = gateway
+    if gateway.batch_runner is not None:  # batch lines record our errors as clients see them
+        gateway.batch_runner.present = batches.present
     ids = RequestIds()
     return DataPlane(RequestIdMiddleware(app, ids), gateway, ids)

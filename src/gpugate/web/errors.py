@@ -28,6 +28,8 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.UnknownModel: 404,
     errors.UnknownUpstream: 404,
     errors.JobNotFound: 404,
+    errors.FileNotFound: 404,
+    errors.BatchNotFound: 404,
     errors.UnknownRuntime: 404,
     errors.UnknownConfigVersion: 404,
     errors.WrongRuntime: 403,

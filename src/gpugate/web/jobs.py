@@ -12,6 +12,7 @@ from starlette.routing import Route
 from gpugate.errors import BadRequest
 from gpugate.services.jobs import Jobs, event_view, job_view, parse_job_request
 from gpugate.web.bodies import read_body
+from gpugate.web.sync_jobs import create_and_wait
 from gpugate.wiring import Gateway
 
 MAX_LIST = 500
@@ -39,6 +40,8 @@ async def create_job(request: Request) -> Response:
     """202 with the new job; 200 with the existing one when the Idempotency-Key was seen."""
     job_request = parse_job_request(await json_body(request))
     key = request.headers.get("idempotency-key")
+    if "wait" in request.query_params:  # the synchronous front (issue 9)
+        return await create_and_wait(request, job_request, key)
     job, created = await _jobs(request).create(job_request, idempotency_key=key)
     return JSONResponse(job_view(job), status_code=202 if created else 200)
 

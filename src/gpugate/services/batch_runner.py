@@ -1,0 +1,297 @@
+"""Runs Batch API batches: each line through the gateway's own proxy path, bounded concurrency.
+
+A runner holds a batch through a store lease (renewed every third of ``lease_s``); among
+replicas one runs a batch, and another takes it over when the holder goes quiet (on SQLite, one
+process, the runner takes every batch back at start-up). Each line goes to ``Proxy.open`` as
+class ``batch`` — admission, the GPU guard and the shed gate apply — with at most
+``concurrency`` lines in flight per batch. A shed line (``GPU_SATURATED``) waits out
+``Retry-After`` and is tried again, never failed; a transient failure (other refusals,
+unreachable or timed-out upstream, 429/5xx) is tried ``attempts`` times; anything else is the
+line's answer. Each finished line is stored at once (:meth:`record_batch_item`), so a restart
+resumes with the lines that have no item yet. Cancel stops the lines not yet started (those in
+flight finish); the output then holds the finished ones.
+
+Output (a file of purpose ``batch_output``): one line per input line *in input order*,
+``{id, custom_id, response: {status_code, request_id, body}, error}``; ``error`` is
+``{code, message}`` when the line failed (a non-2xx answer, or a gateway error such as
+``UNKNOWN_MODEL``, whose OpenAI-shaped body is then the ``response``). The error file holds the
+failed lines only (none: no error file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from gpugate.clock import Clock
+from gpugate.core.classes import RequestClass
+from gpugate.errors import ClientError, GpugateError, GpuSaturated, Refused, UpstreamError
+from gpugate.services.batches import Batches, BatchLine, parse_lines
+from gpugate.services.proxy import Outbound, Proxy
+from gpugate.store import Store
+from gpugate.store.facade_base import BatchItem, BatchRecord
+
+log = logging.getLogger("gpugate.batches")
+
+_JSON = [(b"content-type", b"application/json")]
+ErrorBody = Callable[[GpugateError], tuple[int, bytes]]
+
+
+class BatchRunner:
+    """Claims batches and runs them; see the module docstring."""
+
+    def __init__(  # noqa: PLR0913 - collaborators, then keyword-only knobs
+        self,
+        store: Store,
+        batches: Batches,
+        proxy: Proxy,
+        clock: Clock,
+        *,
+        concurrency: int = 16,
+        lease_s: float = 60.0,
+        sweep_s: float = 30.0,
+        attempts: int = 3,
+        takeover_at_start: bool = False,
+    ) -> None:
+        self._store = store
+        self._batches = batches
+        self._proxy = proxy
+        self._clock = clock
+        #: How a gateway error looks as an HTTP answer (status, body): set by the web layer,
+        #: which owns the table of statuses; until then a 502 with an OpenAI-shaped body.
+        self.present: ErrorBody = _plain
+        self._concurrency = concurrency
+        self._lease_s = lease_s
+        self._sweep_s = sweep_s
+        self._attempts = attempts
+        self._takeover = takeover_at_start
+        self.owner = f"batches:{secrets.token_hex(6)}"
+        self._wake = asyncio.Event()
+        self._running: dict[str, asyncio.Event] = {}  # batch id -> its cancel signal
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.lines_run = 0
+        batches.wake = self.wake
+        batches.cancelled = self.cancel
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def cancel(self, batch_id: str) -> None:
+        """A batch of this process was cancelled: start no more of its lines."""
+        if (signal := self._running.get(batch_id)) is not None:
+            signal.set()
+
+    async def tick(self) -> int:
+        """Claim every batch that is free to run and start it; how many were started."""
+        started = 0
+        while batch := await self._store.claim_batch(
+            self.owner, lease_s=self._lease_s, takeover=self._takeover
+        ):
+            self._running[batch.id] = asyncio.Event()
+            task = asyncio.create_task(self._run(batch), name=f"gpugate.batch.{batch.id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            started += 1
+        self._takeover = False
+        return started
+
+    async def run(self) -> None:
+        try:
+            while True:
+                self._wake.clear()
+                await self.tick()
+                waker = asyncio.ensure_future(self._wake.wait())
+                sleeper = asyncio.ensure_future(self._clock.sleep(self._sweep_s))
+                try:
+                    await asyncio.wait({waker, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waker.cancel()
+                    sleeper.cancel()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def idle(self) -> None:
+        """Wait until every batch this runner started has ended (for tests and shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # -- one batch -----------------------------------------------------------------------
+
+    async def _run(self, batch: BatchRecord) -> None:
+        cancel = self._running[batch.id]
+        heartbeat = asyncio.ensure_future(self._heartbeat(batch.id, cancel))
+        try:
+            data = await self._batches.file_content(batch.input_file_id)
+            lines = parse_lines(data, batch.endpoint)
+            done = {item.line for item in await self._store.batch_items(batch.id)}
+            if batch.status == "cancelling":
+                cancel.set()
+            await self._run_lines([ln for ln in lines if ln.line not in done], batch.id, cancel)
+            if not heartbeat.done():
+                await self._finish(batch, cancelled=cancel.is_set())
+        except Exception:
+            log.exception("batch %s broke; it is resumed after its lease expires", batch.id)
+        finally:
+            heartbeat.cancel()
+            self._running.pop(batch.id, None)
+
+    async def _run_lines(
+        self, lines: list[BatchLine], batch_id: str, cancel: asyncio.Event
+    ) -> None:
+        pending = iter(lines)
+
+        async def worker() -> None:
+            for line in pending:
+                if cancel.is_set():
+                    return
+                item = await self._line(line)
+                await self._store.record_batch_item(batch_id, item)
+                self.lines_run += 1
+
+        await asyncio.gather(*(worker() for _ in range(min(self._concurrency, len(lines)))))
+
+    async def _heartbeat(self, batch_id: str, cancel: asyncio.Event) -> None:
+        """Hold the lease; notice a cancel made by another replica; stop if the lease is lost."""
+        while True:
+            await self._clock.sleep(self._lease_s / 3)
+            if not await self._store.extend_batch_lease(
+                batch_id, self.owner, lease_s=self._lease_s
+            ):
+                cancel.set()
+                log.warning("batch %s: lease lost; another runner has it now", batch_id)
+                return
+            latest = await self._store.get_batch(batch_id)
+            if latest is not None and latest.status == "cancelling":
+                cancel.set()
+
+    async def _finish(self, batch: BatchRecord, *, cancelled: bool) -> None:
+        items = await self._store.batch_items(batch.id)
+        output = _jsonl(item.output for item in items)
+        failed = [item.output for item in items if not item.ok]
+        out = await self._batches.store_file(f"{batch.id}_output.jsonl", "batch_output", output)
+        err = None
+        if failed:
+            err = await self._batches.store_file(
+                f"{batch.id}_error.jsonl", "batch_output", _jsonl(failed)
+            )
+        await self._store.finish_batch(
+            batch.id,
+            self.owner,
+            status="cancelled" if cancelled else "completed",
+            output_file_id=out.id,
+            error_file_id=None if err is None else err.id,
+        )
+
+    # -- one line ------------------------------------------------------------------------
+
+    async def _line(self, line: BatchLine) -> BatchItem:
+        body = json.dumps(line.body, separators=(",", ":")).encode()
+        failures = 0
+        while True:
+            out = Outbound(
+                "POST",
+                line.url,
+                _JSON,
+                body,
+                RequestClass.BATCH,
+                self._clock.monotonic(),
+                model=str(line.body["model"]),
+            )
+            try:
+                status, request_id, answer = await self._send(out)
+            except GpuSaturated as exc:
+                await self._clock.sleep(exc.retry_after_s or 1.0)
+                continue
+            except (Refused, UpstreamError) as exc:
+                failures += 1
+                if failures < self._attempts:
+                    await self._clock.sleep(min(2.0**failures, 30.0))
+                    continue
+                return self._refused(line, exc)
+            except ClientError as exc:
+                return self._refused(line, exc)
+            if (status == 429 or status >= 500) and failures + 1 < self._attempts:
+                failures += 1
+                await self._clock.sleep(min(2.0**failures, 30.0))
+                continue
+            return _item(line, status, request_id, answer)
+
+    async def _send(self, out: Outbound) -> tuple[int, str, Any]:
+        try:
+            reply = await self._proxy.open(out)
+        except GpugateError as exc:
+            self._proxy.refused(out, exc)
+            raise
+        code: str | None = None
+        try:
+            parts = []
+            try:
+                while chunk := await reply.read_chunk():
+                    parts.append(chunk)
+            except UpstreamError as exc:
+                reply.broke()
+                code = exc.code
+                raise
+            headers = dict(reply.headers)
+            request_id = headers.get(b"x-request-id", b"").decode() or _request_id()
+            return reply.status, request_id, _json_or_text(b"".join(parts))
+        finally:
+            reply.close(code)
+
+    def _refused(self, line: BatchLine, exc: GpugateError) -> BatchItem:
+        status, body = self.present(exc)
+        return _item(line, status, _request_id(), json.loads(body), error=exc)
+
+    def __repr__(self) -> str:
+        return f"<BatchRunner {self.owner} running={len(self._running)} lines_run={self.lines_run}>"
+
+
+def _item(
+    line: BatchLine, status: int, request_id: str, body: Any, *, error: GpugateError | None = None
+) -> BatchItem:
+    ok = error is None and 200 <= status < 300
+    problem = None
+    if error is not None:
+        problem = {"code": error.code, "message": error.message}
+    elif not ok:
+        message = body.get("error", {}).get("message") if isinstance(body, dict) else None
+        problem = {"code": f"UPSTREAM_{status}", "message": str(message or body)[:500]}
+    output = {
+        "id": f"batch_req_{secrets.token_hex(12)}",
+        "custom_id": line.custom_id,
+        "response": {"status_code": status, "request_id": request_id, "body": body},
+        "error": problem,
+    }
+    return BatchItem(line.line, line.custom_id, ok, output)
+
+
+def _plain(exc: GpugateError) -> tuple[int, bytes]:
+    error = {"message": exc.message, "type": "server_error", "code": exc.code}
+    return 502, json.dumps({"error": error}).encode()
+
+
+def _request_id() -> str:
+    return f"req_{secrets.token_hex(12)}"
+
+
+def _json_or_text(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", errors="replace")
+
+
+def _jsonl(docs: Any) -> bytes:
+    return b"".join(
+        json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode() + b"\n" for doc in docs
+    )

@@ -1,0 +1,235 @@
+"""What the façades keep in the store: a job's lookup by idempotency key (the sync job front),
+and the OpenAI Batch API's files and batches with their finished items.
+
+* A file is its metadata here and its bytes in the blob store (``blob_key``).
+* A batch is owned by one runner at a time through a lease (``owner``, ``lease_expires_at``), so
+  among replicas one runs it, and another takes it over when the owner goes quiet; a runner
+  never claims a batch it owns already.
+* Each finished item (one input line) is stored once: :meth:`FacadeStore.record_batch_item`
+  inserts it and bumps ``completed`` or ``failed`` in the same transaction, and a second record
+  of the same line changes nothing — so a batch resumed after a restart re-runs only the lines
+  that have no item yet, and its counts stay exact.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from gpugate.store.jobs_base import JobRecord
+
+BATCH_STATUSES = (
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "expired",
+    "cancelling",
+    "cancelled",
+)
+"""OpenAI's batch statuses; gpugate validates at creation, so a batch starts ``in_progress``."""
+
+RUNNABLE = ("in_progress", "finalizing", "cancelling")
+"""The statuses of a batch that a runner still has work to do for."""
+
+BATCH_TIMES = (
+    "created_at",
+    "in_progress_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "cancelling_at",
+    "cancelled_at",
+    "expires_at",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """An uploaded (or gateway-written) file; its bytes are in the blob store."""
+
+    id: str
+    purpose: str
+    filename: str
+    bytes: int
+    blob_key: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NewBatch:
+    """A validated batch, before it is stored."""
+
+    id: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    total: int
+    metadata: dict[str, Any] | None
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """A stored batch: what ``GET /v1/batches/{id}`` shows, plus who runs it."""
+
+    id: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    status: str
+    total: int
+    completed: int
+    failed: int
+    output_file_id: str | None
+    error_file_id: str | None
+    metadata: dict[str, Any] | None
+    owner: str | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    in_progress_at: datetime | None
+    finalizing_at: datetime | None
+    completed_at: datetime | None
+    failed_at: datetime | None
+    cancelling_at: datetime | None
+    cancelled_at: datetime | None
+    expires_at: datetime | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in ("completed", "failed", "expired", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    """One finished line of a batch: its output line (OpenAI's shape) and whether it failed."""
+
+    line: int
+    custom_id: str
+    ok: bool
+    output: dict[str, Any]
+
+
+class FacadeStore(Protocol):
+    """The façades' part of :class:`gpugate.store.Store`."""
+
+    async def job_by_idempotency_key(self, key: str) -> JobRecord | None:
+        """The job created with ``key``, None when there is none."""
+        ...
+
+    async def create_file(self, record: FileRecord) -> FileRecord:
+        """Store a file's metadata (its bytes are in the blob store already)."""
+        ...
+
+    async def get_file(self, file_id: str) -> FileRecord | None:
+        """One file's metadata, None when there is no such file."""
+        ...
+
+    async def create_batch(self, new: NewBatch) -> BatchRecord:
+        """Store a new batch, ``in_progress`` and owned by nobody."""
+        ...
+
+    async def get_batch(self, batch_id: str) -> BatchRecord | None:
+        """One batch, None when there is no such batch."""
+        ...
+
+    async def claim_batch(
+        self, owner: str, *, lease_s: float, takeover: bool = False
+    ) -> BatchRecord | None:
+        """The oldest runnable batch nobody holds (or whose lease expired, or, with
+        ``takeover``, held by anyone but ``owner``), now held by ``owner`` for ``lease_s``."""
+        ...
+
+    async def extend_batch_lease(self, batch_id: str, owner: str, *, lease_s: float) -> bool:
+        """Keep holding the batch; False when ``owner`` no longer holds it."""
+        ...
+
+    async def record_batch_item(self, batch_id: str, item: BatchItem) -> bool:
+        """Store a finished line once, bumping the batch's counts; False if it was stored."""
+        ...
+
+    async def batch_items(self, batch_id: str) -> list[BatchItem]:
+        """The batch's finished lines, in line order."""
+        ...
+
+    async def cancel_batch(self, batch_id: str) -> BatchRecord | None:
+        """``in_progress`` → ``cancelling``; any other status is left as it is. None when
+        there is no such batch."""
+        ...
+
+    async def finish_batch(
+        self,
+        batch_id: str,
+        owner: str,
+        *,
+        status: str,
+        output_file_id: str | None,
+        error_file_id: str | None,
+    ) -> BatchRecord | None:
+        """Set the final ``status`` (``completed`` or ``cancelled``) with its files and let go
+        of the batch; None when ``owner`` no longer holds it."""
+        ...
+
+
+# The statements, in psycopg's parameter style; :func:`sqlite_style` gives SQLite's.
+BATCH_COLUMNS = (
+    "id, endpoint, input_file_id, completion_window, status, total, completed, failed, "
+    "output_file_id, error_file_id, metadata, owner, lease_expires_at, " + ", ".join(BATCH_TIMES)
+)
+FILE_COLUMNS = "id, purpose, filename, bytes, blob_key, created_at"
+INSERT_FILE = f"""
+INSERT INTO batch_files ({FILE_COLUMNS})
+VALUES (%(id)s, %(purpose)s, %(filename)s, %(bytes)s, %(blob_key)s, %(created_at)s)"""  # noqa: S608 -- constants only; values are bound
+SELECT_FILE = f"SELECT {FILE_COLUMNS} FROM batch_files WHERE id = %(id)s"  # noqa: S608 -- constants
+INSERT_BATCH = f"""
+INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, total, metadata,
+                     created_at, in_progress_at, expires_at)
+VALUES (%(id)s, %(endpoint)s, %(input_file_id)s, %(completion_window)s, 'in_progress',
+        %(total)s, %(metadata)s, %(now)s, %(now)s, %(expires_at)s)
+RETURNING {BATCH_COLUMNS}"""  # noqa: S608 -- constants only; values are bound
+SELECT_BATCH = f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = %(id)s"  # noqa: S608 -- constants
+_RUNNABLE = ", ".join(f"'{status}'" for status in RUNNABLE)
+CLAIM_BATCH = f"""
+UPDATE batches SET owner = %(owner)s, lease_expires_at = %(until)s
+WHERE id = (
+    SELECT id FROM batches
+    WHERE status IN ({_RUNNABLE})
+      AND (owner IS NULL
+           OR (owner <> %(owner)s AND (%(takeover)s OR lease_expires_at <= %(now)s)))
+    ORDER BY created_at, id LIMIT 1 {{lock}})
+RETURNING {BATCH_COLUMNS}"""  # noqa: S608 -- constants only; values are bound
+EXTEND_BATCH = """
+UPDATE batches SET lease_expires_at = %(until)s WHERE id = %(id)s AND owner = %(owner)s"""
+INSERT_ITEM = """
+INSERT INTO batch_items (batch_id, line, custom_id, ok, output)
+VALUES (%(id)s, %(line)s, %(custom_id)s, %(ok)s, %(output)s)
+ON CONFLICT (batch_id, line) DO NOTHING"""
+COUNT_ITEM = """
+UPDATE batches SET completed = completed + %(done)s, failed = failed + %(bad)s
+WHERE id = %(id)s"""
+SELECT_ITEMS = """
+SELECT line, custom_id, ok, output FROM batch_items WHERE batch_id = %(id)s ORDER BY line"""
+CANCEL_BATCH = f"""
+UPDATE batches SET status = 'cancelling', cancelling_at = %(now)s
+WHERE id = %(id)s AND status = 'in_progress'
+RETURNING {BATCH_COLUMNS}"""  # noqa: S608 -- constants only; values are bound
+FINISH_BATCH = f"""
+UPDATE batches SET status = %(status)s, output_file_id = %(output_file_id)s,
+    error_file_id = %(error_file_id)s, owner = NULL, lease_expires_at = NULL,
+    finalizing_at = %(now)s,
+    completed_at = CASE WHEN %(status)s = 'completed' THEN %(now)s ELSE completed_at END,
+    cancelled_at = CASE WHEN %(status)s = 'cancelled' THEN %(now)s ELSE cancelled_at END
+WHERE id = %(id)s AND owner = %(owner)s
+RETURNING {BATCH_COLUMNS}"""  # noqa: S608 -- constants only; values are bound
+
+_PSYCOPG_PARAM = re.compile(r"%\((\w+)\)s")
+
+
+def sqlite_style(sql: str) -> str:
+    """A statement above in SQLite's named-parameter style."""
+    return _PSYCOPG_PARAM.sub(r":\1", sql)

@@ -1,0 +1,106 @@
+"""``/azure-di/{path}``: the Azure Document Intelligence pass-through (see
+:mod:`gpugate.services.azure_di`). Request header ``X-Allow-External: false`` refuses it (403)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gpugate.core.classes import RequestClass, parse_request_class
+from gpugate.errors import GpugateError, UpstreamError
+from gpugate.services.azure_di import (
+    ALLOW_EXTERNAL,
+    AzureDocumentIntelligence,
+    DiRequest,
+    allow_external,
+    rewrite_location,
+)
+from gpugate.services.proxy import Outbound, Reply
+from gpugate.web.bodies import read_body
+from gpugate.wiring import Gateway
+
+_OPERATION_LOCATION = b"operation-location"
+_NOT_RELAYED = frozenset({b"content-length", b"transfer-encoding", b"connection"})
+
+
+async def forward(request: Request) -> Response:
+    """Forward an analyze or a poll; the 202's ``Operation-Location`` points at the gateway.
+    ---
+    summary: Azure Document Intelligence pass-through (analyze, and polls of its result)
+    description: >-
+      `POST /azure-di/documentintelligence/documentModels/{model}:analyze` and `GET
+      /azure-di/documentintelligence/documentModels/{model}/analyzeResults/{id}`, query string
+      passed through, go to the `azure-di` upstream listing `{model}` with its key in
+      `Ocp-Apim-Subscription-Key`. The 202's `Operation-Location` is rewritten to the gateway.
+      Never shed (no GPU of ours). Header `X-Allow-External: false` refuses the request.
+    responses:
+      202: {description: "analyze accepted: Operation-Location, Retry-After"}
+      200: {description: "the analysis: status notStarted, running, succeeded or failed"}
+      400: {description: BAD_REQUEST (not an analyze or poll path)}
+      403: {description: EXTERNAL_UPSTREAM_FORBIDDEN (X-Allow-External false)}
+      404: {description: UNKNOWN_MODEL}
+    """
+    gateway: Gateway = request.app.state.gateway
+    facade = gateway.azure_di
+    assert facade is not None
+    cls = parse_request_class(
+        request.headers.get("x-request-class"), default=RequestClass.INTERACTIVE
+    )
+    body = None
+    if request.method == "POST":
+        body = await read_body(request, gateway.config.server.max_body_bytes)
+    di = DiRequest(
+        request.method,
+        request.path_params["path"],
+        request.url.query,
+        request.scope["headers"],
+        body,
+        cls,
+    )
+    out = facade.outbound(di, external_allowed=allow_external(request.headers.get(ALLOW_EXTERNAL)))
+    return await _relay(facade, out, str(request.base_url))
+
+
+async def _relay(facade: AzureDocumentIntelligence, out: Outbound, base_url: str) -> Response:
+    try:
+        reply = await facade.open(out)
+    except GpugateError as exc:
+        facade.refused(out, exc)
+        raise
+    code: str | None = None
+    try:
+        try:
+            content = await _read_all(reply)
+        except UpstreamError as exc:
+            reply.broke()
+            code = exc.code
+            raise
+        endpoint = reply.endpoint.url
+        headers = [
+            (name, _rewritten(name, value, endpoint, base_url))
+            for name, value in reply.headers
+            if name not in _NOT_RELAYED
+        ]
+        headers.append((b"x-gateway-upstream", reply.upstream.id.encode()))
+        response = Response(content, status_code=reply.status)
+        response.raw_headers = [*headers, (b"content-length", str(len(content)).encode())]
+        return response
+    finally:
+        reply.close(code)
+
+
+def _rewritten(name: bytes, value: bytes, endpoint: str, base_url: str) -> bytes:
+    if name != _OPERATION_LOCATION:
+        return value
+    return rewrite_location(value.decode("latin-1"), endpoint, base_url).encode("latin-1")
+
+
+async def _read_all(reply: Reply) -> bytes:
+    parts = []
+    while chunk := await reply.read_chunk():
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+routes = [Route("/azure-di/{path:path}", forward, methods=["GET", "POST"])]

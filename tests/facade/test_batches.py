@@ -1,0 +1,194 @@
+"""The OpenAI Batch API façade through the real ``openai`` client, against fake model servers."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from gpugate.clock import SystemClock
+from gpugate.store.facade_base import BatchItem
+from gpugate.store.factory import open_store
+from harness import RunningGateway, make_config, model_servers, serving, upstream
+
+FAILING = "line-bad"
+CONCURRENCY = 16  # the runner's default lines in flight per batch
+
+
+def batch_file(lines: int, *, failing_at: int | None = None) -> bytes:
+    """``lines`` chat requests for ``m1``; the one at ``failing_at`` asks for a model nobody
+    serves."""
+    out = []
+    for n in range(lines):
+        bad = n == failing_at
+        body = {
+            "model": "no-such-model" if bad else "m1",
+            "messages": [{"role": "user", "content": f"question {n}"}],
+        }
+        custom_id = FAILING if bad else f"line-{n}"
+        line = {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": body,
+        }
+        out.append(json.dumps(line))
+    return ("\n".join(out) + "\n").encode()
+
+
+def client(gw: RunningGateway) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=gw.v1, api_key="unused", max_retries=0)
+
+
+async def submit(api: openai.AsyncOpenAI, data: bytes) -> str:
+    uploaded = await api.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = await api.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    return batch.id
+
+
+async def finished(api: openai.AsyncOpenAI, batch_id: str, *, within_s: float = 60.0) -> Any:
+    """The batch once it has ended (polled through the client, bounded)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while True:
+        batch = await api.batches.retrieve(batch_id)
+        if batch.status in ("completed", "cancelled", "failed"):
+            return batch
+        assert loop.time() < deadline, f"batch still {batch.status}"
+        await asyncio.sleep(0.05)
+
+
+async def stored_items(dsn: str, batch_id: str) -> list[BatchItem]:
+    store = open_store(dsn, clock=SystemClock())
+    await store.open()
+    try:
+        return await store.batch_items(batch_id)
+    finally:
+        await store.close()
+
+
+async def completed_lines(gw: RunningGateway, batch_id: str, at_least: int) -> None:
+    """Wait (bounded) until the store holds ``at_least`` finished lines of the batch."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        batch = await gw.gateway.store.get_batch(batch_id)
+        if batch is not None and batch.completed >= at_least:
+            return
+        assert loop.time() < deadline, "the batch made no progress"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_1000_line_batch_runs_through_the_openai_client_with_the_failing_line_reported(
+    sqlite_dsn: str,
+) -> None:
+    """Done-when 2 of issue 9."""
+    async with (
+        model_servers(("s1", ["m1"]), ("s2", ["m1"])) as servers,
+        serving(make_config(sqlite_dsn, [upstream("u1", [s.url for s in servers], ["m1"])])) as gw,
+    ):
+        api = client(gw)
+        batch_id = await submit(api, batch_file(1000, failing_at=500))
+        batch = await finished(api, batch_id)
+        output = (await api.files.content(batch.output_file_id)).content
+        errors = (await api.files.content(batch.error_file_id)).content
+        await api.close()
+        calls = sum(s.stats.requests["/v1/chat/completions"] for s in servers)
+
+    lines = [json.loads(line) for line in output.splitlines()]
+    assert batch.status == "completed"
+    assert (batch.request_counts.total, batch.request_counts.completed) == (1000, 999)
+    assert batch.request_counts.failed == 1
+    assert [line["custom_id"] for line in lines][:3] == ["line-0", "line-1", "line-2"]
+    assert len(lines) == 1000
+    assert lines[500]["custom_id"] == FAILING
+    assert lines[500]["error"]["code"] == "UNKNOWN_MODEL"
+    assert lines[500]["response"]["status_code"] == 404
+    assert lines[0]["error"] is None
+    assert lines[0]["response"]["status_code"] == 200
+    assert lines[0]["response"]["body"]["object"] == "chat.completion"
+    assert [json.loads(line)["custom_id"] for line in errors.splitlines()] == [FAILING]
+    assert calls == 999
+
+
+async def test_a_bad_input_line_is_refused_400_naming_it_and_no_batch_is_made(
+    sqlite_dsn: str,
+) -> None:
+    async with (
+        model_servers(("s1", ["m1"])) as (s1,),
+        serving(make_config(sqlite_dsn, [upstream("u1", [s1.url], ["m1"])])) as gw,
+    ):
+        api = client(gw)
+        data = batch_file(2) + b'{"custom_id": "x", "method": "GET", "url": "/v1/models"}\n'
+        uploaded = await api.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+        try:
+            await api.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+        except openai.BadRequestError as exc:
+            refusal = exc
+        await api.close()
+    assert "line 3" in str(refusal)
+
+
+async def test_a_batch_resumes_after_a_restart_without_rerunning_finished_lines(
+    tmp_path: Path,
+) -> None:
+    dsn = f"sqlite:///{tmp_path / 'gpugate.db'}"
+    blobs = {"kind": "local", "dir": str(tmp_path / "blobs")}
+    async with model_servers(("s1", ["m1"])) as (s1,):
+        config = make_config(dsn, [upstream("u1", [s1.url], ["m1"])], blobs=blobs)
+        async with serving(config) as gw:
+            api = client(gw)
+            s1.update(delay_s=0.05)
+            batch_id = await submit(api, batch_file(200))
+            await completed_lines(gw, batch_id, 20)
+            await api.close()
+        stored = len(await stored_items(dsn, batch_id))  # as the first process left them
+        before_restart = s1.stats.requests["/v1/chat/completions"]
+        s1.update(delay_s=0.0)
+        async with serving(config) as gw:
+            api = client(gw)
+            batch = await finished(api, batch_id)
+            output = (await api.files.content(batch.output_file_id)).content
+            await api.close()
+        after = s1.stats.requests["/v1/chat/completions"] - before_restart
+
+    lines = [json.loads(line) for line in output.splitlines()]
+    assert batch.status == "completed"
+    assert batch.request_counts.completed == 200
+    assert [line["custom_id"] for line in lines] == [f"line-{n}" for n in range(200)]
+    assert stored >= 20
+    assert after == 200 - stored  # only the lines without a stored item ran again
+    assert before_restart - stored <= CONCURRENCY  # at most the lines in flight at the stop
+
+
+async def test_cancel_stops_the_remaining_lines_and_keeps_the_finished_ones(
+    sqlite_dsn: str,
+) -> None:
+    async with (
+        model_servers(("s1", ["m1"])) as (s1,),
+        serving(make_config(sqlite_dsn, [upstream("u1", [s1.url], ["m1"])])) as gw,
+    ):
+        api = client(gw)
+        s1.update(delay_s=0.05)
+        batch_id = await submit(api, batch_file(500))
+        await completed_lines(gw, batch_id, 10)
+        cancelling = await api.batches.cancel(batch_id)
+        batch = await finished(api, batch_id)
+        output = (await api.files.content(batch.output_file_id)).content
+        await api.close()
+        calls = s1.stats.requests["/v1/chat/completions"]
+
+    done = batch.request_counts.completed
+    assert cancelling.status == "cancelling"
+    assert batch.status == "cancelled"
+    assert 10 <= done < 500
+    assert len(output.splitlines()) == done
+    assert calls == done  # the lines in flight at the cancel finished; no others started
