@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,9 @@ def upstream(uid: str, urls: list[str], models: list[str], **extra: Any) -> dict
 
 
 def make_config(store: str, upstreams: list[dict[str, Any]], **extra: Any) -> GatewayConfig:
-    """A validated config from plain data (the same validation as a YAML file)."""
+    """A validated config from plain data (the same validation as a YAML file); blobs in a
+    fresh temporary directory unless given (never in the working directory)."""
+    extra.setdefault("blobs", {"dir": tempfile.mkdtemp(prefix="gpugate-blobs-")})
     return config_from_document({"store": store, "upstreams": upstreams, **extra})
 
 
