@@ -25,6 +25,7 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── IdempotencyConflict        IDEMPOTENCY_CONFLICT
     │   ├── IdempotencyKeyReused       IDEMPOTENCY_KEY_REUSED
     │   ├── JobNotFound                JOB_NOT_FOUND
+    │   ├── JobNotCompleted            JOB_NOT_COMPLETED: the job has no result (yet)
     │   ├── FileNotFound               FILE_NOT_FOUND: no Batch API file has this id
     │   ├── BatchNotFound              BATCH_NOT_FOUND: no Batch API batch has this id
     │   ├── UnknownRuntime             UNKNOWN_RUNTIME
@@ -303,6 +304,12 @@ class LeaseTokenStale(ClientError):
     finished, and this worker's call no longer counts."""
 
     code = "LEASE_TOKEN_STALE"
+
+
+class JobNotCompleted(ClientError):
+    """The job has no result: it is not completed."""
+
+    code = "JOB_NOT_COMPLETED"
 
 
 class JobError(GpugateError):

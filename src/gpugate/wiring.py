@@ -41,6 +41,7 @@ from gpugate.services.proxy import Proxy
 from gpugate.services.readiness import Readiness, probe
 from gpugate.services.reaper import Reaper
 from gpugate.services.result_cache import ResultCache
+from gpugate.services.results import Results
 from gpugate.services.runtime_ops import RuntimeOps
 from gpugate.services.runtimes.base import Runtime
 from gpugate.services.runtimes.modal import ModalRuntime
@@ -83,6 +84,7 @@ class Gateway:
     )
     push_reports: PushReports | None = None  # the worker routes' judge
     gauges: RuntimeGauges | None = None
+    results: Results | None = None  # where job results are kept (inline or blobs)
     azure_di: AzureDocumentIntelligence | None = None
     sync_front: SyncFront | None = None
     batches: Batches | None = None
@@ -301,7 +303,8 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     push_client = PushClient()
     await push_client.start()
     stack.push_async_callback(push_client.close)
-    reports = PushReports(store, {}, config, on_finished=finished)
+    gateway.results = Results(gateway.blobs, gateway.config.blobs.inline_max_bytes)
+    reports = PushReports(store, {}, config, on_finished=finished, results=gateway.results)
     gateway.push_reports = reports
 
     def new_runtime(entry: RuntimeConfig) -> Runtime | None:
@@ -318,7 +321,7 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     gateway.new_runtime = new_runtime
     await ops.tick()
     gateway.runtime_ops = ops
-    reaper = Reaper(store, runtimes, config, clock, on_released=finished)
+    reaper = Reaper(store, runtimes, config, clock, on_released=finished, results=gateway.results)
     if store.backend == "sqlite":
         await reaper.recover()
 
@@ -350,7 +353,12 @@ def _runtime_for(
     if entry.kind == "upstream":
         quiet_s = gateway.config.jobs.quiet_s
         return UpstreamRuntime(
-            entry.id, gateway.proxy, gateway.store, gateway.clock, lease_s=quiet_s
+            entry.id,
+            gateway.proxy,
+            gateway.store,
+            gateway.clock,
+            lease_s=quiet_s,
+            results=gateway.results,
         )
     return None
 

@@ -144,6 +144,8 @@ def job_view(job: JobRecord, *, with_input: bool = False) -> dict[str, Any]:
         "lease_expires_at": _iso(job.lease_expires_at),
         "not_before": _iso(job.not_before),
         "result": job.result,
+        # a result too large to keep inline: in the blob store, served by GET …/result
+        "result_ref": job.result_ref,
         "error": None
         if job.error_code is None
         else {"code": job.error_code, "message": job.error_message},

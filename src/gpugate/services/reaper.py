@@ -28,6 +28,7 @@ from typing import Literal
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
 from gpugate.errors import RuntimeFailure, StoreError
+from gpugate.services.results import Results
 from gpugate.services.runtimes.base import CallStatus, Runtime
 from gpugate.store import JobRecord, JobStore
 
@@ -68,7 +69,7 @@ class ReapReport:
 class Reaper:
     """Reaps expired leases; see the module docstring."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - collaborators, then keyword-only knobs
         self,
         store: JobStore,
         runtimes: Mapping[str, Runtime],
@@ -78,8 +79,10 @@ class Reaper:
         on_released: Callable[[], None] | None = None,
         stuck_after: int = 5,
         limit: int = 100,
+        results: Results | None = None,
     ) -> None:
         self._store = store
+        self._results = results  # None: every result inline
         self._runtimes = runtimes
         self._config: Callable[[], GatewayConfig] = (
             (lambda: config) if isinstance(config, GatewayConfig) else config
@@ -171,8 +174,16 @@ class Reaper:
         store = self._store
         match status.state:
             case "completed":
+                result, ref = status.result, None
+                if self._results is not None:
+                    result, ref = await self._results.keep(job.slug, result)
                 done = await store.complete(
-                    job.slug, token, result=status.result, cost_cents=status.cost_cents, actor=ACTOR
+                    job.slug,
+                    token,
+                    result=result,
+                    result_ref=ref,
+                    cost_cents=status.cost_cents,
+                    actor=ACTOR,
                 )
                 return "completed" if done else "stale"
             case "running" | "queued":

@@ -28,6 +28,7 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.UnknownModel: 404,
     errors.UnknownUpstream: 404,
     errors.JobNotFound: 404,
+    errors.JobNotCompleted: 409,
     errors.FileNotFound: 404,
     errors.BatchNotFound: 404,
     errors.UnknownRuntime: 404,

@@ -64,6 +64,23 @@ async def list_jobs(request: Request) -> Response:
     )
 
 
+async def job_result(request: Request) -> Response:
+    """---
+    summary: A completed job's result, inline or from the blob store
+    description: The JSON result, however large (a result over blobs.inline_max_bytes is not
+      in the job's view, only its result_ref). 409 JOB_NOT_COMPLETED before it completes.
+    responses:
+      200: {description: the result as JSON}
+      404: {description: JOB_NOT_FOUND}
+      409: {description: JOB_NOT_COMPLETED}
+    """
+    gateway: Gateway = request.app.state.gateway
+    assert gateway.results is not None
+    job = await _jobs(request).get(request.path_params["slug"])
+    body = await gateway.results.read(job)
+    return Response(body, media_type="application/json")
+
+
 async def job_events(request: Request) -> Response:
     events = await _jobs(request).events(request.path_params["slug"])
     return JSONResponse({"data": [event_view(event) for event in events]})
@@ -84,6 +101,7 @@ routes = [
     Route("/v1/jobs", list_jobs, methods=["GET"]),
     Route("/v1/jobs/{slug}", get_job, methods=["GET"]),
     Route("/v1/jobs/{slug}/events", job_events, methods=["GET"]),
+    Route("/v1/jobs/{slug}/result", job_result, methods=["GET"]),
     Route("/v1/jobs/{slug}/cancel", cancel_job, methods=["POST"]),
     Route("/v1/jobs/{slug}/retry", retry_job, methods=["POST"]),
 ]

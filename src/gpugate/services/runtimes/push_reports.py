@@ -33,6 +33,7 @@ from gpugate.errors import (
     Unauthorized,
     WrongRuntime,
 )
+from gpugate.services.results import Results
 from gpugate.services.runtimes.push import call_cost
 from gpugate.store import JobRecord, JobStore
 
@@ -108,8 +109,10 @@ class PushReports:
         config: Callable[[], GatewayConfig],
         *,
         on_finished: Callable[[], None] | None = None,
+        results: Results | None = None,
     ) -> None:
         self._store = store
+        self._results = results  # None: every result inline
         self._secrets = {rid: secret.encode() for rid, secret in secrets.items() if secret}
         self._config = config
         self.on_finished = on_finished
@@ -174,8 +177,13 @@ class PushReports:
         if not report.has_result:
             return {"slug": slug, "state": job.state}
         cost = call_cost(report.cost_cents, report.duration_s, self._cents_per_second(runtime))
+        result, ref = report.result, None
+        if self._results is not None:
+            result, ref = await self._results.keep(slug, result)
         await self._fenced(
-            self._store.complete(slug, fenced, result=report.result, cost_cents=cost, actor=actor),
+            self._store.complete(
+                slug, fenced, result=result, result_ref=ref, cost_cents=cost, actor=actor
+            ),
             job,
         )
         self._finished()

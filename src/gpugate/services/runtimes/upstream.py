@@ -48,6 +48,7 @@ from gpugate.errors import (
     UpstreamError,
 )
 from gpugate.services.proxy import Outbound, Proxy, Reply
+from gpugate.services.results import Results
 from gpugate.services.runtimes.base import CallStatus, Submission
 from gpugate.store import JobRecord, JobStore
 
@@ -64,6 +65,7 @@ class _Outcome:
 
     status: CallStatus
     defer_s: float | None = None  # set: deferred (GPU_SATURATED) for this long
+    size: int | None = None  # the answer's size in bytes, when there was one
 
 
 @dataclass(slots=True, eq=False)
@@ -94,8 +96,10 @@ class UpstreamRuntime:
         shed_backoff_s: float = 15.0,
         remember: int = 1024,
         lease_s: float = 60.0,
+        results: Results | None = None,
     ) -> None:
         self._id = runtime_id
+        self._results = results  # None: every result inline
         self._proxy = proxy
         self._store = store
         self._clock = clock
@@ -308,13 +312,16 @@ class UpstreamRuntime:
             return _Outcome(_failure(exc, retryable=True))
         finally:
             reply.close()
-        return _Outcome(_answered(reply.status, body))
+        return _Outcome(_answered(reply.status, body), size=len(body))
 
     async def _write(self, call: _Call, outcome: _Outcome) -> None:
         status, store = outcome.status, self._store
         if status.state == "completed":
+            result, ref = status.result, None
+            if self._results is not None:
+                result, ref = await self._results.keep(call.slug, result, size_hint=outcome.size)
             written = await store.complete(
-                call.slug, call.token, result=status.result, actor=self.actor
+                call.slug, call.token, result=result, result_ref=ref, actor=self.actor
             )
             self.completed += written
         elif status.terminal:
