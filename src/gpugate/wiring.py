@@ -40,6 +40,7 @@ from gpugate.services.prober import Prober
 from gpugate.services.proxy import Proxy
 from gpugate.services.readiness import Readiness, probe
 from gpugate.services.reaper import Reaper
+from gpugate.services.replicas import ReplicaHeartbeat
 from gpugate.services.result_cache import ResultCache
 from gpugate.services.results import Results
 from gpugate.services.runtime_ops import RuntimeOps
@@ -254,6 +255,7 @@ async def build_gateway(
             interval_s=config.server.config_poll_s,
         )
         loops.start("job-gauges", gateway.gauges.run())
+        loops.start("replica-heartbeat", ReplicaHeartbeat(store, clock).run())
         if run_job_loops:
             loops.start("dispatcher", dispatcher.run())
             loops.start("reaper", reaper.run())

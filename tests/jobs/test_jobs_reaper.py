@@ -117,7 +117,7 @@ async def test_the_lease_of_a_dispatcher_that_died_is_taken_back(dsn: str) -> No
         r.clock.advance(DISPATCHER_LEASE_S)
         report = await r.reaper.tick()
         job = await r.job("j1")
-    assert "j1-dispatcher" == claimed.leased_by
+    assert f"j1-dispatcher@{r.store.replica}" == claimed.leased_by
     assert 0 == early.expired
     assert 1 == report.rescued
     assert ("queued", 1) == (job.state, job.rescue_count)

@@ -39,7 +39,7 @@ async def test_a_claim_leases_queued_jobs_oldest_first_up_to_the_limit(
     assert [job.slug for job in jobs[:3]] == [job.slug for job in claimed]
     for job in claimed:
         assert "dispatching" == job.state
-        assert f"{job.slug}-dispatcher" == job.leased_by
+        assert f"{job.slug}-dispatcher@{store.replica}" == job.leased_by
         assert clock.now() + timedelta(seconds=600) == job.lease_expires_at
         assert clock.now() == job.updated_at
         assert job.call is None

@@ -1,6 +1,6 @@
 """The dispatcher: claims queued jobs and walks each along its runtimes (DESIGN §5, seed 002).
 
-Per claimed job (leased to ``<slug>-dispatcher`` for ``dispatcher_lease_s``), the walk of
+Per claimed job (leased to ``<slug>-dispatcher@<replica>`` for ``dispatcher_lease_s``), the walk of
 :class:`~gpugate.core.jobs.ChainWalk` over the job's runner and the fallback chain:
 
 * skip what cannot take it (disabled, another model, no implementation, unreachable, over

@@ -2,7 +2,7 @@
 
 Every ``reap_s`` it lists the jobs whose lease expired (:meth:`JobStore.expired_leases`):
 
-* a dispatcher's lease (``<slug>-dispatcher``: the dispatching process died) → ``rescue``;
+* a dispatcher's lease (``<slug>-dispatcher@<replica>``: the dispatching process died) → ``rescue``;
 * a call (``<runtime>:<call_id>``) → the runtime's :meth:`~Runtime.status` **first**, so no work
   that is still running or already done is paid for twice:
   ``completed`` → complete the job with the call's result; ``running``/``queued`` → extend the

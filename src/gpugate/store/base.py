@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.store.facade_base import FacadeStore
 from gpugate.store.jobs_base import JobStore
+from gpugate.store.replicas import ReplicaStore
 from gpugate.store.runtime_state import RuntimeStateStore
 
 if TYPE_CHECKING:
@@ -153,9 +154,9 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-class Store(JobStore, RuntimeStateStore, FacadeStore, Protocol):
+class Store(JobStore, RuntimeStateStore, FacadeStore, ReplicaStore, Protocol):
     """The durable state of a gateway: config versions, audit trail, idempotency records, jobs,
-    runtime states, the façades' files and batches."""
+    runtime states, the façades' files and batches, the replicas sharing it."""
 
     @property
     def backend(self) -> str:

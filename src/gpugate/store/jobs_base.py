@@ -154,7 +154,7 @@ class JobRecord:
     """A stored job: every column of its row, times timezone-aware UTC.
 
     ``attempts`` counts submissions and failed attempts per runtime id (reset by a retry).
-    ``leased_by`` is ``<slug>-dispatcher`` while a dispatcher holds the job, and
+    ``leased_by`` is ``<slug>-dispatcher@<replica>`` while a dispatcher holds the job, and
     ``<runtime>:<call_id>`` once a runtime accepted it; ``lease_token`` fences every write of the
     lease holder and changes with every claim. ``input``, ``result`` and the token are left out
     of ``repr``.
@@ -286,7 +286,7 @@ class JobStore(Protocol):
         """Lease up to ``limit`` claimable jobs to the dispatcher, oldest (lowest id) first.
 
         Claimable: ``queued``, ``not_before`` null or reached, no live lease. Each claimed job
-        becomes ``dispatching`` with ``leased_by = "<slug>-dispatcher"``, a fresh
+        becomes ``dispatching`` with ``leased_by = "<slug>-dispatcher@<replica>"``, a fresh
         ``lease_token`` and ``lease_expires_at = now + lease_s`` (event ``dispatching``).
         Concurrent claimers (other replicas included) never get the same job; a claimer may get
         fewer than ``limit`` while others hold rows. ``now`` defaults to the store's clock.

@@ -32,7 +32,7 @@ CREATE_ACTOR = "api"
 """The actor of the ``queued`` event of a new job."""
 
 DISPATCHER_SUFFIX = "-dispatcher"
-"""``leased_by`` of a job a dispatcher holds: ``<slug>-dispatcher``."""
+"""``leased_by`` of a job a dispatcher holds: ``<slug>-dispatcher``, then ``@<replica>``."""
 
 RELEASE_STATUSES = frozenset({"released", "deferred"})
 
@@ -136,11 +136,14 @@ def created_event(runner: str) -> EventDraft:
     return EventDraft("queued", CREATE_ACTOR, runtime=runner)
 
 
-def claim(job: JobRecord, *, now: datetime, lease_s: float, token: str) -> Change:
-    """``queued -> dispatching`` under a fresh dispatcher lease."""
+def claim(
+    job: JobRecord, *, now: datetime, lease_s: float, token: str, holder: str = DISPATCHER_SUFFIX
+) -> Change:
+    """``queued -> dispatching`` under a fresh dispatcher lease; ``leased_by`` is the slug and
+    ``holder`` (``-dispatcher@<replica>``: :data:`gpugate.store.replicas.CLAIM_MARK`)."""
     values = {
         "state": "dispatching",
-        "leased_by": job.slug + DISPATCHER_SUFFIX,
+        "leased_by": job.slug + holder,
         "lease_token": token,
         "lease_expires_at": now + timedelta(seconds=lease_s),
         "updated_at": now,

@@ -37,7 +37,9 @@ from gpugate.store.migrations import Migration, load_migrations, pending
 from gpugate.store.postgres_audit import audit_query, audit_record, insert_audit
 from gpugate.store.postgres_facade import PostgresFacade
 from gpugate.store.postgres_jobs import JOBS_CHANNEL, PostgresJobs
+from gpugate.store.postgres_replicas import PostgresReplicas
 from gpugate.store.postgres_runtime_state import PostgresRuntimeState
+from gpugate.store.replicas import replica_id
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -101,7 +103,7 @@ _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= %(now)s"
 log = logging.getLogger("gpugate.store")
 
 
-class PostgresStore(PostgresJobs, PostgresRuntimeState, PostgresFacade):
+class PostgresStore(PostgresJobs, PostgresRuntimeState, PostgresFacade, PostgresReplicas):
     """The shared store: PostgreSQL through a psycopg connection pool.
 
     The job methods come from :class:`PostgresJobs`, the runtime states from
@@ -122,6 +124,7 @@ class PostgresStore(PostgresJobs, PostgresRuntimeState, PostgresFacade):
         self._dsn = dsn
         self._shown = redact_dsn(dsn)
         self._clock = clock
+        self._replica = replica_id()
         self._min_size = min_size
         self._max_size = max_size
         self._connect_timeout_s = connect_timeout_s

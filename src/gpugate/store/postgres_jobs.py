@@ -121,6 +121,7 @@ class PostgresJobs(JobWrites):
     """The :class:`gpugate.store.base.JobStore` methods of the PostgreSQL store."""
 
     if TYPE_CHECKING:
+        _holder: str  # the leased_by tail of this store's claims (NamedReplica)
 
         def _transaction(
             self, *, single: bool = False
@@ -227,7 +228,7 @@ class PostgresJobs(JobWrites):
         params = {
             "now": now,
             "limit": limit,
-            "suffix": transitions.DISPATCHER_SUFFIX,
+            "suffix": self._holder,
             "tokens": transitions.new_lease_tokens(limit),
             "expires_at": now + timedelta(seconds=transitions.check_lease_s(lease_s)),
             "actor": transitions.CLAIM_ACTOR,

@@ -32,12 +32,14 @@ from gpugate.store.base import (
     idem_verdict,
 )
 from gpugate.store.migrations import Migration, load_migrations, pending
+from gpugate.store.replicas import replica_id
 from gpugate.store.sqlite_audit import audit_query, audit_record, insert_audit
 from gpugate.store.sqlite_codec import json_text as _json
 from gpugate.store.sqlite_codec import text_time as _dt
 from gpugate.store.sqlite_codec import time_text as _ts
 from gpugate.store.sqlite_facade import SqliteFacade
 from gpugate.store.sqlite_jobs import SqliteJobs
+from gpugate.store.sqlite_replicas import SqliteReplicas
 from gpugate.store.sqlite_runtime_state import SqliteRuntimeState
 
 if TYPE_CHECKING:
@@ -109,7 +111,7 @@ WHERE key = :key AND owner = :owner AND state = 'in_flight' AND expires_at > :no
 _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= :now"
 
 
-class SqliteStore(SqliteJobs, SqliteRuntimeState, SqliteFacade):
+class SqliteStore(SqliteJobs, SqliteRuntimeState, SqliteFacade, SqliteReplicas):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
 
     The job methods come from :class:`SqliteJobs`, the runtime states from
@@ -124,6 +126,7 @@ class SqliteStore(SqliteJobs, SqliteRuntimeState, SqliteFacade):
         """``trace``, when given, is called (on the store's thread) with every SQL statement."""
         self._path = path
         self._clock = clock
+        self._replica = replica_id()
         self._trace = trace
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None  # touched only on the store's thread

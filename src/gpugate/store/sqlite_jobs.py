@@ -67,6 +67,7 @@ class SqliteJobs(JobWrites):
     """The :class:`gpugate.store.base.JobStore` methods of the SQLite store."""
 
     if TYPE_CHECKING:
+        _holder: str  # the leased_by tail of this store's claims (NamedReplica)
 
         async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
 
@@ -121,14 +122,14 @@ class SqliteJobs(JobWrites):
         at = self._clock.now() if now is None else now
         params = {"now": time_text(at), "limit": check_limit(limit)}
         sql = f"{_CLAIMABLE} ORDER BY id LIMIT :limit"
-        return await self._write(partial(_claim, sql, params, at, lease_s))
+        return await self._write(partial(_claim, sql, params, at, lease_s, self._holder))
 
     async def claim_job(self, slug: str, *, lease_s: float) -> JobRecord | None:
         transitions.check_lease_s(lease_s)
         at = self._clock.now()
         params = {"now": time_text(at), "slug": slug}
         sql = f"{_CLAIMABLE} AND slug = :slug"
-        claimed = await self._write(partial(_claim, sql, params, at, lease_s))
+        claimed = await self._write(partial(_claim, sql, params, at, lease_s, self._holder))
         return claimed[0] if claimed else None
 
     async def expired_leases(
@@ -223,13 +224,18 @@ def _change_leased(conn: sqlite3.Connection, write: LeasedWrite) -> JobRecord | 
 
 
 def _claim(
-    sql: str, params: dict[str, Any], now: datetime, lease_s: float, conn: sqlite3.Connection
+    sql: str,
+    params: dict[str, Any],
+    now: datetime,
+    lease_s: float,
+    holder: str,
+    conn: sqlite3.Connection,
 ) -> list[JobRecord]:
     rows = conn.execute(sql, params).fetchall()
     claimed = []
     for row, token in zip(rows, transitions.new_lease_tokens(len(rows)), strict=True):
         job = _job(row)
-        change = transitions.claim(job, now=now, lease_s=lease_s, token=token)
+        change = transitions.claim(job, now=now, lease_s=lease_s, token=token, holder=holder)
         claimed.append(_apply(conn, job, change, now))
     return claimed
 
