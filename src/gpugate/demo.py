@@ -1,8 +1,9 @@
 """``gpugate demo`` and ``gpugate fleet``: the simulated fleet, alone or behind a real gateway.
 
-The demo writes its config to ``<workdir>/demo.yaml`` (a real file, loaded like any other) and
-starts from a fresh embedded SQLite store at ``<workdir>/demo.db`` each time. Its GPU health
-polls every 2 s with batch shedding on, so a scenario (``--scenario``, see
+The demo runs the reference push worker too (runtime ``home-1``, in front of qwen-35b), so the
+push path can be tried. It writes its config to ``<workdir>/demo.yaml`` (a real file, loaded
+like any other) and starts from a fresh embedded SQLite store at ``<workdir>/demo.db`` each
+time. Its GPU health polls every 2 s with batch shedding on, so a scenario (``--scenario``, see
 :mod:`gpugate.demo_scenarios`) plays out in seconds while a newcomer watches the console.
 """
 
@@ -12,7 +13,9 @@ import asyncio
 import dataclasses
 import logging
 import os
+import secrets
 import signal
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from gpugate.config import load_config
@@ -20,10 +23,13 @@ from gpugate.demo_scenarios import SCENARIOS, Stage, play
 from gpugate.errors import GpugateError
 from gpugate.fleet import Fleet, FleetSpec, HostLabel, demo_spec
 from gpugate.server import bind, serve_gateway
+from gpugate.worker import WorkerSettings
+from gpugate.worker.server import RunningWorker, running_worker
 
 log = logging.getLogger("gpugate.demo")
 
 DEMO_TOKEN = "demo-admin-token"  # noqa: S105 - printed on purpose: it guards a loopback demo
+WORKER_SECRET_ENV = "GPUGATE_DEMO_WORKER_SECRET"  # noqa: S105 - a variable's name
 
 
 def fleet_spec(gpus: int = 2, host_label: HostLabel = "Hostname") -> FleetSpec:
@@ -45,8 +51,9 @@ async def run_fleet(*, gpus: int = 2, host_label: HostLabel = "Hostname") -> Non
         await stop.wait()
 
 
-def demo_config(fleet: Fleet, *, store: Path, listen: str) -> str:
-    """The demo gateway's YAML: the seed's upstreams on the simulated fleet's ports."""
+def demo_config(fleet: Fleet, *, store: Path, listen: str, worker_url: str) -> str:
+    """The demo gateway's YAML: the seed's upstreams on the simulated fleet's ports, and a push
+    runtime ``home-1`` served by the demo's own push worker at ``worker_url``."""
     s = fleet.servers
     return f"""\
 # Written by `gpugate demo` for the simulated fleet started with it (ports change per run).
@@ -78,6 +85,16 @@ upstreams:
     url: {s["doc-classifier"].url}
     models: [doc-classifier]
     gpu_ids: [1]
+
+runtimes:
+  - id: local
+    kind: upstream
+  - id: home-1              # a "home GPU": the demo's push worker, in front of qwen-35b
+    kind: push
+    models: [qwen-35b]
+    push: {{url: {worker_url}/calls, secret_env: {WORKER_SECRET_ENV}}}
+    max_concurrency: 2
+fallback_chain: [local, home-1]
 
 server:
   shutdown_grace_s: 5
@@ -116,6 +133,11 @@ def banner(fleet: Fleet, *, url: str, workdir: Path, token: str) -> list[str]:
             f"  curl -s {url}/v1/jobs -H 'content-type: application/json'"
             ' -d \'{"model":"qwen-35b","input":{"messages":[{"role":"user","content":"hi"}]}}\''
         ),
+        (
+            f"  curl -s {url}/v1/jobs -H 'content-type: application/json'"
+            ' -d \'{"model":"qwen-35b","runner":"home-1",'
+            '"input":{"messages":[{"role":"user","content":"hi"}]}}\'    (via the push worker)'
+        ),
         f"  gpugate jobs list --gateway {url}",
         f"  curl -s {url}/admin/gpus -H 'Authorization: Bearer {token}'",
         f"  gpugate gpus inspect {fleet.exporter.metrics_url}",
@@ -147,9 +169,10 @@ async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None 
     actual_port = sock.getsockname()[1]
     url = f"http://{host}:{actual_port}"
     db = await asyncio.to_thread(_fresh_store, workdir)
-    async with Fleet(fleet_spec()) as fleet:
+    secret = environ.setdefault(WORKER_SECRET_ENV, secrets.token_urlsafe(16))
+    async with Fleet(fleet_spec()) as fleet, _demo_worker(fleet, url, secret, workdir) as worker:
         config_path = workdir / "demo.yaml"
-        text = demo_config(fleet, store=db, listen=f"{host}:{actual_port}")
+        text = demo_config(fleet, store=db, listen=f"{host}:{actual_port}", worker_url=worker.url)
         await asyncio.to_thread(config_path.write_text, text)
         config = load_config(config_path, environ=environ, require_env=True)
 
@@ -167,6 +190,21 @@ async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None 
             for task in plays:
                 task.cancel()
             await asyncio.gather(*plays, return_exceptions=True)
+
+
+def _demo_worker(
+    fleet: Fleet, gateway_url: str, secret: str, workdir: Path
+) -> AbstractAsyncContextManager[RunningWorker]:
+    """The push worker of runtime ``home-1``: the reference worker, in front of qwen-35b."""
+    settings = WorkerSettings(
+        runtime_id="home-1",
+        secret=secret,
+        gateway_url=gateway_url,
+        upstream_url=fleet.servers["qwen-35b"].url,
+        state_dir=workdir / "worker-home-1",
+        concurrency=2,
+    )
+    return running_worker(settings, "127.0.0.1", 0)
 
 
 def stage_for(fleet: Fleet, *, url: str, token: str, pace_s: float = 5.0) -> Stage:

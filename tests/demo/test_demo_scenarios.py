@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from gpugate.config import load_config
-from gpugate.demo import DEMO_TOKEN, banner, demo_config, fleet_spec, run_demo
+from gpugate.demo import (
+    DEMO_TOKEN,
+    WORKER_SECRET_ENV,
+    banner,
+    demo_config,
+    fleet_spec,
+    run_demo,
+)
 from gpugate.demo_scenarios import SCENARIOS, Stage, play
 from gpugate.errors import GpugateError
 from gpugate.fleet import Fleet
@@ -29,8 +36,15 @@ async def stage(tmp_path: Path) -> AsyncIterator[tuple[Stage, list[str]]]:
     """The demo's fleet and config behind a real gateway; a stage that holds nothing on screen."""
     async with Fleet(fleet_spec()) as fleet:
         path = tmp_path / "demo.yaml"
-        path.write_text(demo_config(fleet, store=tmp_path / "demo.db", listen="127.0.0.1:0"))
-        env = {"GPUGATE_ADMIN_TOKEN": DEMO_TOKEN}
+        # home-1's worker is not started: these scenarios play on the upstream runtime
+        text = demo_config(
+            fleet,
+            store=tmp_path / "demo.db",
+            listen="127.0.0.1:0",
+            worker_url="http://127.0.0.1:9",
+        )
+        path.write_text(text)
+        env = {"GPUGATE_ADMIN_TOKEN": DEMO_TOKEN, WORKER_SECRET_ENV: "unused"}
         config = load_config(path, environ=env, require_env=True)
         async with serving(config, environ=env) as gw:
             said: list[str] = []

@@ -17,6 +17,8 @@ import contextlib
 import json
 import logging
 import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -97,44 +99,65 @@ def make_app(worker: Worker) -> web.Application:
     return app
 
 
-async def serve_worker(settings: WorkerSettings, host: str, port: int) -> int:
-    """Run the worker until SIGTERM/SIGINT or ``idle_exit_s`` of idleness; the exit code."""
+@dataclass(frozen=True, slots=True)
+class RunningWorker:
+    """A started worker and the base URL it serves (``push.url`` is ``{url}/calls``)."""
+
+    worker: Worker
+    url: str
+
+
+@contextlib.asynccontextmanager
+async def running_worker(
+    settings: WorkerSettings, host: str, port: int
+) -> AsyncIterator[RunningWorker]:
+    """The worker serving ``/calls`` on ``host:port`` (0: a free port) for the block."""
     links = Links(settings.gateway_url, settings.secret, settings.upstream_url)
     await links.start()
     worker = Worker(settings, links, Outbox(settings.state_dir))
     runner = web.AppRunner(make_app(worker), access_log=None)
-    loop = asyncio.get_running_loop()
-    signals = (signal.SIGTERM, signal.SIGINT)
     try:
         await worker.start()
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
+        bound = runner.addresses[0][1]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{bound}"
         log.info(
-            "gpugate worker %s listening on http://%s:%d/calls, reporting to %s",
+            "gpugate worker %s listening on %s/calls, reporting to %s",
             settings.runtime_id,
-            host,
-            port,
+            url,
             settings.gateway_url,
         )
-        stop = asyncio.Event()
-        for signum in signals:
-            loop.add_signal_handler(signum, stop.set)
-        waiters: list[asyncio.Task[Any]] = [
-            asyncio.create_task(stop.wait()),
-            asyncio.create_task(worker.idle_exit()),
-        ]
-        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        if waiters[1] in done:
-            log.info("idle for %s s: exiting", settings.idle_exit_s)
-        for waiter in waiters:
-            waiter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*waiters, return_exceptions=True)
+        yield RunningWorker(worker, url)
     finally:
-        for signum in signals:
-            loop.remove_signal_handler(signum)
         await runner.cleanup()
         await worker.close()
         await links.close()
+
+
+async def serve_worker(settings: WorkerSettings, host: str, port: int) -> int:
+    """Run the worker until SIGTERM/SIGINT or ``idle_exit_s`` of idleness; the exit code."""
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    try:
+        async with running_worker(settings, host, port) as running:
+            worker = running.worker
+            stop = asyncio.Event()
+            for signum in signals:
+                loop.add_signal_handler(signum, stop.set)
+            waiters: list[asyncio.Task[Any]] = [
+                asyncio.create_task(stop.wait()),
+                asyncio.create_task(worker.idle_exit()),
+            ]
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            if waiters[1] in done:
+                log.info("idle for %s s: exiting", settings.idle_exit_s)
+            for waiter in waiters:
+                waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*waiters, return_exceptions=True)
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
     return 0
