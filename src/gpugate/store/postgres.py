@@ -36,6 +36,7 @@ from gpugate.store.base import (
 from gpugate.store.migrations import Migration, load_migrations, pending
 from gpugate.store.postgres_audit import audit_query, audit_record, insert_audit
 from gpugate.store.postgres_jobs import JOBS_CHANNEL, PostgresJobs
+from gpugate.store.postgres_ledger import PostgresLedger
 from gpugate.store.postgres_runtime_state import PostgresRuntimeState
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= %(now)s"
 log = logging.getLogger("gpugate.store")
 
 
-class PostgresStore(PostgresJobs, PostgresRuntimeState):
+class PostgresStore(PostgresJobs, PostgresRuntimeState, PostgresLedger):
     """The shared store: PostgreSQL through a psycopg connection pool.
 
     The job methods come from :class:`PostgresJobs`, the runtime states from

@@ -37,6 +37,7 @@ from gpugate.store.sqlite_codec import json_text as _json
 from gpugate.store.sqlite_codec import text_time as _dt
 from gpugate.store.sqlite_codec import time_text as _ts
 from gpugate.store.sqlite_jobs import SqliteJobs
+from gpugate.store.sqlite_ledger import SqliteLedger
 from gpugate.store.sqlite_runtime_state import SqliteRuntimeState
 
 if TYPE_CHECKING:
@@ -108,11 +109,12 @@ WHERE key = :key AND owner = :owner AND state = 'in_flight' AND expires_at > :no
 _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= :now"
 
 
-class SqliteStore(SqliteJobs, SqliteRuntimeState):
+class SqliteStore(SqliteJobs, SqliteRuntimeState, SqliteLedger):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
 
     The job methods come from :class:`SqliteJobs`, the runtime states from
-    :class:`SqliteRuntimeState`; they go through the same hop.
+    :class:`SqliteRuntimeState`, the spend ledger from :class:`SqliteLedger`; they go through
+    the same hop.
     """
 
     backend = "sqlite"
