@@ -29,6 +29,7 @@ from gpugate.metrics import Metrics
 from gpugate.services.config_versions import ConfigVersions
 from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.gpu_monitor import GpuMonitor
+from gpugate.services.guardrails import Guardrails
 from gpugate.services.idempotency import Idempotency
 from gpugate.services.job_gauges import RuntimeGauges
 from gpugate.services.jobs import Jobs
@@ -43,6 +44,7 @@ from gpugate.services.runtimes.push import PushRuntime
 from gpugate.services.runtimes.push_reports import PushReports
 from gpugate.services.runtimes.upstream import UpstreamRuntime
 from gpugate.services.shed import ShedGate
+from gpugate.services.stop_conditions import StopConditions
 from gpugate.store import JobRecord, Store
 from gpugate.store.factory import open_store
 
@@ -77,6 +79,8 @@ class Gateway:
     )
     push_reports: PushReports | None = None  # the worker routes' judge
     gauges: RuntimeGauges | None = None
+    guardrails: Guardrails | None = None
+    stop_conditions: StopConditions | None = None
     stopping: bool = field(default=False)
 
     def apply_config(self, config: GatewayConfig, version: int) -> None:
@@ -222,6 +226,8 @@ async def build_gateway(
         loops.start("prober", prober.run())
         loops.start("config-versions", gateway.config_versions.run())
         loops.start("runtime-states", gateway.runtime_ops.run())
+        assert gateway.guardrails is not None
+        loops.start("guardrails", gateway.guardrails.run())
         if monitor is not None:
             loops.start("gpu-monitor", monitor.run())
         metrics.count_jobs(
@@ -272,14 +278,31 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
         poll_s=gateway.config.server.config_poll_s,
     )
 
-    def views() -> dict[str, RuntimeView]:
-        return runtime_views(gateway.config, runtimes.keys(), disabled=ops.excluded())
+    guardrails = Guardrails(
+        store, config, gateway.metrics, clock, poll_s=gateway.config.jobs.reap_s
+    )
+    ops.spend_of = guardrails.spend
+    stops = StopConditions(ops, config, gateway.metrics)
+    gateway.guardrails, gateway.stop_conditions = guardrails, stops
 
-    dispatcher = Dispatcher(store, runtimes, views, config, clock)
+    def views() -> dict[str, RuntimeView]:
+        return runtime_views(
+            gateway.config,
+            runtimes.keys(),
+            disabled=ops.excluded(),
+            over_budget=guardrails.over_budget(),
+        )
+
+    dispatcher = Dispatcher(store, runtimes, views, config, clock, on_stop=stops.fire)
+
+    def call_ended() -> None:
+        dispatcher.slot_freed()
+        guardrails.wake()
+
     push_client = PushClient()
     await push_client.start()
     stack.push_async_callback(push_client.close)
-    reports = PushReports(store, {}, config, on_finished=dispatcher.slot_freed)
+    reports = PushReports(store, {}, config, on_finished=call_ended)
     gateway.push_reports = reports
 
     def new_runtime(entry: RuntimeConfig) -> Runtime | None:
@@ -287,7 +310,7 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
         if runtime is not None:
             stack.push_async_callback(runtime.close)
             if isinstance(runtime, UpstreamRuntime):
-                runtime.on_finished = dispatcher.slot_freed
+                runtime.on_finished = call_ended
         return runtime
 
     for entry in gateway.config.runtimes:
@@ -296,7 +319,17 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     gateway.new_runtime = new_runtime
     await ops.tick()
     gateway.runtime_ops = ops
-    reaper = Reaper(store, runtimes, config, clock, on_released=dispatcher.slot_freed)
+    drained = gateway.metrics.runtime_drained_calls
+    reaper = Reaper(
+        store,
+        runtimes,
+        config,
+        clock,
+        on_released=call_ended,
+        draining=ops.draining,
+        on_stuck=stops.check_stuck,
+        on_drained=lambda runtime: drained.labels(runtime).inc(),
+    )
     if store.backend == "sqlite":
         await reaper.recover()
 

@@ -71,7 +71,7 @@ Outcome = Literal["dispatched", "deferred", "failed", "stale", "error"]
 #: ``metrics(outcome, runtime)``: called once per dispatched job; runtime "" when none took it.
 DispatchMetrics = Callable[[Outcome, str], None]
 #: ``on_stop(runtime, condition, reason)``: a stop condition fired (disable and drain it).
-StopHook = Callable[[str, str, str], Awaitable[None]]
+StopHook = Callable[[str, str, str], Awaitable[object]]
 
 
 @dataclass(frozen=True, slots=True)
