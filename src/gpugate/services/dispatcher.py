@@ -21,9 +21,11 @@ Per claimed job (leased to ``<slug>-dispatcher`` for ``dispatcher_lease_s``), th
   ``EXTERNAL_UPSTREAM_FORBIDDEN`` when only that kept it from running).
 
 Stop conditions it sees (``on_stop(runtime, condition, reason)`` disables and drains): a 401/403
-on submit (``auth_error``, when ``disable_on_auth_error``), and a job already submitted
-``max_submits_per_job`` times (``max_submits``: the runtime of its last submit is stopped, and
-the job fails ``SUBMIT_LIMIT`` instead of being submitted once more).
+on submit (``auth_error``, when ``disable_on_auth_error``), and a job taken back by the reaper
+(a lost call) that was submitted ``max_submits_per_job`` times already (``max_submits``: the
+runtime of its last submit is stopped, and the job fails ``SUBMIT_LIMIT`` instead of being
+submitted once more). A job that walks on because its runtime was drained or refused it is
+not a resubmission loop, so only jobs that came back from a rescue are counted.
 
 Every write carries the claim's lease token; a stale token means another dispatcher or the
 reaper owns the job now, and this one lets it go at once.
@@ -272,7 +274,7 @@ class Dispatcher:
             max_attempts=cfg.jobs.max_attempts_per_runtime,
             capacity_backoff_s=self._capacity_backoff_s,
         )
-        if job.submit_count >= cfg.stop_conditions.max_submits_per_job:
+        if job.rescue_count and job.submit_count >= cfg.stop_conditions.max_submits_per_job:
             await self._submit_limit(job, token, cfg.stop_conditions.max_submits_per_job)
             return "failed", ""
         runner = job.runner
