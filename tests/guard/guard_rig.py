@@ -69,7 +69,7 @@ class FakeWorker:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001 - aiohttp names no public accessor for the bound port
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}/calls"
         try:
             yield self

@@ -7,7 +7,6 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 import pytest
-
 from guard_rig import ENV, FakeWorker, admin_get, create_job, guard_config, metric
 
 from harness import eventually, model_servers, serving
@@ -120,7 +119,6 @@ async def test_a_job_submitted_max_submits_times_stops_its_runtime_and_fails_sub
             await eventually(lambda: len(worker.calls) == 2, what="lost on home-1")
             worker.states[worker.call_of("lost")] = "unknown"
 
-            slugs = ["held", "lost"]
             wanted = {"held": "completed", "lost": "failed"}
             await until_states(gw, wanted, "held completed, lost failed")
             detail = await stopped(http, gw, "max_submits")
