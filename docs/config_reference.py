@@ -209,6 +209,8 @@ MEANING: dict[str, str] = {
     "runtimes[].max_concurrency": "calls in flight on it at once, counted across replicas; "
     "null (upstream): no limit",
     "runtimes[].budget": "its daily spend guard; null: none",
+    "runtimes[].budget.estimate_s": "the expected length of a call: each dispatch reserves "
+    "`cents_per_second` times this against the budget, settled at the real cost when the call ends",
     "runtimes[].budget.daily_cents": "today's (UTC) spend ≥ this raises the soft-cap alert; "
     "≥ 2x ⇒ over budget, skipped in the walk",
     "runtimes[].budget.cents_per_second": "the cost of a call without a reported cost: its "

@@ -140,6 +140,36 @@ class Metrics:
             ["runtime"],
             registry=r,
         )
+        self.runtime_spend_today = Gauge(
+            "gateway_runtime_spend_today_cents",
+            "Each budgeted runtime's spend today (UTC): settled costs plus open reservations",
+            ["runtime"],
+            registry=r,
+        )
+        self.runtime_soft_cap = Gauge(
+            "gateway_runtime_soft_cap",
+            "1 while a runtime's spend today has reached its daily_cents (the soft-cap alert)",
+            ["runtime"],
+            registry=r,
+        )
+        self.runtime_over_budget = Gauge(
+            "gateway_runtime_over_budget",
+            "1 while a runtime's spend today has reached 2x daily_cents (skipped in the walk)",
+            ["runtime"],
+            registry=r,
+        )
+        self.runtime_auto_disabled = Counter(
+            "gateway_runtime_auto_disabled",
+            "Runtimes the gateway disabled and drained on its own, by stop condition",
+            ["reason"],
+            registry=r,
+        )
+        self.runtime_drained_calls = Counter(
+            "gateway_runtime_drained_calls",
+            "Calls in flight cancelled because their runtime was drained or auto-disabled",
+            ["runtime"],
+            registry=r,
+        )
 
     def count_jobs(
         self,

@@ -32,6 +32,7 @@ from gpugate.services.batches import Batches
 from gpugate.services.config_versions import ConfigVersions
 from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.gpu_monitor import GpuMonitor
+from gpugate.services.guardrails import Guardrails
 from gpugate.services.idempotency import Idempotency
 from gpugate.services.job_gauges import RuntimeGauges
 from gpugate.services.job_waiter import JobWaiter
@@ -50,6 +51,7 @@ from gpugate.services.runtimes.push import PushRuntime
 from gpugate.services.runtimes.push_reports import PushReports
 from gpugate.services.runtimes.upstream import UpstreamRuntime
 from gpugate.services.shed import ShedGate
+from gpugate.services.stop_conditions import StopConditions
 from gpugate.services.sync_front import SyncFront
 from gpugate.store import JobRecord, Store
 from gpugate.store.factory import open_store
@@ -90,6 +92,8 @@ class Gateway:
     sync_front: SyncFront | None = None
     batches: Batches | None = None
     batch_runner: BatchRunner | None = None
+    guardrails: Guardrails | None = None
+    stop_conditions: StopConditions | None = None
     stopping: bool = field(default=False)
 
     def apply_config(self, config: GatewayConfig, version: int) -> None:
@@ -222,7 +226,6 @@ async def build_gateway(
         )
         gateway.azure_di = AzureDocumentIntelligence(proxy, lambda: gateway.config, clock)
         dispatcher, reaper = await _jobs_engine(gateway, stack)
-        assert gateway.runtime_ops is not None
         gateway.config_versions = ConfigVersions(
             store,
             lambda: (gateway.config, gateway.config_version),
@@ -235,36 +238,53 @@ async def build_gateway(
         gateway.batch_runner = BatchRunner(
             store, gateway.batches, proxy, clock, takeover_at_start=store.backend == "sqlite"
         )
-        loops = _Loops()
-        stack.push_async_callback(loops.stop)
-        loops.start("prober", prober.run())
-        loops.start("config-versions", gateway.config_versions.run())
-        loops.start("runtime-states", gateway.runtime_ops.run())
-        if monitor is not None:
-            loops.start("gpu-monitor", monitor.run())
-        metrics.count_jobs(
-            lambda: asdict(dispatcher.totals),
-            lambda: asdict(reaper.totals),
-            lambda: reaper.stuck_by_runtime,
-        )
-        gateway.gauges = RuntimeGauges(
-            store,
-            gateway.runtimes.keys,
-            metrics,
-            clock,
-            interval_s=config.server.config_poll_s,
-        )
-        loops.start("job-gauges", gateway.gauges.run())
-        loops.start("replica-heartbeat", ReplicaHeartbeat(store, clock).run())
-        if run_job_loops:
-            loops.start("dispatcher", dispatcher.run())
-            loops.start("reaper", reaper.run())
-            loops.start("job-wakeups", store.watch_jobs(dispatcher.wake))
-            loops.start("batches", gateway.batch_runner.run())
+        _start_loops(gateway, stack, dispatcher, reaper, run_job_loops=run_job_loops)
         try:
             yield gateway
         finally:
             gateway.stopping = True
+
+
+def _start_loops(
+    gateway: Gateway,
+    stack: AsyncExitStack,
+    dispatcher: Dispatcher,
+    reaper: Reaper,
+    *,
+    run_job_loops: bool,
+) -> None:
+    """Start every background loop of a built gateway; they stop (in reverse) with ``stack``."""
+    assert gateway.config_versions is not None
+    assert gateway.runtime_ops is not None
+    assert gateway.guardrails is not None
+    assert gateway.batch_runner is not None
+    loops = _Loops()
+    stack.push_async_callback(loops.stop)
+    loops.start("prober", gateway.prober.run())
+    loops.start("config-versions", gateway.config_versions.run())
+    loops.start("runtime-states", gateway.runtime_ops.run())
+    loops.start("guardrails", gateway.guardrails.run())
+    if gateway.monitor is not None:
+        loops.start("gpu-monitor", gateway.monitor.run())
+    gateway.metrics.count_jobs(
+        lambda: asdict(dispatcher.totals),
+        lambda: asdict(reaper.totals),
+        lambda: reaper.stuck_by_runtime,
+    )
+    gateway.gauges = RuntimeGauges(
+        gateway.store,
+        gateway.runtimes.keys,
+        gateway.metrics,
+        gateway.clock,
+        interval_s=gateway.config.server.config_poll_s,
+    )
+    loops.start("job-gauges", gateway.gauges.run())
+    loops.start("replica-heartbeat", ReplicaHeartbeat(gateway.store, gateway.clock).run())
+    if run_job_loops:
+        loops.start("dispatcher", dispatcher.run())
+        loops.start("reaper", reaper.run())
+        loops.start("job-wakeups", gateway.store.watch_jobs(dispatcher.wake))
+        loops.start("batches", gateway.batch_runner.run())
 
 
 async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatcher, Reaper]:
@@ -292,21 +312,35 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
         poll_s=gateway.config.server.config_poll_s,
     )
 
-    def views() -> dict[str, RuntimeView]:
-        return runtime_views(gateway.config, runtimes.keys(), disabled=ops.excluded())
+    guardrails = Guardrails(
+        store, config, gateway.metrics, clock, poll_s=gateway.config.jobs.reap_s
+    )
+    ops.spend_of = guardrails.spend
+    stops = StopConditions(ops, config, gateway.metrics)
+    gateway.guardrails, gateway.stop_conditions = guardrails, stops
 
-    dispatcher = Dispatcher(store, runtimes, views, config, clock)
+    def views() -> dict[str, RuntimeView]:
+        return runtime_views(
+            gateway.config,
+            runtimes.keys(),
+            disabled=ops.excluded(),
+            over_budget=guardrails.over_budget(),
+        )
+
+    dispatcher = Dispatcher(store, runtimes, views, config, clock, on_stop=stops.fire)
+
     waiter = JobWaiter(store, clock)
 
-    def finished() -> None:  # a call ended: a slot is free, and sync-front waiters look
+    def call_ended() -> None:  # a slot is free, spend to settle, sync-front waiters look
         dispatcher.slot_freed()
+        guardrails.wake()
         waiter.pulse()
 
     push_client = PushClient()
     await push_client.start()
     stack.push_async_callback(push_client.close)
     gateway.results = Results(gateway.blobs, gateway.config.blobs.inline_max_bytes)
-    reports = PushReports(store, {}, config, on_finished=finished, results=gateway.results)
+    reports = PushReports(store, {}, config, on_finished=call_ended, results=gateway.results)
     gateway.push_reports = reports
 
     def new_runtime(entry: RuntimeConfig) -> Runtime | None:
@@ -314,7 +348,7 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
         if runtime is not None:
             stack.push_async_callback(runtime.close)
             if isinstance(runtime, UpstreamRuntime):
-                runtime.on_finished = finished
+                runtime.on_finished = call_ended
         return runtime
 
     for entry in gateway.config.runtimes:
@@ -323,7 +357,18 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     gateway.new_runtime = new_runtime
     await ops.tick()
     gateway.runtime_ops = ops
-    reaper = Reaper(store, runtimes, config, clock, on_released=finished, results=gateway.results)
+    drained = gateway.metrics.runtime_drained_calls
+    reaper = Reaper(
+        store,
+        runtimes,
+        config,
+        clock,
+        on_released=call_ended,
+        draining=ops.draining,
+        on_stuck=stops.check_stuck,
+        on_drained=lambda runtime: drained.labels(runtime).inc(),
+        results=gateway.results,
+    )
     if store.backend == "sqlite":
         await reaper.recover()
 

@@ -54,7 +54,7 @@ async def submit(http: aiohttp.ClientSession, url: str, slug: str) -> None:
 ENV_WITH_SECRET = {**ENV, "HOME1_SECRET": "worker-secret"}
 
 
-async def test_the_list_shows_every_runtime_with_queue_flight_state_and_spend_placeholders(
+async def test_the_list_shows_every_runtime_with_queue_flight_state_and_spend(
     sqlite_dsn: str, http: aiohttp.ClientSession
 ) -> None:
     async with model_servers(("s1", ["m1"])) as (s1,):
@@ -67,8 +67,12 @@ async def test_the_list_shows_every_runtime_with_queue_flight_state_and_spend_pl
         k: local["health"][k] for k in ("state", "reachable", "implemented")
     }
     assert (None, True) == (home["health"]["reachable"], home["health"]["implemented"])
-    assert {"daily_cents": 1000, "today_cents": None, "ledger": []} == {
-        k: home["spend"][k] for k in ("daily_cents", "today_cents", "ledger")
+    assert {"daily_cents": 1000, "today_cents": 0.0, "ledger": [], "over_budget": False} == {
+        k: home["spend"][k] for k in ("daily_cents", "today_cents", "ledger", "over_budget")
+    }
+    assert 14 == len(home["spend"]["days"])
+    assert {"daily_cents": None, "today_cents": None, "days": []} == {
+        k: local["spend"][k] for k in ("daily_cents", "today_cents", "days")
     }
 
 

@@ -20,10 +20,18 @@ RUNTIME_KINDS = ("upstream", "push", "modal")
 
 
 class BudgetConfig(ConfigModel):
-    """A runtime's daily spend guard: over budget at 2x ``daily_cents`` spent today (UTC)."""
+    """A runtime's daily spend guard: over budget at 2x ``daily_cents`` spent today (UTC), the
+    soft-cap alert at 1x. Each call reserves ``cents_per_second x estimate_s`` at dispatch and
+    is settled at the cost it reports (or its duration x ``cents_per_second``) when it ends."""
 
     daily_cents: float = Field(ge=0)
     cents_per_second: float = Field(ge=0)
+    estimate_s: Seconds = 60.0
+
+    @property
+    def estimate_cents(self) -> float:
+        """What one call reserves at dispatch."""
+        return self.cents_per_second * self.estimate_s
 
 
 class PushConfig(ConfigModel):

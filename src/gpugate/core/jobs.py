@@ -47,6 +47,10 @@ AT_CAPACITY = "AT_CAPACITY"
 CHAIN_EXHAUSTED = "CHAIN_EXHAUSTED"
 EXTERNAL_UPSTREAM_FORBIDDEN = "EXTERNAL_UPSTREAM_FORBIDDEN"
 GPU_SATURATED = "GPU_SATURATED"
+RUNTIME_DRAINED = "RUNTIME_DRAINED"
+"""The attempt failure of a call cancelled because its runtime was drained (or auto-disabled)."""
+SUBMIT_LIMIT = "SUBMIT_LIMIT"
+"""A job submitted ``stop_conditions.max_submits_per_job`` times is not submitted again."""
 
 
 class JobFacts(Protocol):
@@ -225,6 +229,14 @@ class ChainWalk:
                 continue
             return Submit(runtime)
         return self._end()
+
+    def refused(self, runtime: str, *, over_budget: bool) -> None:
+        """The reservation before a submit to ``runtime`` was refused: no room in today's budget
+        (a skip, :data:`OVER_BUDGET`) or no free call slot (like a runtime at capacity)."""
+        if over_budget:
+            self.skipped[runtime] = OVER_BUDGET
+        else:
+            self.busy.append(runtime)
 
     def failed(
         self, runtime: str, error: str, *, retryable: bool, busy: bool = False

@@ -6,6 +6,10 @@ Per claimed job (leased to ``<slug>-dispatcher@<replica>`` for ``dispatcher_leas
 * skip what cannot take it (disabled, another model, no implementation, unreachable, over
   budget, forbidden for a job that may not leave the building, attempts spent); pass over a
   runtime at ``max_concurrency`` (calls leased across replicas) like a busy one;
+* per candidate with a budget or a ``max_concurrency``: *reserve* first
+  (:meth:`~gpugate.store.ledger.LedgerStore.reserve_call`: the call slot and the estimated
+  cost, one atomic step across replicas); no slot is a busy runtime, no room in today's budget
+  an ``over_budget`` skip; a submit that fails gives the reservation back;
 * per candidate: promote the runner, submit; a retryable failure is retried once in place at
   once, then the walk goes on; a non-retryable one is recorded and the walk goes on;
 * success: ``leased_by = "<runtime>:<call_id>"`` (``record_submit``), then the runtime is told
@@ -15,6 +19,13 @@ Per claimed job (leased to ``<slug>-dispatcher@<replica>`` for ``dispatcher_leas
   finishes (:meth:`Dispatcher.slot_freed`);
 * nothing left: ``fail`` with ``CHAIN_EXHAUSTED`` naming each runtime's last error (or
   ``EXTERNAL_UPSTREAM_FORBIDDEN`` when only that kept it from running).
+
+Stop conditions it sees (``on_stop(runtime, condition, reason)`` disables and drains): a 401/403
+on submit (``auth_error``, when ``disable_on_auth_error``), and a job taken back by the reaper
+(a lost call) that was submitted ``max_submits_per_job`` times already (``max_submits``: the
+runtime of its last submit is stopped, and the job fails ``SUBMIT_LIMIT`` instead of being
+submitted once more). A job that walks on because its runtime was drained or refused it is
+not a resubmission loop, so only jobs that came back from a rescue are counted.
 
 Every write carries the claim's lease token; a stale token means another dispatcher or the
 reaper owns the job now, and this one lets it go at once.
@@ -33,6 +44,7 @@ from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
 from gpugate.core.jobs import (
     ATTEMPTS_SPENT,
+    SUBMIT_LIMIT,
     ChainWalk,
     Defer,
     Exhausted,
@@ -43,13 +55,15 @@ from gpugate.core.jobs import (
 from gpugate.errors import (
     GpugateError,
     GpuSaturated,
+    RuntimeAuthFailed,
     RuntimeBusy,
     RuntimeFailure,
     StaleLease,
     StoreError,
 )
 from gpugate.services.runtimes.base import Runtime, Submission
-from gpugate.store import JobEvent, JobRecord, JobStore
+from gpugate.store import JobEvent, JobRecord, Store
+from gpugate.store.ledger import BUDGET_FACTOR, Cost
 
 log = logging.getLogger("gpugate.dispatcher")
 _T = TypeVar("_T")
@@ -58,6 +72,8 @@ ACTOR = "dispatcher"
 Outcome = Literal["dispatched", "deferred", "failed", "stale", "error"]
 #: ``metrics(outcome, runtime)``: called once per dispatched job; runtime "" when none took it.
 DispatchMetrics = Callable[[Outcome, str], None]
+#: ``on_stop(runtime, condition, reason)``: a stop condition fired (disable and drain it).
+StopHook = Callable[[str, str, str], Awaitable[object]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +123,14 @@ class Dispatcher:
 
     def __init__(  # noqa: PLR0913 - the dispatcher's collaborators and its few knobs
         self,
-        store: JobStore,
+        store: Store,
         runtimes: Mapping[str, Runtime],
         views: Callable[[], Mapping[str, RuntimeView]],
         config: GatewayConfig | Callable[[], GatewayConfig],
         clock: Clock,
         metrics: DispatchMetrics | None = None,
         *,
+        on_stop: StopHook | None = None,
         batch: int = 32,
         capacity_backoff_s: float = 5.0,
         shed_backoff_s: float = 15.0,
@@ -127,6 +144,7 @@ class Dispatcher:
         )
         self._clock = clock
         self._metrics = metrics
+        self._on_stop = on_stop
         self._batch = batch
         self._capacity_backoff_s = capacity_backoff_s
         self._shed_backoff_s = shed_backoff_s
@@ -256,6 +274,9 @@ class Dispatcher:
             max_attempts=cfg.jobs.max_attempts_per_runtime,
             capacity_backoff_s=self._capacity_backoff_s,
         )
+        if job.rescue_count and job.submit_count >= cfg.stop_conditions.max_submits_per_job:
+            await self._submit_limit(job, token, cfg.stop_conditions.max_submits_per_job)
+            return "failed", ""
         runner = job.runner
         step = walk.next()
         while isinstance(step, Submit):
@@ -264,13 +285,23 @@ class Dispatcher:
                 await self._fenced(self._store.promote_runner(job.slug, token, name))
                 runner = name
                 tally.walked += 1
+            reserved = await self._reserve(job, token, name, views)
+            if reserved is not None:
+                walk.refused(name, over_budget=reserved == "over_budget")
+                step = walk.next()
+                continue
             try:
                 submission = await self._runtimes[name].submit(job, token)
             except GpuSaturated as exc:
+                await self._unreserve(job, token, name, views)
                 backoff = exc.retry_after_s or self._shed_backoff_s
                 await self._defer(job, token, saturated_until(now, backoff))
                 return "deferred", name
             except GpugateError as exc:
+                await self._unreserve(job, token, name, views)
+                if isinstance(exc, RuntimeAuthFailed) and cfg.stop_conditions.disable_on_auth_error:
+                    await self._stop(name, "auth_error", f"{exc.code} on submit: {exc.message}")
+                    views[name] = replace(views[name], enabled=False)
                 retryable = isinstance(exc, RuntimeFailure) and exc.retryable
                 await self._fenced(
                     self._store.record_attempt_failure(
@@ -300,6 +331,73 @@ class Dispatcher:
             return "deferred", ""
         await self._exhausted(job, token, walk, step)
         return "failed", ""
+
+    def _reserves(
+        self, name: str, views: Mapping[str, RuntimeView]
+    ) -> tuple[int | None, Cost | None]:
+        """What a submit to ``name`` must reserve first: a call slot (its ``max_concurrency``)
+        and its estimated cost (its budget); (None, None) for a runtime with neither, which
+        pays nothing for the ledger."""
+        view = views.get(name)
+        limit = view.max_concurrency if view is not None else None
+        try:
+            budget = self._config().runtime(name).budget
+        except KeyError:
+            budget = None
+        if budget is None:
+            return limit, None
+        cost = Cost(
+            estimate_cents=budget.estimate_cents,
+            limit_cents=BUDGET_FACTOR * budget.daily_cents,
+            cents_per_second=budget.cents_per_second,
+        )
+        return limit, cost
+
+    async def _reserve(
+        self, job: JobRecord, token: str, name: str, views: dict[str, RuntimeView]
+    ) -> str | None:
+        """Reserve before the submit; None when reserved (or nothing to reserve), else why not
+        (``at_capacity``, ``over_budget``). A stale lease raises :class:`StaleLease`."""
+        limit, cost = self._reserves(name, views)
+        if limit is None and cost is None:
+            return None
+        reserved = await self._store.reserve_call(
+            job.slug, token, name, max_concurrency=limit, cost=cost
+        )
+        if reserved == "stale":
+            raise StaleLease(f"job {job.slug}: the lease was lost before the submit")
+        view = views.get(name)
+        if view is not None and reserved != "reserved":
+            over = reserved == "over_budget"
+            views[name] = replace(
+                view,
+                over_budget=view.over_budget or over,
+                leased=max(view.leased, view.max_concurrency or 0) if not over else view.leased,
+            )
+        return None if reserved == "reserved" else reserved
+
+    async def _unreserve(
+        self, job: JobRecord, token: str, name: str, views: Mapping[str, RuntimeView]
+    ) -> None:
+        """The submit failed: give back what :meth:`_reserve` took."""
+        if self._reserves(name, views) != (None, None):
+            await self._store.release_call(job.slug, token, name)
+
+    async def _stop(self, runtime: str, condition: str, reason: str) -> None:
+        if self._on_stop is not None:
+            await self._on_stop(runtime, condition, reason)
+
+    async def _submit_limit(self, job: JobRecord, token: str, limit: int) -> None:
+        """The job was submitted ``limit`` times already: stop the runtime of its last submit
+        and fail the job rather than pay for it once more."""
+        reason = (
+            f"job {job.slug} was submitted {job.submit_count} times (max_submits_per_job {limit})"
+        )
+        log.error("stop condition: %s; stopping runtime %s", reason, job.runner)
+        await self._stop(job.runner, "max_submits", reason)
+        await self._fenced(
+            self._store.fail(job.slug, token, error_code=SUBMIT_LIMIT, message=reason, actor=ACTOR)
+        )
 
     async def _record(
         self, job: JobRecord, token: str, name: str, submission: Submission

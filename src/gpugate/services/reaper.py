@@ -14,23 +14,33 @@ Every ``reap_s`` it lists the jobs whose lease expired (:meth:`JobStore.expired_
   call may become stuck, but it is never run a second time on a guess.
 
 ``rescue`` puts the job back in the queue with ``rescue_count + 1``, or fails it ``LEASE_LOST``
-past ``jobs.max_rescues``.
+past ``jobs.max_rescues``. A job whose lease is still the dispatcher's slot reservation
+(``<runtime>:~reserved``: the process died between reserving and recording the submit) is
+rescued the same way, without asking the runtime about a call that never existed.
+
+**Drain.** Each tick first drains the runtimes ``draining()`` names (drained, or stopped by a
+stop condition): every call in flight on one is cancelled (:meth:`Runtime.cancel`), an attempt
+failure ``RUNTIME_DRAINED`` is recorded (not retryable; no rescue is counted) and the job goes
+back to the queue, where its walk skips the disabled runtime and goes on along the chain.
+After each tick ``on_stuck(stuck_by_runtime)`` lets the stop conditions look at the stuck count.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Literal
 
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
-from gpugate.errors import RuntimeFailure, StoreError
+from gpugate.core.jobs import RUNTIME_DRAINED
+from gpugate.errors import GpugateError, RuntimeFailure, StoreError
 from gpugate.services.results import Results
 from gpugate.services.runtimes.base import CallStatus, Runtime
 from gpugate.store import JobRecord, JobStore
+from gpugate.store.ledger import RESERVED_CALL
 
 log = logging.getLogger("gpugate.reaper")
 
@@ -61,6 +71,7 @@ class ReapReport:
     lost: int = 0
     stale: int = 0
     stuck: int = 0
+    drained: int = 0
 
     def __add__(self, other: ReapReport) -> ReapReport:
         return ReapReport(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -69,7 +80,7 @@ class ReapReport:
 class Reaper:
     """Reaps expired leases; see the module docstring."""
 
-    def __init__(  # noqa: PLR0913 - collaborators, then keyword-only knobs
+    def __init__(  # noqa: PLR0913 - the reaper's collaborators and its hooks
         self,
         store: JobStore,
         runtimes: Mapping[str, Runtime],
@@ -77,6 +88,9 @@ class Reaper:
         clock: Clock,
         *,
         on_released: Callable[[], None] | None = None,
+        draining: Callable[[], Collection[str]] | None = None,
+        on_stuck: Callable[[Mapping[str, int]], Awaitable[None]] | None = None,
+        on_drained: Callable[[str], None] | None = None,
         stuck_after: int = 5,
         limit: int = 100,
         results: Results | None = None,
@@ -90,6 +104,9 @@ class Reaper:
         self._clock = clock
         #: Called when a job went back to the queue or finished (wiring: ``slot_freed``).
         self.on_released = on_released
+        self._draining = draining
+        self._on_stuck = on_stuck
+        self._on_drained = on_drained
         self._stuck_after = stuck_after
         self._limit = limit
         self._quiet: dict[tuple[str, str], int] = {}  # (slug, call_id) -> extensions in a row
@@ -99,16 +116,70 @@ class Reaper:
 
     async def tick(self, *, now: datetime | None = None) -> ReapReport:
         """Reap every lease expired at ``now`` (default: the store's clock), up to ``limit``."""
+        report = ReapReport(drained=await self._drain())
         jobs = await self._store.expired_leases(now=now, limit=self._limit)
-        report = ReapReport(expired=len(jobs))
+        report += ReapReport(expired=len(jobs))
         for job in jobs:
             report += await self._reap_safely(job)
         self.totals += report
         if self.on_released is not None and (
-            report.completed or report.released or report.failed or report.rescued or report.lost
+            report.completed
+            or report.released
+            or report.failed
+            or report.rescued
+            or report.lost
+            or report.drained
         ):
             self.on_released()
+        if self._on_stuck is not None and report.stuck:
+            await self._on_stuck(self.stuck_by_runtime)
         return report
+
+    async def _drain(self) -> int:
+        """Cancel the calls in flight on every draining runtime; their jobs walk on."""
+        if self._draining is None:
+            return 0
+        drained = 0
+        for runtime_id in self._draining():
+            for state in ("dispatching", "running"):
+                page = await self._store.list_jobs(state=state, runner=runtime_id, limit=500)
+                for job in page.jobs:
+                    drained += await self._drain_call(job, runtime_id)
+        return drained
+
+    async def _drain_call(self, job: JobRecord, runtime_id: str) -> int:
+        """Cancel one call of a draining runtime and send its job on; 1 when it went back."""
+        call = job.call
+        if call is None or call[0] != runtime_id or call[1] == RESERVED_CALL:
+            return 0  # the dispatcher holds it: it sees the runtime disabled and walks on
+        runtime = self._runtimes.get(runtime_id)
+        if runtime is not None:
+            try:
+                await runtime.cancel(call[1])
+            except GpugateError as exc:
+                log.warning("job %s: cancelling call %s failed: %s", job.slug, call[1], exc)
+        token = _token(job)
+        message = f"{runtime_id} was drained; the call was cancelled and the job walks on"
+        recorded = await self._store.record_attempt_failure(
+            job.slug,
+            token,
+            runtime=runtime_id,
+            error_code=RUNTIME_DRAINED,
+            message=message,
+            retryable=False,
+            actor=ACTOR,
+        )
+        if not (
+            recorded
+            and await self._store.release(job.slug, token, error_code=RUNTIME_DRAINED, actor=ACTOR)
+        ):
+            return 0
+        log.info(
+            "job %s: call %s on drained %s cancelled; walking on", job.slug, call[1], runtime_id
+        )
+        if self._on_drained is not None:
+            self._on_drained(runtime_id)
+        return 1
 
     async def recover(self) -> ReapReport:
         """At start-up of a lone process (SQLite): every lease left is from a process that died,
@@ -156,6 +227,8 @@ class Reaper:
         if call is None:  # a dispatcher's lease: the process dispatching it died
             return await self._rescue(job)
         runtime_id, call_id = call
+        if call_id == RESERVED_CALL:  # a slot reserved by a dispatcher that died before the submit
+            return await self._rescue(job)
         runtime = self._runtimes.get(runtime_id)
         if runtime is None:
             log.warning("job %s: runtime %s is gone; rescuing", job.slug, runtime_id)

@@ -4,9 +4,10 @@ The states live in the store (:mod:`gpugate.store.runtime_state`); this service 
 read of them in memory so the dispatcher's synchronous view of the runtimes
 (:meth:`RuntimeOps.excluded`) costs nothing, writes through at once on this replica, and re-reads
 them every ``server.config_poll_s`` (:meth:`run`) so a change made on another replica takes
-effect here within one poll. A disabled or drained runtime takes no new dispatch; what happens
-to its calls in flight (drain: cancelled or released on the next reaper poll) is the
-dispatcher's and the reaper's business.
+effect here within one poll. A disabled or drained runtime takes no new dispatch. A drained
+one — or one the gateway disabled itself (a stop condition: disabled *and* drained) — also loses
+its calls in flight: the reaper cancels them on its next poll and their jobs walk on
+(:meth:`RuntimeOps.draining`). An operator's plain ``disable`` lets calls in flight finish.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 from gpugate.errors import GpugateError, UnknownRuntime
 from gpugate.store.runtime_state import (
     DISABLED,
+    DRAINED,
     ENABLED,
     LastSubmit,
     RuntimeState,
@@ -27,11 +29,12 @@ from gpugate.store.runtime_state import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection
+    from collections.abc import Awaitable, Callable, Collection
 
     from gpugate.clock import Clock
     from gpugate.config import GatewayConfig, RuntimeConfig
     from gpugate.core.registry import Registry
+    from gpugate.services.guardrails import Spend
     from gpugate.store import AuditRecord, Store
 
 log = logging.getLogger("gpugate.runtimes")
@@ -44,8 +47,8 @@ HISTORY = 20
 class RuntimeDetail:
     """One runtime as an operator sees it (``GET /admin/runtimes/{id}``).
 
-    ``reachable`` is None where nothing probes the runtime yet (push, modal). The spend fields
-    wait for the spend ledger: ``spend_today_cents`` None, ``ledger`` empty.
+    ``reachable`` is None where nothing probes the runtime yet (push, modal). ``spend`` is
+    None where no spend is read (no guardrails wired).
     """
 
     config: RuntimeConfig
@@ -56,6 +59,7 @@ class RuntimeDetail:
     in_flight: int
     last_submit: LastSubmit | None
     history: list[AuditRecord] = field(default_factory=list)
+    spend: Spend | None = None
 
     @property
     def operator_state(self) -> str:
@@ -93,10 +97,21 @@ class RuntimeOps:
         self._clock = clock
         self._poll_s = poll_s
         self.states: dict[str, RuntimeState] = {}
+        #: A runtime's spend (wiring: :meth:`Guardrails.spend`); None: not shown.
+        self.spend_of: Callable[[str], Awaitable[Spend]] | None = None
 
     def excluded(self) -> frozenset[str]:
         """The runtimes an operator (or a stop condition) disabled or drained: no new dispatch."""
         return frozenset(rid for rid, s in self.states.items() if not s.takes_dispatch)
+
+    def draining(self) -> frozenset[str]:
+        """The runtimes whose calls in flight are to be cancelled: drained, or disabled by the
+        gateway itself (a stop condition disables *and* drains)."""
+        return frozenset(
+            rid
+            for rid, s in self.states.items()
+            if s.state == DRAINED or (s.state == DISABLED and is_automatic(s.actor))
+        )
 
     async def tick(self) -> None:
         """Re-read every runtime's state from the store (changes made by other replicas)."""
@@ -147,6 +162,7 @@ class RuntimeOps:
             in_flight=await self._store.count_leased(runtime),
             last_submit=await self._store.last_submit(runtime),
             history=[e for e in events if e.action.startswith("runtime.")],
+            spend=None if self.spend_of is None else await self.spend_of(runtime),
         )
 
     def _reachable(self, cfg: RuntimeConfig) -> bool | None:

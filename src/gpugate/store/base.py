@@ -10,6 +10,8 @@ Semantics every backend keeps:
 * Audit events are listed newest first; ``before_id`` is the cursor for the next page.
 * Runtime states (:mod:`gpugate.store.runtime_state`): a change and its audit event commit
   together.
+* Spend and call slots (:mod:`gpugate.store.ledger`): a reservation checks ``max_concurrency``
+  and today's budget and takes both in one atomic step, across replicas.
 * Idempotency keys: :meth:`Store.idem_begin` is one atomic step that either claims the key
   (:class:`Started`) or reports what holds it. A row past its ``expires_at`` counts as absent.
   Only the owner that started a key may complete or abandon it.
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.store.facade_base import FacadeStore
 from gpugate.store.jobs_base import JobStore
+from gpugate.store.ledger import LedgerStore
 from gpugate.store.replicas import ReplicaStore
 from gpugate.store.runtime_state import RuntimeStateStore
 
@@ -154,9 +157,9 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-class Store(JobStore, RuntimeStateStore, FacadeStore, ReplicaStore, Protocol):
+class Store(JobStore, RuntimeStateStore, FacadeStore, ReplicaStore, LedgerStore, Protocol):
     """The durable state of a gateway: config versions, audit trail, idempotency records, jobs,
-    runtime states, the façades' files and batches, the replicas sharing it."""
+    runtime states, the façades' files and batches, the replicas sharing it, the spend ledger."""
 
     @property
     def backend(self) -> str:

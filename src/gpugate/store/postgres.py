@@ -37,6 +37,7 @@ from gpugate.store.migrations import Migration, load_migrations, pending
 from gpugate.store.postgres_audit import audit_query, audit_record, insert_audit
 from gpugate.store.postgres_facade import PostgresFacade
 from gpugate.store.postgres_jobs import JOBS_CHANNEL, PostgresJobs
+from gpugate.store.postgres_ledger import PostgresLedger
 from gpugate.store.postgres_replicas import PostgresReplicas
 from gpugate.store.postgres_runtime_state import PostgresRuntimeState
 from gpugate.store.replicas import replica_id
@@ -103,7 +104,9 @@ _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= %(now)s"
 log = logging.getLogger("gpugate.store")
 
 
-class PostgresStore(PostgresJobs, PostgresRuntimeState, PostgresFacade, PostgresReplicas):
+class PostgresStore(
+    PostgresJobs, PostgresRuntimeState, PostgresFacade, PostgresReplicas, PostgresLedger
+):
     """The shared store: PostgreSQL through a psycopg connection pool.
 
     The job methods come from :class:`PostgresJobs`, the runtime states from

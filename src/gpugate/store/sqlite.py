@@ -39,6 +39,7 @@ from gpugate.store.sqlite_codec import text_time as _dt
 from gpugate.store.sqlite_codec import time_text as _ts
 from gpugate.store.sqlite_facade import SqliteFacade
 from gpugate.store.sqlite_jobs import SqliteJobs
+from gpugate.store.sqlite_ledger import SqliteLedger
 from gpugate.store.sqlite_replicas import SqliteReplicas
 from gpugate.store.sqlite_runtime_state import SqliteRuntimeState
 
@@ -111,11 +112,12 @@ WHERE key = :key AND owner = :owner AND state = 'in_flight' AND expires_at > :no
 _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= :now"
 
 
-class SqliteStore(SqliteJobs, SqliteRuntimeState, SqliteFacade, SqliteReplicas):
+class SqliteStore(SqliteJobs, SqliteRuntimeState, SqliteFacade, SqliteReplicas, SqliteLedger):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
 
     The job methods come from :class:`SqliteJobs`, the runtime states from
-    :class:`SqliteRuntimeState`; they go through the same hop.
+    :class:`SqliteRuntimeState`, the spend ledger from :class:`SqliteLedger`; they go through
+    the same hop.
     """
 
     backend = "sqlite"

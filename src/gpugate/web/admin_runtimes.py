@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gpugate.errors import BadRequest
+from gpugate.services.guardrails import Spend
 from gpugate.store.runtime_state import DISABLED, DRAINED, ENABLED
 from gpugate.web.admin import admin, admin_actor
 from gpugate.web.bodies import read_body
@@ -67,10 +68,40 @@ def _last_submit_view(last: LastSubmit | None) -> dict[str, Any] | None:
     }
 
 
+def _spend_view(detail: RuntimeDetail) -> dict[str, Any]:
+    """A runtime's spend: today (UTC), the last 14 days for the chart, its latest entries."""
+    spend = detail.spend
+    budget = detail.config.budget
+    if spend is None:
+        daily = None if budget is None else budget.daily_cents
+        spend = Spend(daily, None, over_budget=False, soft_cap=False)
+    return {
+        "daily_cents": spend.daily_cents,
+        "estimate_cents": None if budget is None else budget.estimate_cents,
+        "today_cents": spend.today_cents,
+        "over_budget": spend.over_budget,
+        "soft_cap": spend.soft_cap,
+        "days": [{"day": d.day.isoformat(), "cents": d.cents} for d in spend.days],
+        "ledger": [
+            {
+                "id": e.id,
+                "day": e.day.isoformat(),
+                "job": e.slug,
+                "call_id": e.call_id,
+                "cents": e.cents,
+                "source": e.source,
+                "state": e.state,
+                "at": e.at.isoformat(),
+                "settled_at": None if e.settled_at is None else e.settled_at.isoformat(),
+            }
+            for e in spend.ledger
+        ],
+    }
+
+
 def runtime_view(detail: RuntimeDetail) -> dict[str, Any]:
-    """One runtime as the admin API shows it. The spend fields wait for the spend ledger."""
+    """One runtime as the admin API shows it."""
     cfg = detail.config
-    budget = getattr(cfg, "budget", None)
     return {
         "id": cfg.id,
         "kind": cfg.kind,
@@ -88,14 +119,7 @@ def runtime_view(detail: RuntimeDetail) -> dict[str, Any]:
             "auto_disables": [audit_view(e) for e in detail.auto_disables],
             "history": [audit_view(e) for e in detail.history],
         },
-        "spend": {
-            "daily_cents": None if budget is None else budget.daily_cents,
-            "today_cents": None,
-            "over_budget": False,
-            "soft_cap": False,
-            "ledger": [],
-            "note": "the spend ledger is not built yet",
-        },
+        "spend": _spend_view(detail),
     }
 
 
@@ -121,8 +145,12 @@ async def get_runtime(request: Request, gateway: Gateway) -> Response:
     description: >-
       `health.state` is the operator state (enabled, disabled, drained) with its reason, actor
       and since; `health.auto_disables` the times a stop condition disabled it (actor
-      `gateway...`); `health.reachable` is null where nothing probes the runtime yet. The
-      `spend` fields are null/0 until the spend ledger lands.
+      `gateway...`); `health.reachable` is null where nothing probes the runtime yet.
+      `spend` (null figures for a runtime without a budget): `daily_cents`, `today_cents`
+      (UTC day: settled costs plus open reservations), `over_budget` (today >= 2 x daily:
+      skipped in the walk), `soft_cap` (today >= daily), `days` (`[{day, cents}]`, the last
+      14 days, oldest first) and `ledger` (latest entries, newest first: `state` reserved,
+      settled or released; `source` estimated or reported).
     responses:
       200: {description: the runtime}
       401: {description: UNAUTHORIZED}

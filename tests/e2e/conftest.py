@@ -1,0 +1,40 @@
+"""Fixtures of the end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator
+from urllib.parse import quote
+
+import psycopg
+import pytest
+
+POSTGRES_ENV = "GPUGATE_TEST_POSTGRES"
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture
+async def postgres_schema() -> AsyncIterator[str]:
+    """A DSN on a fresh schema of the test PostgreSQL, dropped afterwards.
+
+    ``GPUGATE_TEST_POSTGRES`` set: PostgreSQL is required (unreachable fails the test); unset:
+    the local default is probed and the test skipped if nothing answers.
+    """
+    required = os.environ.get(POSTGRES_ENV)
+    server = required or LOCAL_POSTGRES
+    try:
+        conn = await psycopg.AsyncConnection.connect(server, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        if required:
+            pytest.fail(f"{POSTGRES_ENV} is set but PostgreSQL is not reachable: {exc}")
+        pytest.skip(f"PostgreSQL not reachable at {LOCAL_POSTGRES}; set {POSTGRES_ENV}")
+    schema = f"gd_{secrets.token_hex(6)}"
+    async with conn:
+        await conn.execute(f"CREATE SCHEMA {schema}")
+    joiner = "&" if "?" in server else "?"
+    try:
+        yield f"{server}{joiner}options={quote(f'-csearch_path={schema}', safe='')}"
+    finally:
+        async with await psycopg.AsyncConnection.connect(server, autocommit=True) as conn:
+            await conn.execute(f"DROP SCHEMA {schema} CASCADE")
