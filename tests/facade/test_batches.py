@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 
 from gpugate.clock import SystemClock
 from gpugate.store.facade_base import BatchItem
@@ -192,3 +193,38 @@ async def test_cancel_stops_the_remaining_lines_and_keeps_the_finished_ones(
     assert 10 <= done < 500
     assert len(output.splitlines()) == done
     assert calls == done  # the lines in flight at the cancel finished; no others started
+
+
+async def test_lines_given_inline_make_a_batch_as_an_uploaded_file_does(
+    sqlite_dsn: str,
+) -> None:
+    lines = [json.loads(line) for line in batch_file(20, failing_at=3).splitlines()]
+    async with (
+        model_servers(("s1", ["m1"])) as (s1,),
+        serving(make_config(sqlite_dsn, [upstream("u1", [s1.url], ["m1"])])) as gw,
+    ):
+        api = client(gw)
+        created = await api.batches.create(
+            input_file_id="",  # the client requires it; `input` is gpugate's extension
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            extra_body={"input_file_id": None, "input": lines},
+        )
+        batch = await finished(api, created.id)
+        inline_input = (await api.files.content(batch.input_file_id)).content
+        output = (await api.files.content(batch.output_file_id)).content
+        with pytest.raises(openai.BadRequestError, match="not both"):
+            await api.batches.create(
+                input_file_id=batch.input_file_id,
+                endpoint="/v1/chat/completions",
+                completion_window="24h",
+                extra_body={"input": lines},
+            )
+        await api.close()
+
+    assert (19, 1) == (batch.request_counts.completed, batch.request_counts.failed)
+    assert lines == [json.loads(line) for line in inline_input.splitlines()]
+    errors = {
+        json.loads(line)["custom_id"]: json.loads(line)["error"] for line in output.splitlines()
+    }
+    assert "UNKNOWN_MODEL" == errors[FAILING]["code"]

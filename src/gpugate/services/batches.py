@@ -165,9 +165,16 @@ class Batches:
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequest("metadata must be an object")
         input_id = body.get("input_file_id")
-        if not isinstance(input_id, str):
-            raise BadRequest("input_file_id must be a file id")
-        record = await self.get_file(input_id)
+        inline = body.get("input")
+        if inline is not None:  # our extension: the lines themselves, instead of a file
+            if input_id is not None:
+                raise BadRequest("give input_file_id or input (the lines inline), not both")
+            record = await self._inline_file(inline, str(endpoint))
+            input_id = record.id
+        elif not isinstance(input_id, str):
+            raise BadRequest("input_file_id must be a file id (or give the lines as input)")
+        else:
+            record = await self.get_file(input_id)
         lines = parse_lines(await self._blobs.get(record.blob_key), str(endpoint))
         now = self._clock.now()
         new = NewBatch(
@@ -183,6 +190,15 @@ class Batches:
         if self.wake is not None:
             self.wake()
         return batch
+
+    async def _inline_file(self, lines: Any, endpoint: str) -> FileRecord:
+        """``input``: a list of Batch-format line objects, stored as the batch's input file
+        (checked like an uploaded one first)."""
+        if not isinstance(lines, list) or not lines:
+            raise BadRequest("input must be a non-empty list of {custom_id, method, url, body}")
+        data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
+        parse_lines(data, endpoint)
+        return await self.store_file("inline.jsonl", "batch", data)
 
     async def get_batch(self, batch_id: str) -> BatchRecord:
         batch = await self._store.get_batch(batch_id)
