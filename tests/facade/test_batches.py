@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from gpugate.clock import SystemClock
+from gpugate.clock import ManualClock, SystemClock
 from gpugate.store.facade_base import BatchItem
 from gpugate.store.factory import open_store
 from harness import RunningGateway, make_config, model_servers, serving, upstream
@@ -59,7 +60,7 @@ async def finished(api: openai.AsyncOpenAI, batch_id: str, *, within_s: float = 
     deadline = loop.time() + within_s
     while True:
         batch = await api.batches.retrieve(batch_id)
-        if batch.status in ("completed", "cancelled", "failed"):
+        if batch.status in ("completed", "cancelled", "failed", "expired"):
             return batch
         assert loop.time() < deadline, f"batch still {batch.status}"
         await asyncio.sleep(0.05)
@@ -228,3 +229,29 @@ async def test_lines_given_inline_make_a_batch_as_an_uploaded_file_does(
         json.loads(line)["custom_id"]: json.loads(line)["error"] for line in output.splitlines()
     }
     assert "UNKNOWN_MODEL" == errors[FAILING]["code"]
+
+
+async def test_a_batch_whose_completion_window_closes_expires_with_the_lines_it_finished(
+    sqlite_dsn: str,
+) -> None:
+    clock = ManualClock(datetime.now(UTC))
+    async with (
+        model_servers(("s1", ["m1"])) as (s1,),
+        serving(make_config(sqlite_dsn, [upstream("u1", [s1.url], ["m1"])]), clock=clock) as gw,
+    ):
+        api = client(gw)
+        s1.update(delay_s=0.05)
+        batch_id = await submit(api, batch_file(300))
+        await completed_lines(gw, batch_id, 10)
+        clock.advance(24 * 3600)  # the 24 h window closes
+        batch = await finished(api, batch_id)
+        output = (await api.files.content(batch.output_file_id)).content
+        await api.close()
+        calls = s1.stats.requests["/v1/chat/completions"]
+
+    done = batch.request_counts.completed
+    assert "expired" == batch.status
+    assert batch.expired_at is not None
+    assert 10 <= done < 300
+    assert done == len(output.splitlines())
+    assert calls == done  # no line started after the window closed

@@ -136,7 +136,8 @@ class BatchRunner:
             done = {item.line for item in await self._store.batch_items(batch.id)}
             if batch.status == "cancelling":
                 cancel.set()
-            await self._run_lines([ln for ln in lines if ln.line not in done], batch.id, cancel)
+            todo = [ln for ln in lines if ln.line not in done]
+            await self._run_lines(todo, batch, cancel)
             if not heartbeat.done():
                 await self._finish(batch, cancelled=cancel.is_set())
         except Exception:
@@ -146,16 +147,18 @@ class BatchRunner:
             self._running.pop(batch.id, None)
 
     async def _run_lines(
-        self, lines: list[BatchLine], batch_id: str, cancel: asyncio.Event
+        self, lines: list[BatchLine], batch: BatchRecord, cancel: asyncio.Event
     ) -> None:
+        """Run ``lines``, ``concurrency`` at a time; none starts after a cancel or once the
+        batch's completion window has closed (``expires_at``)."""
         pending = iter(lines)
 
         async def worker() -> None:
             for line in pending:
-                if cancel.is_set():
+                if cancel.is_set() or self._expired(batch):
                     return
                 item = await self._line(line)
-                await self._store.record_batch_item(batch_id, item)
+                await self._store.record_batch_item(batch.id, item)
                 self.lines_run += 1
 
         await asyncio.gather(*(worker() for _ in range(min(self._concurrency, len(lines)))))
@@ -174,8 +177,19 @@ class BatchRunner:
             if latest is not None and latest.status == "cancelling":
                 cancel.set()
 
+    def _expired(self, batch: BatchRecord) -> bool:
+        return batch.expires_at is not None and self._clock.now() >= batch.expires_at
+
     async def _finish(self, batch: BatchRecord, *, cancelled: bool) -> None:
+        """Write the output (and error) file and the final status: ``cancelled``; ``expired``
+        when the completion window closed with lines not run (nothing else leaves any);
+        else ``completed``."""
         items = await self._store.batch_items(batch.id)
+        status = "completed"
+        if cancelled:
+            status = "cancelled"
+        elif len(items) < batch.total:
+            status = "expired"
         output = _jsonl(item.output for item in items)
         failed = [item.output for item in items if not item.ok]
         out = await self._batches.store_file(f"{batch.id}_output.jsonl", "batch_output", output)
@@ -187,7 +201,7 @@ class BatchRunner:
         await self._store.finish_batch(
             batch.id,
             self.owner,
-            status="cancelled" if cancelled else "completed",
+            status=status,
             output_file_id=out.id,
             error_file_id=None if err is None else err.id,
         )

@@ -103,7 +103,7 @@ def batch_view(batch: BatchRecord) -> dict[str, Any]:
         "finalizing_at": _epoch(batch.finalizing_at),
         "completed_at": _epoch(batch.completed_at),
         "failed_at": _epoch(batch.failed_at),
-        "expired_at": None,
+        "expired_at": _epoch(batch.finalizing_at) if batch.status == "expired" else None,
         "cancelling_at": _epoch(batch.cancelling_at),
         "cancelled_at": _epoch(batch.cancelled_at),
         "request_counts": {
