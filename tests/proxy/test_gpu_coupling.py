@@ -18,7 +18,7 @@ import pytest
 from gpugate.clock import ManualClock
 from gpugate.fleet import FakeExporter, ModelServer
 from gpugate.services.gpu_monitor import GpuMonitor
-from harness import RunningGateway, make_config, serving, upstream
+from harness import RunningGateway, eventually, make_config, serving, upstream
 
 TOKEN = "admin-token"
 CHAT = [{"role": "user", "content": "hi"}]
@@ -74,6 +74,12 @@ async def rig(
         clock = ManualClock()
         environ = {"GPUGATE_ADMIN_TOKEN": TOKEN}
         gw = await stack.enter_async_context(serving(config, environ=environ, clock=clock))
+        monitor = gw.gateway.monitor
+        assert monitor is not None
+        # the loop's start-up poll is done before the test changes the exporter's answers
+        await eventually(
+            lambda: all(e.scrapes >= 1 for e in monitor.exporters), what="the start-up poll"
+        )
         yield Rig(gw, exporter, servers, clock)
 
 
