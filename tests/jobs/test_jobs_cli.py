@@ -35,7 +35,9 @@ async def test_the_jobs_commands_submit_follow_and_cancel(
                 "--idempotency-key", "k-cli",
             )  # fmt: skip
             assert "existing job cli-1" == again[2].strip()
-            await eventually(lambda: server.stats.executions.get("cli-1") == 1, what="ran")
+            await eventually(
+                lambda: server.stats.executions.get("cli-1") == 1, within_s=15, what="ran"
+            )
             store = gw.gateway.store
 
             async def done() -> bool:
