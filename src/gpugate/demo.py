@@ -15,8 +15,9 @@ import logging
 import os
 import secrets
 import signal
-from contextlib import AbstractAsyncContextManager
+from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Self
 
 from gpugate.config import load_config
 from gpugate.demo_scenarios import SCENARIOS, Stage, play
@@ -24,12 +25,13 @@ from gpugate.errors import GpugateError
 from gpugate.fleet import Fleet, FleetSpec, HostLabel, demo_spec
 from gpugate.server import bind, serve_gateway
 from gpugate.worker import WorkerSettings
-from gpugate.worker.server import RunningWorker, running_worker
+from gpugate.worker.server import running_worker
 
 log = logging.getLogger("gpugate.demo")
 
 DEMO_TOKEN = "demo-admin-token"  # noqa: S105 - printed on purpose: it guards a loopback demo
 WORKER_SECRET_ENV = "GPUGATE_DEMO_WORKER_SECRET"  # noqa: S105 - a variable's name
+HOME_DAILY_CENTS = 2.0  # home-1's daily budget in the demo: over it after ~4 s of its GPU time
 
 
 def fleet_spec(gpus: int = 2, host_label: HostLabel = "Hostname") -> FleetSpec:
@@ -94,6 +96,8 @@ runtimes:
     models: [qwen-35b]
     push: {{url: {worker_url}/calls, secret_env: {WORKER_SECRET_ENV}}}
     max_concurrency: 2
+    # a demo price and a tiny budget, so `--scenario budget` goes over it in seconds
+    budget: {{daily_cents: {HOME_DAILY_CENTS:g}, cents_per_second: 1, estimate_s: 0.1}}
 fallback_chain: [local, home-1]
 
 server:
@@ -158,11 +162,8 @@ def _fresh_store(workdir: Path) -> Path:
 
 async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None = None) -> bool:
     """Gateway + simulated fleet until SIGINT/SIGTERM; True when it started and stopped cleanly."""
-    if scenario is not None:
-        if scenario not in SCENARIOS:
-            raise GpugateError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
-        if pending := SCENARIOS[scenario].pending:
-            raise GpugateError(f"scenario {scenario!r} cannot play yet: {pending}")
+    if scenario is not None and scenario not in SCENARIOS:
+        raise GpugateError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
     environ = dict(os.environ)
     token = environ.setdefault("GPUGATE_ADMIN_TOKEN", DEMO_TOKEN)
     sock = bind(host, port)  # first, so a taken port fails before anything starts
@@ -170,7 +171,7 @@ async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None 
     url = f"http://{host}:{actual_port}"
     db = await asyncio.to_thread(_fresh_store, workdir)
     secret = environ.setdefault(WORKER_SECRET_ENV, secrets.token_urlsafe(16))
-    async with Fleet(fleet_spec()) as fleet, _demo_worker(fleet, url, secret, workdir) as worker:
+    async with Fleet(fleet_spec()) as fleet, DemoWorker(fleet, url, secret, workdir) as worker:
         config_path = workdir / "demo.yaml"
         text = demo_config(fleet, store=db, listen=f"{host}:{actual_port}", worker_url=worker.url)
         await asyncio.to_thread(config_path.write_text, text)
@@ -181,7 +182,7 @@ async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None 
         async def announce() -> None:
             print("\n".join(banner(fleet, url=url, workdir=workdir, token=token)), flush=True)  # noqa: T201
             if scenario is not None:
-                stage = stage_for(fleet, url=url, token=token)
+                stage = stage_for(fleet, worker, url=url, token=token)
                 plays.append(asyncio.create_task(_play(scenario, stage), name="demo-scenario"))
 
         try:
@@ -192,23 +193,55 @@ async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None 
             await asyncio.gather(*plays, return_exceptions=True)
 
 
-def _demo_worker(
-    fleet: Fleet, gateway_url: str, secret: str, workdir: Path
-) -> AbstractAsyncContextManager[RunningWorker]:
-    """The push worker of runtime ``home-1``: the reference worker, in front of qwen-35b."""
-    settings = WorkerSettings(
-        runtime_id="home-1",
-        secret=secret,
-        gateway_url=gateway_url,
-        upstream_url=fleet.servers["qwen-35b"].url,
-        state_dir=workdir / "worker-home-1",
-        concurrency=2,
-    )
-    return running_worker(settings, "127.0.0.1", 0)
+class DemoWorker:
+    """The push worker of runtime ``home-1``: the reference worker, in front of qwen-35b.
+
+    :meth:`restart` stops it and starts it again on the same port with another secret, as an
+    operator does after editing its ``worker.env`` (``--scenario auth`` rotates it on the
+    worker's side only, then puts the gateway's secret back).
+    """
+
+    def __init__(self, fleet: Fleet, gateway_url: str, secret: str, workdir: Path) -> None:
+        self._settings = WorkerSettings(
+            runtime_id="home-1",
+            secret=secret,
+            gateway_url=gateway_url,
+            upstream_url=fleet.servers["qwen-35b"].url,
+            state_dir=workdir / "worker-home-1",
+            concurrency=2,
+        )
+        self._secret = secret
+        self._stack = AsyncExitStack()
+        self._port = 0
+        self.url = ""
+
+    async def _start(self, secret: str) -> None:
+        settings = dataclasses.replace(self._settings, secret=secret)
+        running = await self._stack.enter_async_context(
+            running_worker(settings, "127.0.0.1", self._port)
+        )
+        self.url = running.url
+        self._port = int(running.url.rsplit(":", 1)[1])
+
+    async def restart(self, secret: str | None = None) -> None:
+        """Stop the worker and start it again on its port with ``secret`` (None: the one the
+        gateway holds)."""
+        await self._stack.aclose()
+        await self._start(self._secret if secret is None else secret)
+
+    async def __aenter__(self) -> Self:
+        await self._start(self._secret)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self._stack.aclose()
 
 
-def stage_for(fleet: Fleet, *, url: str, token: str, pace_s: float = 5.0) -> Stage:
-    """The stage a scenario plays on: this gateway, this fleet's control routes, stdout."""
+def stage_for(
+    fleet: Fleet, worker: DemoWorker, *, url: str, token: str, pace_s: float = 5.0
+) -> Stage:
+    """The stage a scenario plays on: this gateway, this fleet's control routes, home-1's
+    worker, stdout."""
 
     def say(line: str) -> None:
         print(line, flush=True)  # noqa: T201 - the scenario's narration is the demo's output
@@ -219,6 +252,7 @@ def stage_for(fleet: Fleet, *, url: str, token: str, pace_s: float = 5.0) -> Sta
         exporter_url=fleet.exporter.url,
         servers={name: server.url for name, server in fleet.servers.items()},
         say=say,
+        restart_worker=worker.restart,
         pace_s=pace_s,
     )
 

@@ -1,14 +1,12 @@
 """Scripted incidents for ``gpugate demo --scenario NAME``, played against the simulated fleet.
 
 A scenario is a short script over a :class:`Stage`: it steers the fleet only through its control
-routes (the fake exporter's ``/_control/gpus/{i}``, a fake server's ``/_control``), watches the
-gateway only through its public and admin APIs — exactly what an operator would see in the
-console — narrates each step, holds each state ``pace_s`` so a person can watch it, and ends with
-the fleet healthy again (:meth:`Stage.healthy`). Every wait is bounded: a step that does not
-happen in ``timeout_s`` raises :class:`ScenarioFailed` naming it.
-
-A scenario whose capability has not landed yet is registered with ``pending`` (why): ``--help``
-lists it as pending and the demo refuses to play it.
+routes (the fake exporter's ``/_control/gpus/{i}``, a fake server's ``/_control``) and by
+restarting the demo's push worker (runtime ``home-1``) with another secret, acts and watches
+only through the gateway's public and admin APIs — exactly what an operator would do and see in
+the console — narrates each step, holds each state ``pace_s`` so a person can watch it, and ends
+with the fleet healthy again (:meth:`Stage.healthy`). Every wait is bounded: a step that does
+not happen in ``timeout_s`` raises :class:`ScenarioFailed` naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from gpugate.adapters.gateway_api import GatewayApi, GatewayApiError
 from gpugate.errors import GpugateError
 
 CHAT_MODEL = "qwen-35b"  # served by the upstream on GPU 0 alone, so GPU 0 decides its fate
+HOME = "home-1"  # the demo's push runtime: its worker is in front of qwen-35b too
 FATAL_XID = 79  # "GPU has fallen off the bus": a fatal XID in NVIDIA's table
 
 
@@ -40,6 +39,7 @@ class Stage:
     exporter_url: str
     servers: Mapping[str, str]  # fake model server name -> base URL
     say: Callable[[str], None]
+    restart_worker: Callable[[str | None], Awaitable[None]]  # home-1's; None: the right secret
     pace_s: float = 5.0  # how long a state is held for a watcher (0 in tests)
     timeout_s: float = 60.0
     poll_s: float = 0.5
@@ -78,12 +78,14 @@ class Stage:
             return f"{exc.status} {exc.code}"
         return "200"
 
-    async def submit_job(self, *, cls: str = "batch") -> str:
-        body = {
+    async def submit_job(self, *, cls: str = "batch", runner: str | None = None) -> str:
+        body: dict[str, Any] = {
             "model": CHAT_MODEL,
             "class": cls,
             "input": {"messages": [{"role": "user", "content": "summarise the incident"}]},
         }
+        if runner is not None:
+            body["runner"] = runner
         _, job = await asyncio.to_thread(self._gateway.request, "POST", "/v1/jobs", body)
         return str(job["slug"])
 
@@ -93,6 +95,23 @@ class Stage:
 
     async def job_state(self, slug: str) -> str:
         return str((await self.job(slug))["state"])
+
+    async def completed_on(self, slug: str) -> str:
+        """Wait until job ``slug`` completes; the runtime it completed on."""
+        job: dict[str, Any] = {}
+
+        async def completed() -> bool:
+            job.update(await self.job(slug))
+            if job["state"] in ("failed", "cancelled"):
+                raise ScenarioFailed(f"job {slug} {job['state']}: {job['error']}")
+            return bool(job["state"] == "completed")
+
+        await self.until(f"job {slug} completes", completed)
+        return str(job["runner"])
+
+    async def runtime(self, runtime_id: str) -> dict[str, Any]:
+        """``GET /admin/runtimes/{id}``: the runtime's detail, as its console page shows it."""
+        return dict(await self.admin("GET", f"/admin/runtimes/{runtime_id}"))
 
     async def job_events(self, slug: str) -> list[dict[str, Any]]:
         _, events = await asyncio.to_thread(self._gateway.request, "GET", f"/v1/jobs/{slug}/events")
@@ -119,7 +138,8 @@ class Stage:
         await asyncio.sleep(self.pace_s * factor)
 
     async def healthy(self) -> bool:
-        """Every upstream in rotation, no GPU faulted or saturated, every runtime enabled."""
+        """Every upstream in rotation, no GPU faulted or saturated, every runtime enabled and
+        within its budget."""
         upstreams = (await self.admin("GET", "/admin/upstreams"))["upstreams"]
         gpus = await self.gpu_rows()
         runtimes = (await self.admin("GET", "/admin/runtimes"))["runtimes"]
@@ -127,6 +147,7 @@ class Stage:
             all(u["out_of_rotation"] is None for u in upstreams)
             and all(g["verdict"] == "ok" and not g["saturated"] for g in gpus)
             and all(r["health"]["state"] == "enabled" for r in runtimes)
+            and not any(r["spend"]["over_budget"] for r in runtimes)
         )
 
 
@@ -135,12 +156,11 @@ Script = Callable[[Stage], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
-    """A named incident: what it shows, its script, and why it cannot play yet (if so)."""
+    """A named incident: what it shows, and its script."""
 
     name: str
     shows: str
     script: Script
-    pending: str | None = None
 
 
 async def xid(stage: Stage) -> None:
@@ -204,61 +224,92 @@ async def saturate(stage: Stage) -> None:
     say(f"[saturate] job {slug} ran once the GPU had room: completed")
 
 
-async def auth(stage: Stage) -> None:
-    """The runtime's model server answers 401: the runtime is auto-disabled; then re-enabled."""
-    say = stage.say
-    say("[auth] the model server behind runtime `local` starts answering 401 Unauthorized")
-    await stage.server(CHAT_MODEL, fail_status=401)
-    slug = await stage.submit_job()
-
-    async def disabled() -> bool:
-        runtime = await stage.admin("GET", "/admin/runtimes/local")
-        return bool(runtime["health"]["state"] == "disabled" and runtime["health"]["auto_disables"])
-
-    await stage.until("runtime local is auto-disabled (stop condition)", disabled)
-    say(f"[auth] runtime local is disabled by the gateway; job {slug} walked on or failed")
-    await stage.hold(2)
-    say("[auth] the credentials are fixed; the operator enables the runtime again")
-    await stage.server(CHAT_MODEL, fail_status=None)
-    await stage.admin("POST", "/admin/runtimes/local/enable", {"reason": "credentials fixed"})
-    fresh = await stage.submit_job()
-
-    async def done() -> bool:
-        return await stage.job_state(fresh) == "completed"
-
-    await stage.until(f"job {fresh} completes on local", done)
-    say(f"[auth] job {fresh} completed: local is back")
-
-
 async def budget(stage: Stage) -> None:
-    """A tiny daily budget on `local`: spend passes 2x, the walk skips it; rollback restores it."""
+    """home-1 spends past twice its daily budget: the walk skips it; the operator raises it."""
     say = stage.say
-    before = await stage.config()
-    document = dict(before)
-    document["runtimes"] = [
-        {"id": "local", "kind": "upstream", "budget": {"daily_cents": 1, "cents_per_second": 100}},
-        {"id": "spare", "kind": "upstream"},
-    ]
-    document["fallback_chain"] = ["local", "spare"]
-    say("[budget] runtime local gets a budget of 1 cent a day; `spare` follows it in the chain")
+    document = await stage.config()
+    home = next(r for r in document["runtimes"] if r["id"] == HOME)
+    say(
+        f"[budget] runtime {HOME} (the push worker) costs {home['budget']['cents_per_second']:g}"
+        f" cent a second and may spend {home['budget']['daily_cents']:g} cents a day; over budget"
+        " at twice that. A long batch arrives: each call now takes 1 s"
+    )
+    await stage.server(CHAT_MODEL, delay_s=1)
+    for _ in range(10):  # ~4 calls of 1 s each cross 2 x daily_cents
+        slug = await stage.submit_job(runner=HOME)
+        ran_on = await stage.completed_on(slug)
+        spend = (await stage.runtime(HOME))["spend"]
+        say(
+            f"[budget] job {slug} ran on {ran_on}; {HOME} has spent"
+            f" {spend['today_cents']:.2f} of {spend['daily_cents']:g} cents today"
+            + (" - past the soft cap (runtime.soft_cap, audited once)" if spend["soft_cap"] else "")
+        )
+        if spend["over_budget"]:
+            break
+    else:
+        raise ScenarioFailed(f"{HOME} did not go over budget")
+    await stage.server(CHAT_MODEL, delay_s=0)
+    slug = await stage.submit_job(runner=HOME)
+    ran_on = await stage.completed_on(slug)
+    say(
+        f"[budget] {HOME} is over budget (its console page: spend against the budget, badge"
+        f" `over budget`): job {slug} asked for it, skipped it and ran on {ran_on}"
+    )
+    if ran_on == HOME:
+        raise ScenarioFailed(f"job {slug} ran on {HOME} although it is over budget")
+    await stage.hold(2)
+    document = await stage.config()
+    raised = 500
+    next(r for r in document["runtimes"] if r["id"] == HOME)["budget"]["daily_cents"] = raised
+    say(f"[budget] the spend was expected: the operator imports a config with {raised} cents a day")
     await stage.admin("PUT", "/admin/config", document)
 
-    async def over() -> bool:
-        await stage.submit_job()
-        return bool((await stage.admin("GET", "/admin/runtimes/local"))["spend"]["over_budget"])
+    async def within() -> bool:
+        return not (await stage.runtime(HOME))["spend"]["over_budget"]
 
-    await stage.until("runtime local goes over budget", over)
-    slug = await stage.submit_job()
+    await stage.until(f"{HOME} is within its budget again", within)
+    slug = await stage.submit_job(runner=HOME)
+    ran_on = await stage.completed_on(slug)
+    say(f"[budget] {HOME} is within its raised budget: job {slug} ran on {ran_on}")
+    if ran_on != HOME:
+        raise ScenarioFailed(f"job {slug} ran on {ran_on}, not on {HOME}")
 
-    async def on_spare() -> bool:
-        job = await stage.job(slug)
-        return bool(job["state"] == "completed" and (job["leased_by"] or "").startswith("spare"))
 
-    await stage.until(f"job {slug} skips local and completes on spare", on_spare)
-    say(f"[budget] local is over budget: job {slug} ran on spare")
+async def auth(stage: Stage) -> None:
+    """home-1's worker refuses the gateway's secret (401): auto-disabled; fixed and enabled."""
+    say = stage.say
+    say(
+        f"[auth] {HOME}'s worker restarts with a rotated secret: worker.env was edited, the"
+        " gateway's secret was not"
+    )
+    await stage.restart_worker("rotated-on-one-side-only")
+    slug = await stage.submit_job(runner=HOME)
+
+    async def disabled() -> bool:
+        health = (await stage.runtime(HOME))["health"]
+        return bool(health["state"] == "disabled" and health["auto_disables"])
+
+    await stage.until(f"{HOME} is auto-disabled (stop condition auth_error)", disabled)
+    health = (await stage.runtime(HOME))["health"]
+    say(f"[auth] the gateway disabled {HOME} ({health['actor']}): {health['reason']}")
+    query = f"action=runtime.disabled&subject=runtime:{HOME}&actor=gateway:auth_error"
+    audit = (await stage.admin("GET", f"/admin/audit?{query}"))["data"]
+    if not audit:
+        raise ScenarioFailed(f"no runtime.disabled event by gateway:auth_error for {HOME}")
+    event = audit[0]
+    say(f"[auth] the audit log has it: {event['action']} {event['subject']} at {event['at']}")
+    ran_on = await stage.completed_on(slug)
+    say(f"[auth] job {slug} asked for {HOME}, walked on and completed on {ran_on}")
     await stage.hold(2)
-    say("[budget] the operator restores the earlier config (no budget on local)")
-    await stage.admin("PUT", "/admin/config", before)
+    say("[auth] the operator puts the gateway's secret back in worker.env, restarts the worker")
+    await stage.restart_worker(None)
+    say(f"[auth] ... and enables {HOME}: POST /admin/runtimes/{HOME}/enable")
+    await stage.admin("POST", f"/admin/runtimes/{HOME}/enable", {"reason": "worker secret fixed"})
+    slug = await stage.submit_job(runner=HOME)
+    ran_on = await stage.completed_on(slug)
+    say(f"[auth] {HOME} is back: job {slug} ran on {ran_on}")
+    if ran_on != HOME:
+        raise ScenarioFailed(f"job {slug} ran on {ran_on}, not on {HOME}")
 
 
 async def _not(check: Callable[[], Awaitable[bool]]) -> bool:
@@ -280,15 +331,13 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "budget",
-            "a runtime over its daily budget is skipped in the walk; a rollback restores it",
+            "a runtime over its daily budget is skipped in the walk; the operator raises it",
             budget,
-            pending="needs the spend ledger (budgets are not enforced yet)",
         ),
         Scenario(
             "auth",
-            "a runtime answering 401 is auto-disabled (stop condition); re-enabled after",
+            "a runtime answering 401 is auto-disabled (stop condition); fixed and re-enabled",
             auth,
-            pending="needs the stop condition disable_on_auth_error (not enforced yet)",
         ),
     )
 }
@@ -297,17 +346,12 @@ SCENARIOS: dict[str, Scenario] = {
 def describe() -> str:
     """One line per scenario, for ``--help``."""
     lines = ["scenarios:"]
-    for s in SCENARIOS.values():
-        tag = f"\n  {'':10}PENDING: {s.pending}" if s.pending else ""
-        lines.append(f"  {s.name:10}{s.shows}{tag}")
+    lines.extend(f"  {s.name:10}{s.shows}" for s in SCENARIOS.values())
     return "\n".join(lines)
 
 
 async def play(name: str, stage: Stage) -> None:
     """Play scenario ``name`` to its end; the fleet is healthy again afterwards (checked)."""
-    scenario = SCENARIOS[name]
-    if scenario.pending:
-        raise GpugateError(f"scenario {name!r} is pending: {scenario.pending}")
-    await scenario.script(stage)
+    await SCENARIOS[name].script(stage)
     await stage.until("the fleet is healthy again", stage.healthy)
     stage.say(f"[{name}] done: the fleet is healthy again (watch it in the console)")
