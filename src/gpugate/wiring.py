@@ -100,16 +100,27 @@ class Gateway:
         """Swap in a new gateway config version, all at once (no await: no request or loop
         sees half of it). Upstreams that stay keep their endpoints' state and admission pools,
         so requests in flight finish undisturbed; a runtime new to this process gets its
-        implementation; the chain and the runtimes' views follow ``self.config``."""
+        implementation, and so does a push or modal runtime whose ``push``/``modal`` block,
+        kind or ``cents_per_second`` changed (its calls in flight are then answered by the new
+        one); the chain and the runtimes' views follow ``self.config``."""
         self.registry.reconfigure(config.upstreams)
         self.proxy.set_secrets(_secrets(config, self.environ))
         self.proxy.bind_gauges()
         if self.monitor is not None:
             self.monitor.reconfigure(config.upstreams)
         if self.new_runtime is not None:
+            before = {entry.id: entry for entry in self.config.runtimes}
             for entry in config.runtimes:
-                if entry.id not in self.runtimes and (built := self.new_runtime(entry)):
+                previous = before.get(entry.id)
+                fresh = entry.id not in self.runtimes
+                if not fresh and (previous is None or not _built_from_changed(previous, entry)):
+                    continue
+                if (built := self.new_runtime(entry)) is not None:
                     self.runtimes[entry.id] = built
+                elif not fresh:
+                    log.warning(
+                        "runtime %s: kept as it was; its new settings cannot be built", entry.id
+                    )
         self.config, self.config_version = config, version
         self.metrics.config_version.set(version)
 
@@ -146,6 +157,20 @@ class Gateway:
             f"<Gateway config_version={self.config_version} store={self.store.backend} "
             f"upstreams={len(self.config.upstreams)} stopping={self.stopping}>"
         )
+
+
+def _built_from_changed(old: RuntimeConfig, new: RuntimeConfig) -> bool:
+    """Whether what a runtime's implementation was built from changed (models, enabled,
+    max_concurrency and budgets are read live from the config instead)."""
+    if old.kind != new.kind:
+        return True
+    rate_old = old.budget.cents_per_second if old.budget else None
+    rate_new = new.budget.cents_per_second if new.budget else None
+    if isinstance(old, PushRuntimeConfig) and isinstance(new, PushRuntimeConfig):
+        return old.push != new.push or rate_old != rate_new
+    if isinstance(old, ModalRuntimeConfig) and isinstance(new, ModalRuntimeConfig):
+        return old.modal != new.modal or rate_old != rate_new
+    return False
 
 
 async def _load_config_version(
