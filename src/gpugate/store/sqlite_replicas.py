@@ -21,11 +21,13 @@ T = TypeVar("T")
 _HEARTBEAT = """
 INSERT INTO gateway_replicas (id, started_at, last_seen) VALUES (:id, :now, :now)
 ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen"""
-_SILENT_CLAIMS = """
-SELECT id, substr(leased_by, instr(leased_by, '@') + 1) FROM jobs
+# A claim's replica is what follows the mark in leased_by (slugs hold no '@').
+_RECLAIM = """
+UPDATE jobs SET lease_expires_at = :now
 WHERE state = 'dispatching' AND lease_expires_at > :now AND instr(leased_by, :mark) > 0
   AND substr(leased_by, instr(leased_by, '@') + 1) IN (
-      SELECT id FROM gateway_replicas WHERE last_seen < :cutoff AND id <> :id)"""
+      SELECT id FROM gateway_replicas WHERE last_seen < :cutoff AND id <> :id)
+RETURNING substr(leased_by, instr(leased_by, '@') + 1)"""
 _REPLICAS = "SELECT id, started_at, last_seen FROM gateway_replicas ORDER BY last_seen DESC"
 
 
@@ -50,12 +52,7 @@ class SqliteReplicas(NamedReplica):
         params["cutoff"] = time_text(now - timedelta(seconds=silent_s))
 
         def work(conn: sqlite3.Connection) -> list[str]:
-            found = conn.execute(_SILENT_CLAIMS, params).fetchall()
-            conn.executemany(
-                "UPDATE jobs SET lease_expires_at = ? WHERE id = ?",
-                [(params["now"], job_id) for job_id, _ in found],
-            )
-            return sorted({replica for _, replica in found})
+            return sorted({row[0] for row in conn.execute(_RECLAIM, params).fetchall()})
 
         return await self._write(work)
 
