@@ -74,14 +74,13 @@ WHERE slug = %(slug)s AND lease_token = %(token)s AND runtime = %(runtime)s
 FOR UPDATE"""
 _ENDED = f"""
 SELECT e.id, e.runtime, e.day, e.slug, e.estimated_cents, e.cents_per_second, e.at,
-       j.id, j.state, j.cost_cents, j.finished_at
+       j.id, j.state, j.cost_cents, j.finished_at,
+       e.id = (SELECT max(l.id) FROM ledger l WHERE l.slug = e.slug AND l.runtime = e.runtime)
 FROM ledger e JOIN jobs j ON j.slug = e.slug
 WHERE e.state = 'reserved'
   AND NOT (j.lease_token IS NOT DISTINCT FROM e.lease_token AND j.{_LEASED})
 ORDER BY e.id LIMIT %(limit)s
 FOR UPDATE OF e SKIP LOCKED"""  # noqa: S608 -- constants only
-_IS_LAST = """
-SELECT max(id) FROM ledger WHERE slug = %(slug)s AND runtime = %(runtime)s"""
 _COMPLETED_ON = """
 SELECT call_id FROM job_events
 WHERE job_id = %(job_id)s AND status = 'completed' AND runtime = %(runtime)s
@@ -219,20 +218,20 @@ async def _reserve(
 async def _settle_ended(conn: Connection, row: TupleRow, now: datetime) -> None:
     """Settle one entry whose call ended: charged when the job completed on its runtime (the
     runtime's latest entry for the job), released otherwise."""
-    entry_id, runtime, day, slug, estimated, rate, at, job_id, state, cost, finished = row
-    where = {"job_id": job_id, "runtime": runtime, "slug": slug, "at": at}
+    entry_id, runtime, day, _slug, estimated, rate, at, job_id, state, cost, finished, last = row
+    where = {"job_id": job_id, "runtime": runtime, "at": at}
     entry = (entry_id, runtime, day, estimated)
-    if state == "completed":
-        last = await (await conn.execute(_IS_LAST, where)).fetchone()
+    done = None
+    if state == "completed" and last:
         done = await (await conn.execute(_COMPLETED_ON, where)).fetchone()
-        if last is not None and last[0] == entry_id and done is not None:
-            if cost is not None:
-                cents, source = float(cost), "reported"
-            else:
-                cents = max(0.0, (finished - at).total_seconds()) * rate
-                source = "estimated"
-            await _settle(conn, entry, cents, done[0], now, source=source)
-            return
+    if done is not None:
+        if cost is not None:
+            cents, source = float(cost), "reported"
+        else:
+            cents = max(0.0, (finished - at).total_seconds()) * rate
+            source = "estimated"
+        await _settle(conn, entry, cents, done[0], now, source=source)
+        return
     submitted = await (await conn.execute(_SUBMITTED_ON, where)).fetchone()
     await _settle(conn, entry, 0.0, None if submitted is None else submitted[0], now)
 
