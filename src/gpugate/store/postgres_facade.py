@@ -37,10 +37,12 @@ class PostgresFacade:
 
     if TYPE_CHECKING:
 
-        def _transaction(self) -> AbstractAsyncContextManager[Connection]: ...
+        def _transaction(
+            self, *, single: bool = False
+        ) -> AbstractAsyncContextManager[Connection]: ...
 
     async def _one(self, statement: str, params: dict[str, Any]) -> TupleRow | None:
-        async with self._transaction() as conn:
+        async with self._transaction(single=True) as conn:
             return await (await conn.execute(statement, params)).fetchone()
 
     async def job_by_idempotency_key(self, key: str) -> JobRecord | None:
@@ -48,7 +50,7 @@ class PostgresFacade:
         return None if row is None else _job(row)
 
     async def create_file(self, record: FileRecord) -> FileRecord:
-        async with self._transaction() as conn:
+        async with self._transaction(single=True) as conn:
             await conn.execute(sql.INSERT_FILE, _fields(record))
         return record
 
@@ -86,7 +88,7 @@ class PostgresFacade:
 
     async def extend_batch_lease(self, batch_id: str, owner: str, *, lease_s: float) -> bool:
         until = self._clock.now() + timedelta(seconds=lease_s)
-        async with self._transaction() as conn:
+        async with self._transaction(single=True) as conn:
             cursor = await conn.execute(
                 sql.EXTEND_BATCH, {"id": batch_id, "owner": owner, "until": until}
             )
@@ -108,7 +110,7 @@ class PostgresFacade:
             return True
 
     async def batch_items(self, batch_id: str) -> list[BatchItem]:
-        async with self._transaction() as conn:
+        async with self._transaction(single=True) as conn:
             rows = await (await conn.execute(sql.SELECT_ITEMS, {"id": batch_id})).fetchall()
         return [BatchItem(line, cid, ok, json.loads(out)) for line, cid, ok, out in rows]
 

@@ -63,7 +63,9 @@ class PostgresRuntimeState:
 
     if TYPE_CHECKING:
 
-        def _transaction(self) -> AbstractAsyncContextManager[Connection]: ...
+        def _transaction(
+            self, *, single: bool = False
+        ) -> AbstractAsyncContextManager[Connection]: ...
 
     async def set_runtime_state(
         self, runtime: str, state: str, reason: str, actor: str
@@ -85,7 +87,7 @@ class PostgresRuntimeState:
         return _state(row)
 
     async def runtime_states(self) -> dict[str, RuntimeState]:
-        async with self._transaction() as conn:
+        async with self._transaction(single=True) as conn:
             rows = await (await conn.execute(_SELECT_STATE)).fetchall()
         return {row[0]: _state(row) for row in rows}
 
