@@ -26,6 +26,16 @@ T = TypeVar("T")
 
 _S = sql.sqlite_style
 _CLAIM = _S(sql.CLAIM_BATCH.format(lock=""))
+_CANCEL_BATCH = _S(sql.CANCEL_BATCH)
+_COUNT_ITEM = _S(sql.COUNT_ITEM)
+_EXTEND_BATCH = _S(sql.EXTEND_BATCH)
+_FINISH_BATCH = _S(sql.FINISH_BATCH)
+_INSERT_BATCH = _S(sql.INSERT_BATCH)
+_INSERT_FILE = _S(sql.INSERT_FILE)
+_INSERT_ITEM = _S(sql.INSERT_ITEM)
+_SELECT_BATCH = _S(sql.SELECT_BATCH)
+_SELECT_FILE = _S(sql.SELECT_FILE)
+_SELECT_ITEMS = _S(sql.SELECT_ITEMS)
 
 
 class SqliteFacade:
@@ -48,12 +58,12 @@ class SqliteFacade:
 
     async def create_file(self, record: FileRecord) -> FileRecord:
         params = {**_fields(record), "created_at": time_text(record.created_at)}
-        await self._write(lambda conn: conn.execute(_S(sql.INSERT_FILE), params))
+        await self._write(lambda conn: conn.execute(_INSERT_FILE, params))
         return record
 
     async def get_file(self, file_id: str) -> FileRecord | None:
         def work(conn: sqlite3.Connection) -> FileRecord | None:
-            row = conn.execute(_S(sql.SELECT_FILE), {"id": file_id}).fetchone()
+            row = conn.execute(_SELECT_FILE, {"id": file_id}).fetchone()
             return None if row is None else _file(row)
 
         return await self._read(work)
@@ -66,12 +76,12 @@ class SqliteFacade:
             "now": time_text(self._clock.now()),
         }
         return await self._write(
-            lambda conn: _batch(conn.execute(_S(sql.INSERT_BATCH), params).fetchone())
+            lambda conn: _batch(conn.execute(_INSERT_BATCH, params).fetchone())
         )
 
     async def get_batch(self, batch_id: str) -> BatchRecord | None:
         def work(conn: sqlite3.Connection) -> BatchRecord | None:
-            row = conn.execute(_S(sql.SELECT_BATCH), {"id": batch_id}).fetchone()
+            row = conn.execute(_SELECT_BATCH, {"id": batch_id}).fetchone()
             return None if row is None else _batch(row)
 
         return await self._read(work)
@@ -96,9 +106,7 @@ class SqliteFacade:
     async def extend_batch_lease(self, batch_id: str, owner: str, *, lease_s: float) -> bool:
         until = time_text(self._clock.now() + timedelta(seconds=lease_s))
         params = {"id": batch_id, "owner": owner, "until": until}
-        return await self._write(
-            lambda conn: conn.execute(_S(sql.EXTEND_BATCH), params).rowcount == 1
-        )
+        return await self._write(lambda conn: conn.execute(_EXTEND_BATCH, params).rowcount == 1)
 
     async def record_batch_item(self, batch_id: str, item: BatchItem) -> bool:
         params = {
@@ -111,16 +119,16 @@ class SqliteFacade:
         counts = {"id": batch_id, "done": int(item.ok), "bad": int(not item.ok)}
 
         def work(conn: sqlite3.Connection) -> bool:
-            if conn.execute(_S(sql.INSERT_ITEM), params).rowcount != 1:
+            if conn.execute(_INSERT_ITEM, params).rowcount != 1:
                 return False
-            conn.execute(_S(sql.COUNT_ITEM), counts)
+            conn.execute(_COUNT_ITEM, counts)
             return True
 
         return await self._write(work)
 
     async def batch_items(self, batch_id: str) -> list[BatchItem]:
         def work(conn: sqlite3.Connection) -> list[BatchItem]:
-            rows = conn.execute(_S(sql.SELECT_ITEMS), {"id": batch_id}).fetchall()
+            rows = conn.execute(_SELECT_ITEMS, {"id": batch_id}).fetchall()
             return [BatchItem(line, cid, bool(ok), json.loads(out)) for line, cid, ok, out in rows]
 
         return await self._read(work)
@@ -129,9 +137,9 @@ class SqliteFacade:
         params = {"id": batch_id, "now": time_text(self._clock.now())}
 
         def work(conn: sqlite3.Connection) -> BatchRecord | None:
-            row = conn.execute(_S(sql.CANCEL_BATCH), params).fetchone()
+            row = conn.execute(_CANCEL_BATCH, params).fetchone()
             if row is None:
-                row = conn.execute(_S(sql.SELECT_BATCH), params).fetchone()
+                row = conn.execute(_SELECT_BATCH, params).fetchone()
             return None if row is None else _batch(row)
 
         return await self._write(work)
@@ -155,7 +163,7 @@ class SqliteFacade:
         }
 
         def work(conn: sqlite3.Connection) -> BatchRecord | None:
-            row = conn.execute(_S(sql.FINISH_BATCH), params).fetchone()
+            row = conn.execute(_FINISH_BATCH, params).fetchone()
             return None if row is None else _batch(row)
 
         return await self._write(work)
