@@ -22,18 +22,6 @@ if TYPE_CHECKING:
 
     from gpugate.store.jobs_base import JobRecord
 
-BATCH_STATUSES = (
-    "validating",
-    "failed",
-    "in_progress",
-    "finalizing",
-    "completed",
-    "expired",
-    "cancelling",
-    "cancelled",
-)
-"""OpenAI's batch statuses; gpugate validates at creation, so a batch starts ``in_progress``."""
-
 RUNNABLE = ("in_progress", "finalizing", "cancelling")
 """The statuses of a batch that a runner still has work to do for."""
 

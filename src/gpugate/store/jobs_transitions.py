@@ -31,9 +31,6 @@ CLAIM_ACTOR = "dispatcher"
 CREATE_ACTOR = "api"
 """The actor of the ``queued`` event of a new job."""
 
-DISPATCHER_SUFFIX = "-dispatcher"
-"""``leased_by`` of a job a dispatcher holds: ``<slug>-dispatcher``, then ``@<replica>``."""
-
 RELEASE_STATUSES = frozenset({"released", "deferred"})
 
 JOB_FIELDS = tuple(f.name for f in fields(JobRecord))
@@ -136,9 +133,7 @@ def created_event(runner: str) -> EventDraft:
     return EventDraft("queued", CREATE_ACTOR, runtime=runner)
 
 
-def claim(
-    job: JobRecord, *, now: datetime, lease_s: float, token: str, holder: str = DISPATCHER_SUFFIX
-) -> Change:
+def claim(job: JobRecord, *, now: datetime, lease_s: float, token: str, holder: str) -> Change:
     """``queued -> dispatching`` under a fresh dispatcher lease; ``leased_by`` is the slug and
     ``holder`` (``-dispatcher@<replica>``: :data:`gpugate.store.replicas.CLAIM_MARK`)."""
     values = {

@@ -36,8 +36,6 @@ RESERVED_CALL = "~reserved"
 SOFT_CAP_ACTION = "runtime.soft_cap"
 """Audit action written (once per runtime and UTC day) when today's spend reaches daily_cents."""
 
-LEDGER_STATES = ("reserved", "settled", "released")
-LEDGER_SOURCES = ("estimated", "reported")
 BUDGET_FACTOR = 2
 """A runtime is over budget when today's spend reaches ``BUDGET_FACTOR x daily_cents``."""
 
@@ -59,7 +57,12 @@ class Cost:
 
     def fits(self, spent_cents: float) -> bool:
         """Whether ``spent_cents`` plus the estimate stays within the limit."""
-        return spent_cents + self.estimate_cents <= self.limit_cents + _EPSILON
+        return spent_cents + self.estimate_cents <= self.ceiling_cents
+
+    @property
+    def ceiling_cents(self) -> float:
+        """The limit with the tolerance of :meth:`fits`: what backends compare against in SQL."""
+        return self.limit_cents + _EPSILON
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +87,6 @@ class SpendDay:
 
     day: date
     cents: float
-
-
-def limit_epsilon() -> float:
-    """The tolerance backends add to a limit in SQL (see :meth:`Cost.fits`)."""
-    return _EPSILON
 
 
 class LedgerStore(Protocol):

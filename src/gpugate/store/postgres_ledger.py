@@ -28,7 +28,6 @@ from gpugate.store.ledger import (
     LedgerEntry,
     Reserved,
     SpendDay,
-    limit_epsilon,
 )
 from gpugate.store.postgres_audit import insert_audit
 from gpugate.store.runtime_state import runtime_subject
@@ -141,7 +140,7 @@ class PostgresLedger:
         params |= {"lock": f"gpugate.slots:{runtime}", "day": now.date(), "now": now}
         if cost is not None:
             params |= {"cents": cost.estimate_cents, "rate": cost.cents_per_second}
-            params["limit"] = cost.limit_cents + limit_epsilon()
+            params["limit"] = cost.ceiling_cents
         try:
             async with self._transaction() as conn:
                 await _reserve(conn, params, max_concurrency=max_concurrency, cost=cost)
