@@ -57,6 +57,10 @@ _COLUMNS = ", ".join(transitions.JOB_COLUMNS)
 _JOBS_COLUMNS = ", ".join(f"jobs.{column}" for column in transitions.JOB_COLUMNS)
 _SELECT_JOB = f"SELECT {_COLUMNS} FROM jobs"  # noqa: S608 -- constants only
 _LEASED = "state IN ('dispatching', 'running')"
+# lease_expires_at is set on every leased row: the condition selects the partial index
+COUNT_LEASED = f"""SELECT count(*) FROM jobs WHERE lease_expires_at IS NOT NULL AND {_LEASED}
+    AND starts_with(leased_by, %(prefix)s)"""  # noqa: S608 -- constants only
+"""The calls of a runtime that are leased (``%(prefix)s`` is ``<runtime>:``); the ledger's too."""
 _EVENT_FROM = (
     f"INSERT INTO job_events ({', '.join(transitions.EVENT_COLUMNS)}) "  # noqa: S608 -- constants
     "SELECT id, %(at)s, %(status)s, %(actor)s, %(runtime)s, %(call_id)s, %(error_code)s,"
@@ -212,11 +216,7 @@ class PostgresJobs(JobWrites):
 
     async def count_leased(self, runtime: str) -> int:
         check_runtime(runtime)
-        # lease_expires_at is set on every leased row: the condition selects the partial index
-        sql = f"""SELECT count(*) FROM jobs
-            WHERE lease_expires_at IS NOT NULL AND {_LEASED}
-              AND starts_with(leased_by, %(prefix)s)"""  # noqa: S608 -- constants only
-        return await self._count(sql, {"prefix": f"{runtime}:"})
+        return await self._count(COUNT_LEASED, {"prefix": f"{runtime}:"})
 
     async def queue_depth(self, runtime: str) -> int:
         sql = "SELECT count(*) FROM jobs WHERE runner = %(runner)s AND state = 'queued'"

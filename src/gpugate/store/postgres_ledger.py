@@ -30,6 +30,7 @@ from gpugate.store.ledger import (
     SpendDay,
 )
 from gpugate.store.postgres_audit import insert_audit
+from gpugate.store.postgres_jobs import COUNT_LEASED
 from gpugate.store.runtime_state import runtime_subject
 
 if TYPE_CHECKING:
@@ -44,8 +45,6 @@ if TYPE_CHECKING:
 
 _LEASED = "state IN ('dispatching', 'running')"
 _LOCK_SLOTS = "SELECT pg_advisory_xact_lock(hashtextextended(%(lock)s, 0))"
-_COUNT_CALLS = f"""SELECT count(*) FROM jobs WHERE lease_expires_at IS NOT NULL AND {_LEASED}
-    AND left(leased_by, length(%(prefix)s)) = %(prefix)s"""  # noqa: S608 -- constants only
 _HOLDS = f"SELECT id FROM jobs WHERE slug = %(slug)s AND lease_token = %(token)s AND {_LEASED}"  # noqa: S608
 _MARK_SLOT = f"""UPDATE jobs SET leased_by = %(marker)s
 WHERE slug = %(slug)s AND lease_token = %(token)s AND {_LEASED} RETURNING id"""  # noqa: S608
@@ -203,7 +202,7 @@ async def _reserve(
     if await (await conn.execute(_HOLDS, params)).fetchone() is None:
         raise _Undo("stale")
     if max_concurrency is not None:
-        counted = await (await conn.execute(_COUNT_CALLS, params)).fetchone()
+        counted = await (await conn.execute(COUNT_LEASED, params)).fetchone()
         if counted is not None and counted[0] >= max_concurrency:
             raise _Undo("at_capacity")
     if cost is not None and await (await conn.execute(_RESERVE, params)).fetchone() is None:

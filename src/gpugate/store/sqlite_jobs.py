@@ -40,6 +40,11 @@ Item = TypeVar("Item")
 _COLUMNS = ", ".join(transitions.JOB_COLUMNS)
 _SELECT_JOB = f"SELECT {_COLUMNS} FROM jobs"  # noqa: S608 -- constants only
 _LEASED = "state IN ('dispatching', 'running')"
+# Pinned to (state, id): with ANALYZE's per-state averages SQLite preferred a full scan,
+# although leased jobs are few next to the finished ones.
+COUNT_LEASED = f"""SELECT count(*) FROM jobs INDEXED BY jobs_claim WHERE {_LEASED}
+    AND substr(leased_by, 1, length(:prefix)) = :prefix"""  # noqa: S608 -- constants only
+"""The calls of a runtime that are leased (``:prefix`` is ``<runtime>:``); the ledger's too."""
 _CLAIMABLE = f"""
 {_SELECT_JOB}
 WHERE state = 'queued'
@@ -147,11 +152,7 @@ class SqliteJobs(JobWrites):
 
     async def count_leased(self, runtime: str) -> int:
         check_runtime(runtime)
-        # Pinned to (state, id): with ANALYZE's per-state averages SQLite preferred a full scan,
-        # although leased jobs are few next to the finished ones.
-        sql = f"""SELECT count(*) FROM jobs INDEXED BY jobs_claim WHERE {_LEASED}
-            AND substr(leased_by, 1, length(:prefix)) = :prefix"""  # noqa: S608 -- constants
-        return await self._count(sql, {"prefix": f"{runtime}:"})
+        return await self._count(COUNT_LEASED, {"prefix": f"{runtime}:"})
 
     async def queue_depth(self, runtime: str) -> int:
         sql = "SELECT count(*) FROM jobs WHERE runner = :runner AND state = 'queued'"

@@ -24,6 +24,7 @@ from gpugate.store.ledger import (
 from gpugate.store.runtime_state import runtime_subject
 from gpugate.store.sqlite_audit import insert_audit
 from gpugate.store.sqlite_codec import text_time, time_text
+from gpugate.store.sqlite_jobs import COUNT_LEASED
 
 if TYPE_CHECKING:
     import sqlite3
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _LEASED = "state IN ('dispatching', 'running')"
-_COUNT_CALLS = f"""SELECT count(*) FROM jobs INDEXED BY jobs_claim WHERE {_LEASED}
-    AND substr(leased_by, 1, length(:prefix)) = :prefix"""  # noqa: S608 -- constants only
 _HOLDS = f"SELECT id FROM jobs WHERE slug = :slug AND lease_token = :token AND {_LEASED}"  # noqa: S608
 _MARK_SLOT = "UPDATE jobs SET leased_by = :marker WHERE id = :id"
 _SPENT = "SELECT cents FROM spend_days WHERE runtime = :runtime AND day = :day"
@@ -118,7 +117,7 @@ class SqliteLedger:
                 return "stale"
             if (
                 max_concurrency is not None
-                and conn.execute(_COUNT_CALLS, params).fetchone()[0] >= max_concurrency
+                and conn.execute(COUNT_LEASED, params).fetchone()[0] >= max_concurrency
             ):
                 return "at_capacity"
             if cost is not None:
