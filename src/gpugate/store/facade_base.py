@@ -1,5 +1,5 @@
-"""What the façades keep in the store: a job's lookup by idempotency key (the sync job front),
-and the OpenAI Batch API's files and batches with their finished items.
+"""What the façades keep in the store: the OpenAI Batch API's files and batches with their
+finished items.
 
 * A file is its metadata here and its bytes in the blob store (``blob_key``).
 * A batch is owned by one runner at a time through a lease (``owner``, ``lease_expires_at``), so
@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from datetime import datetime
-
-    from gpugate.store.jobs_base import JobRecord
 
 RUNNABLE = ("in_progress", "finalizing", "cancelling")
 """The statuses of a batch that a runner still has work to do for."""
@@ -105,10 +103,6 @@ class BatchItem:
 
 class FacadeStore(Protocol):
     """The façades' part of :class:`gpugate.store.Store`."""
-
-    async def job_by_idempotency_key(self, key: str) -> JobRecord | None:
-        """The job created with ``key``, None when there is none."""
-        ...
 
     async def create_file(self, record: FileRecord) -> FileRecord:
         """Store a file's metadata (its bytes are in the blob store already)."""

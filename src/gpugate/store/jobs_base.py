@@ -261,6 +261,10 @@ class JobStore(Protocol):
         """The job, None when no job has this slug."""
         ...
 
+    async def job_by_idempotency_key(self, key: str) -> JobRecord | None:
+        """The job created with ``key``, None when there is none."""
+        ...
+
     async def job_events(self, slug: str) -> list[JobEvent]:
         """The job's events, oldest first; empty for an unknown slug."""
         ...

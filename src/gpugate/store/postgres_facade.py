@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from gpugate.errors import StoreError
 from gpugate.store import facade_base as sql
 from gpugate.store.facade_base import BatchItem, BatchRecord, FileRecord, NewBatch
-from gpugate.store.postgres_jobs import _SELECT_JOB, _job  # the jobs mixin's row codec
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
     from psycopg.rows import TupleRow
 
     from gpugate.clock import Clock
-    from gpugate.store.jobs_base import JobRecord
 
     Connection = psycopg.AsyncConnection[TupleRow]
 
@@ -44,10 +42,6 @@ class PostgresFacade:
     async def _one(self, statement: str, params: dict[str, Any]) -> TupleRow | None:
         async with self._transaction(single=True) as conn:
             return await (await conn.execute(statement, params)).fetchone()
-
-    async def job_by_idempotency_key(self, key: str) -> JobRecord | None:
-        row = await self._one(f"{_SELECT_JOB} WHERE idempotency_key = %(key)s", {"key": key})
-        return None if row is None else _job(row)
 
     async def create_file(self, record: FileRecord) -> FileRecord:
         async with self._transaction(single=True) as conn:

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 _COLUMNS = ", ".join(transitions.JOB_COLUMNS)
 _JOBS_COLUMNS = ", ".join(f"jobs.{column}" for column in transitions.JOB_COLUMNS)
 _SELECT_JOB = f"SELECT {_COLUMNS} FROM jobs"  # noqa: S608 -- constants only
+_BY_KEY = f"{_SELECT_JOB} WHERE idempotency_key = %(key)s"
 _LEASED = "state IN ('dispatching', 'running')"
 # lease_expires_at is set on every leased row: the condition selects the partial index
 COUNT_LEASED = f"""SELECT count(*) FROM jobs WHERE lease_expires_at IS NOT NULL AND {_LEASED}
@@ -164,6 +165,12 @@ class PostgresJobs(JobWrites):
     async def get_job(self, slug: str) -> JobRecord | None:
         async with self._transaction(single=True) as conn:
             cursor = await conn.execute(f"{_SELECT_JOB} WHERE slug = %(slug)s", {"slug": slug})
+            row = await cursor.fetchone()
+        return None if row is None else _job(row)
+
+    async def job_by_idempotency_key(self, key: str) -> JobRecord | None:
+        async with self._transaction(single=True) as conn:
+            cursor = await conn.execute(_BY_KEY, {"key": key})
             row = await cursor.fetchone()
         return None if row is None else _job(row)
 

@@ -13,14 +13,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from gpugate.store import facade_base as sql
 from gpugate.store.facade_base import BatchItem, BatchRecord, FileRecord, NewBatch
 from gpugate.store.sqlite_codec import json_text, text_time, time_text
-from gpugate.store.sqlite_jobs import _SELECT_JOB, _job  # the jobs mixin's row codec
 
 if TYPE_CHECKING:
     import sqlite3
     from collections.abc import Callable
 
     from gpugate.clock import Clock
-    from gpugate.store.jobs_base import JobRecord
 
 T = TypeVar("T")
 
@@ -48,13 +46,6 @@ class SqliteFacade:
         async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
 
         async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
-
-    async def job_by_idempotency_key(self, key: str) -> JobRecord | None:
-        def work(conn: sqlite3.Connection) -> JobRecord | None:
-            row = conn.execute(f"{_SELECT_JOB} WHERE idempotency_key = ?", (key,)).fetchone()
-            return None if row is None else _job(row)
-
-        return await self._read(work)
 
     async def create_file(self, record: FileRecord) -> FileRecord:
         params = {**_fields(record), "created_at": time_text(record.created_at)}

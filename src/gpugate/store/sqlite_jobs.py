@@ -39,6 +39,7 @@ Item = TypeVar("Item")
 
 _COLUMNS = ", ".join(transitions.JOB_COLUMNS)
 _SELECT_JOB = f"SELECT {_COLUMNS} FROM jobs"  # noqa: S608 -- constants only
+_BY_KEY = f"{_SELECT_JOB} WHERE idempotency_key = :idempotency_key"
 _LEASED = "state IN ('dispatching', 'running')"
 # Pinned to (state, id): with ANALYZE's per-state averages SQLite preferred a full scan,
 # although leased jobs are few next to the finished ones.
@@ -84,6 +85,13 @@ class SqliteJobs(JobWrites):
     async def get_job(self, slug: str) -> JobRecord | None:
         def work(conn: sqlite3.Connection) -> JobRecord | None:
             row = conn.execute(f"{_SELECT_JOB} WHERE slug = :slug", {"slug": slug}).fetchone()
+            return None if row is None else _job(row)
+
+        return await self._read(work)
+
+    async def job_by_idempotency_key(self, key: str) -> JobRecord | None:
+        def work(conn: sqlite3.Connection) -> JobRecord | None:
+            row = conn.execute(_BY_KEY, {"idempotency_key": key}).fetchone()
             return None if row is None else _job(row)
 
         return await self._read(work)
@@ -211,8 +219,7 @@ def _create(conn: sqlite3.Connection, creation: Creation) -> Created:
         _insert_event(conn, job.id, now, transitions.created_event(job.runner))
         return job, True
     if new.idempotency_key is not None:
-        sql = f"{_SELECT_JOB} WHERE idempotency_key = :idempotency_key"
-        existing = conn.execute(sql, params).fetchone()
+        existing = conn.execute(_BY_KEY, params).fetchone()
         if existing is not None:
             return _job(existing), False
     raise BadRequest(f"job slug {slug!r} is taken")
