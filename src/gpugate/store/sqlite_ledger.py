@@ -176,9 +176,8 @@ class SqliteLedger:
         return await self._read(work)
 
     async def mark_soft_cap(self, runtime: str, day: date, daily_cents: float) -> bool:
-        now = self._clock.now()
-        params = {"runtime": runtime, "day": day.isoformat(), "daily": daily_cents}
-        params["now"] = time_text(now)
+        now = time_text(self._clock.now())
+        params = {"runtime": runtime, "day": day.isoformat(), "daily": daily_cents, "now": now}
 
         def work(conn: sqlite3.Connection) -> bool:
             row = conn.execute(_MARK_SOFT_CAP, params).fetchone()
@@ -186,7 +185,7 @@ class SqliteLedger:
                 return False
             detail = {"day": day.isoformat(), "cents": row[0], "daily_cents": daily_cents}
             event = AuditEvent("gateway", SOFT_CAP_ACTION, runtime_subject(runtime), detail)
-            insert_audit(conn, time_text(now), event)
+            insert_audit(conn, now, event)
             return True
 
         return await self._write(work)
