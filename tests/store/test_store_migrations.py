@@ -29,8 +29,8 @@ def test_every_backend_ships_the_same_migrations_numbered_from_one() -> None:
     postgres = load_migrations("postgres")
 
     assert [m.name for m in sqlite] == [m.name for m in postgres]
-    # 0005 is reserved for another branch; restore `== list(range(1, len + 1))` once it lands.
-    assert sorted({1, *[m.version for m in sqlite]}) == [m.version for m in sqlite]
+    assert list(range(1, len(sqlite) + 1)) == [m.version for m in sqlite]
+    assert list(range(1, len(postgres) + 1)) == [m.version for m in postgres]
     assert ["0001_initial", "0002_idempotency"] == [m.name for m in sqlite][:2]
 
 
