@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
+import sqlite3
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -73,6 +77,13 @@ async def stored_items(dsn: str, batch_id: str) -> list[BatchItem]:
         return await store.batch_items(batch_id)
     finally:
         await store.close()
+
+
+def sqlite_rows(dsn: str, table: str) -> int:
+    """How many rows an SQLite store's ``table`` holds."""
+    with contextlib.closing(sqlite3.connect(dsn.removeprefix("sqlite:///"))) as db:
+        (count,) = db.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(count)
 
 
 async def completed_lines(gw: RunningGateway, batch_id: str, at_least: int) -> None:
@@ -255,3 +266,44 @@ async def test_a_batch_whose_completion_window_closes_expires_with_the_lines_it_
     assert 10 <= done < 300
     assert done == len(output.splitlines())
     assert calls == done  # no line started after the window closed
+
+
+async def test_a_chunked_upload_over_max_body_bytes_is_refused_413_and_no_file_is_stored(
+    tmp_path: Path, sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    limit = 1000
+    boundary = "gpugate-test-boundary"
+    head = (
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
+        "Content-Type: application/jsonl\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+
+    async def chunked() -> AsyncIterator[bytes]:  # no length known up front: sent chunked
+        yield head
+        for _ in range(10):
+            yield b"x" * limit
+        yield tail
+
+    blobs = tmp_path / "blobs"
+    config = make_config(
+        sqlite_dsn,
+        [upstream("u1", ["http://127.0.0.1:9"], ["m1"])],
+        server={"max_body_bytes": limit},
+        blobs={"kind": "local", "dir": str(blobs)},
+    )
+    async with serving(config) as gw:
+        async with http.post(
+            gw.v1 + "/files",
+            data=chunked(),
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        ) as resp:
+            body = await resp.json()
+            sent = resp.request_info.headers
+    assert "Content-Length" not in sent
+    assert (413, "PAYLOAD_TOO_LARGE") == (resp.status, body["error"]["code"])
+    assert 0 == sqlite_rows(sqlite_dsn, "batch_files")
+    assert not [path for path in blobs.rglob("*") if path.is_file()]
