@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from gpugate.config.gateway_import import render_gateway_document
 from gpugate.errors import BadRequest
 from gpugate.services.jobs import event_view, job_view
 from gpugate.store import JOB_STATES
@@ -158,10 +157,8 @@ async def audit(gateway: Gateway, filters: dict[str, str], cursor: str | None) -
 
 async def config(gateway: Gateway) -> dict[str, Any]:
     assert gateway.config_versions is not None
-    current = await gateway.config_versions.export()
     versions = await gateway.config_versions.versions()
     return {
-        "current_version": current.version,
-        "current_text": render_gateway_document(current.document, media="yaml"),
+        "current_version": gateway.config_version,
         "versions": [version_view(v, gateway.config_version) for v in versions],
     }
