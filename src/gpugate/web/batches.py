@@ -11,9 +11,8 @@ from starlette.routing import Route
 
 from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge
 from gpugate.services.batches import Batches, batch_view, file_view
-from gpugate.web.bodies import refuse_declared_over
+from gpugate.web.bodies import json_body, refuse_declared_over
 from gpugate.web.errors import error_body, status_of
-from gpugate.web.jobs import json_body
 from gpugate.wiring import Gateway
 
 
