@@ -437,16 +437,22 @@ def _add_gpus_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_gpus_inspect)
 
 
-def _add_jobs_commands(sub: Any) -> None:
-    """jobs submit|list|show|cancel (clients of a running gateway)."""
-    p = sub.add_parser("jobs", help="submit and follow jobs on a running gateway")
-    jobs = p.add_subparsers(dest="jobs_command", required=True, metavar="JOBS_COMMAND")
-    gateway = argparse.ArgumentParser(add_help=False)
-    gateway.add_argument(
+def _gateway_parent() -> argparse.ArgumentParser:
+    """``--gateway``, for the commands that are clients of a running gateway."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
         "--gateway",
         default=os.environ.get("GPUGATE_URL", "http://127.0.0.1:8080"),
         help="the gateway's base URL (default $GPUGATE_URL or http://127.0.0.1:8080)",
     )
+    return parent
+
+
+def _add_jobs_commands(sub: Any) -> None:
+    """jobs submit|list|show|cancel (clients of a running gateway)."""
+    p = sub.add_parser("jobs", help="submit and follow jobs on a running gateway")
+    jobs = p.add_subparsers(dest="jobs_command", required=True, metavar="JOBS_COMMAND")
+    gateway = _gateway_parent()
     p = jobs.add_parser("submit", parents=[gateway], help="create a job (idempotent with a key)")
     p.add_argument("--model", required=True)
     p.add_argument("--input", required=True, help="the request body as JSON, or @file.json")
@@ -472,12 +478,8 @@ def _add_jobs_commands(sub: Any) -> None:
 
 
 def _admin_parent() -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument(
-        "--gateway",
-        default=os.environ.get("GPUGATE_URL", "http://127.0.0.1:8080"),
-        help="the gateway's base URL (default $GPUGATE_URL or http://127.0.0.1:8080)",
-    )
+    """``--gateway`` plus the admin token and the audit log's actor."""
+    parent = argparse.ArgumentParser(add_help=False, parents=[_gateway_parent()])
     parent.add_argument(
         "--token-env",
         default="GPUGATE_ADMIN_TOKEN",

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
+import sqlite3
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -75,6 +79,13 @@ async def stored_items(dsn: str, batch_id: str) -> list[BatchItem]:
         await store.close()
 
 
+def sqlite_rows(dsn: str, table: str) -> int:
+    """How many rows an SQLite store's ``table`` holds."""
+    with contextlib.closing(sqlite3.connect(dsn.removeprefix("sqlite:///"))) as db:
+        (count,) = db.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(count)
+
+
 async def completed_lines(gw: RunningGateway, batch_id: str, at_least: int) -> None:
     """Wait (bounded) until the store holds ``at_least`` finished lines of the batch."""
     loop = asyncio.get_running_loop()
@@ -129,14 +140,12 @@ async def test_a_bad_input_line_is_refused_400_naming_it_and_no_batch_is_made(
         api = client(gw)
         data = batch_file(2) + b'{"custom_id": "x", "method": "GET", "url": "/v1/models"}\n'
         uploaded = await api.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
-        try:
+        with pytest.raises(openai.BadRequestError, match="line 3"):
             await api.batches.create(
                 input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
             )
-        except openai.BadRequestError as exc:
-            refusal = exc
         await api.close()
-    assert "line 3" in str(refusal)
+    assert 0 == sqlite_rows(sqlite_dsn, "batches")
 
 
 async def test_a_batch_resumes_after_a_restart_without_rerunning_finished_lines(
@@ -255,3 +264,44 @@ async def test_a_batch_whose_completion_window_closes_expires_with_the_lines_it_
     assert 10 <= done < 300
     assert done == len(output.splitlines())
     assert calls == done  # no line started after the window closed
+
+
+async def test_a_chunked_upload_over_max_body_bytes_is_refused_413_and_no_file_is_stored(
+    tmp_path: Path, sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    limit = 1000
+    boundary = "gpugate-test-boundary"
+    head = (
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
+        "Content-Type: application/jsonl\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+
+    async def chunked() -> AsyncIterator[bytes]:  # no length known up front: sent chunked
+        yield head
+        for _ in range(10):
+            yield b"x" * limit
+        yield tail
+
+    blobs = tmp_path / "blobs"
+    config = make_config(
+        sqlite_dsn,
+        [upstream("u1", ["http://127.0.0.1:9"], ["m1"])],
+        server={"max_body_bytes": limit},
+        blobs={"kind": "local", "dir": str(blobs)},
+    )
+    async with serving(config) as gw:
+        async with http.post(
+            gw.v1 + "/files",
+            data=chunked(),
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        ) as resp:
+            body = await resp.json()
+            sent = resp.request_info.headers
+    assert "Content-Length" not in sent
+    assert (413, "PAYLOAD_TOO_LARGE") == (resp.status, body["error"]["code"])
+    assert 0 == sqlite_rows(sqlite_dsn, "batch_files")
+    assert not [path for path in blobs.rglob("*") if path.is_file()]

@@ -79,6 +79,7 @@ async def test_no_secret_reaches_logs_exports_audit_or_errors(
     seen += [r.text for r in replies]
     seen += [json.dumps([e.detail, e.actor, e.subject]) for e in audit]
     seen += [json.dumps(v.document) for v in versions]
+    assert caplog.records  # the logs were captured, so scanning them means something
     seen += [record.getMessage() for record in caplog.records]
     seen += [caplog.text]
     assert 200 == chat.status

@@ -28,12 +28,22 @@ ACTOR_HEADER = "x-gpugate-actor"
 _ACTOR_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 
 
+def valid_actor_name(name: str) -> bool:
+    """Whether ``name`` may name an operator in the audit log (``admin:<name>``)."""
+    return _ACTOR_NAME.fullmatch(name) is not None
+
+
+def token_matches(offered: str, token: str) -> bool:
+    """Whether ``offered`` is the admin ``token``, compared in constant time."""
+    return hmac.compare_digest(offered.encode(), token.encode())
+
+
 def admin_actor(request: Request) -> str:
     """Who acts, for the audit log: ``admin``, or ``admin:<name>`` from ``X-Gpugate-Actor``."""
     name = request.headers.get(ACTOR_HEADER)
     if name is None:
         return "admin"
-    if not _ACTOR_NAME.fullmatch(name):
+    if not valid_actor_name(name):
         raise BadRequest("X-Gpugate-Actor must be 1-64 letters, digits, '.', '_', '@' or '-'")
     return f"admin:{name}"
 
@@ -45,7 +55,7 @@ def _authorize(request: Request, gateway: Gateway) -> None:
             "the admin API is disabled: no admin token is configured (admin_token_env)"
         )
     scheme, _, offered = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(offered.encode(), token.encode()):
+    if scheme.lower() != "bearer" or not token_matches(offered, token):
         raise Unauthorized("missing or wrong admin token")
 
 

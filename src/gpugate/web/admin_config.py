@@ -94,11 +94,20 @@ async def export_config(request: Request, gateway: Gateway) -> Response:
       200: {description: "the document; header X-Config-Version: the version number"}
       401: {description: UNAUTHORIZED}
     """
+    return await exported(gateway, "yaml" if _wants_yaml(request) else "json")
+
+
+async def exported(gateway: Gateway, media: Media, *, download: bool = False) -> Response:
+    """The current config version as a document in ``media``, its version in
+    ``X-Config-Version``; ``download``: as an attachment named ``gateway.v<version>.<media>``."""
     current = await _versions(gateway).export()
-    media: Media = "yaml" if _wants_yaml(request) else "json"
     text = render_gateway_document(current.document, media=media)
     kind = "application/yaml" if media == "yaml" else "application/json"
-    return Response(text, media_type=kind, headers={VERSION_HEADER: str(current.version)})
+    headers = {VERSION_HEADER: str(current.version)}
+    if download:
+        name = f"gateway.v{current.version}.{media}"
+        headers["Content-Disposition"] = f'attachment; filename="{name}"'
+    return Response(text, media_type=kind, headers=headers)
 
 
 @admin

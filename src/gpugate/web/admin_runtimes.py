@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +12,7 @@ from gpugate.errors import BadRequest
 from gpugate.services.guardrails import Spend
 from gpugate.store.runtime_state import DISABLED, DRAINED, ENABLED
 from gpugate.web.admin import admin, admin_actor
-from gpugate.web.bodies import read_body
+from gpugate.web.bodies import json_body
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -160,15 +159,8 @@ async def get_runtime(request: Request, gateway: Gateway) -> Response:
     return JSONResponse(runtime_view(detail))
 
 
-async def _reason(request: Request, gateway: Gateway) -> str:
-    raw = await read_body(request, gateway.config.server.max_body_bytes)
-    if not raw.strip():
-        return ""
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
-    reason = body.get("reason", "") if isinstance(body, dict) else None
+async def _reason(request: Request) -> str:
+    reason = (await json_body(request, empty_ok=True)).get("reason", "")
     if not isinstance(reason, str) or len(reason) > MAX_REASON:
         raise BadRequest(f'expected {{"reason": "<text of at most {MAX_REASON} characters>"}}')
     return reason
@@ -179,7 +171,7 @@ def _verb(verb: str) -> Any:
 
     @admin
     async def change_state(request: Request, gateway: Gateway) -> Response:
-        reason = await _reason(request, gateway)
+        reason = await _reason(request)
         stored = await _ops(gateway).set_state(
             request.path_params["runtime"], state, reason, admin_actor(request)
         )

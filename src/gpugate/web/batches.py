@@ -11,8 +11,8 @@ from starlette.routing import Route
 
 from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge
 from gpugate.services.batches import Batches, batch_view, file_view
+from gpugate.web.bodies import json_body, refuse_declared_over
 from gpugate.web.errors import error_body, status_of
-from gpugate.web.jobs import json_body
 from gpugate.wiring import Gateway
 
 
@@ -38,14 +38,16 @@ async def create_file(request: Request) -> Response:
     """
     gateway: Gateway = request.app.state.gateway
     limit = gateway.config.server.max_body_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"upload of {declared} bytes exceeds max_body_bytes ({limit})")
+    refuse_declared_over(request, limit)
     async with request.form(max_part_size=limit) as form:
         upload, purpose = form.get("file"), form.get("purpose")
         if not isinstance(upload, UploadFile) or not isinstance(purpose, str):
             raise BadRequest("expected a multipart form with `file` and `purpose`")
-        data = await upload.read()
+        # ``max_part_size`` bounds only the non-file fields, and a chunked body declares no
+        # length: the file itself is checked here.
+        data = await upload.read(limit + 1)
+        if len(data) > limit:
+            raise PayloadTooLarge(f"upload exceeds max_body_bytes ({limit})")
         name = upload.filename or "upload.jsonl"
     record = await _batches(request).create_file(name, purpose, data)
     return JSONResponse(file_view(record))

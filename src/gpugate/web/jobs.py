@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gpugate.errors import BadRequest
 from gpugate.services.jobs import Jobs, event_view, job_view, parse_job_request
-from gpugate.web.bodies import read_body
+from gpugate.web.bodies import json_body
 from gpugate.web.sync_jobs import create_and_wait
 from gpugate.wiring import Gateway
 
@@ -22,18 +19,6 @@ def _jobs(request: Request) -> Jobs:
     gateway: Gateway = request.app.state.gateway
     assert gateway.jobs is not None
     return gateway.jobs
-
-
-async def json_body(request: Request) -> dict[str, Any]:
-    gateway: Gateway = request.app.state.gateway
-    raw = await read_body(request, gateway.config.server.max_body_bytes)
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
 
 
 async def create_job(request: Request) -> Response:

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from gpugate.errors import Unauthorized
 from gpugate.services.runtimes.push_reports import Failure, PushReports, Report
-from gpugate.web.jobs import json_body
+from gpugate.web.bodies import json_body
 from gpugate.wiring import Gateway
 
 LEASE_HEADER = "x-lease-token"

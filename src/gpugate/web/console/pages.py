@@ -4,15 +4,12 @@ session's CSRF token and answer 303 to the page they came from, with a notice.""
 
 from __future__ import annotations
 
-import hmac
-import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlencode
 
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from gpugate.config.gateway_import import render_gateway_document
 from gpugate.errors import (
     BadRequest,
     ClientError,
@@ -22,7 +19,8 @@ from gpugate.errors import (
     Unauthorized,
 )
 from gpugate.services.config_preview import ConfigPreview, media_of
-from gpugate.web.admin import clear_gpu_fault
+from gpugate.web.admin import clear_gpu_fault, token_matches, valid_actor_name
+from gpugate.web.admin_config import exported
 from gpugate.web.admin_runtimes import MAX_REASON, VERBS
 from gpugate.web.bodies import read_body
 from gpugate.web.console import session, views
@@ -37,7 +35,6 @@ if TYPE_CHECKING:
 CSRF_HEADER = "x-csrf-token"
 REFRESH_MS = 3000
 _TRANSIENT = frozenset({"fragment", "notice", "error"})  # query keys a page does not keep
-_NAME = re.compile(r"[A-Za-z0-9._@-]{0,64}")
 
 Page = Callable[["Request", "Gateway", session.Session], Awaitable[Response]]
 
@@ -179,9 +176,9 @@ class Pages:
         problem = None
         if token is None:
             problem = "The console is off: no admin token is configured."
-        elif not hmac.compare_digest(offered.encode(), token.encode()):
+        elif not token_matches(offered, token):
             problem = "Wrong admin token."
-        elif not _NAME.fullmatch(name):
+        elif name and not valid_actor_name(name):  # no name: the actor is "console"
             problem = "A name is up to 64 letters, digits, '.', '_', '@' or '-'."
         if problem is not None:
             context = {"next": target, "problem": problem}
@@ -247,18 +244,7 @@ class Pages:
     async def _export_config(
         self, request: Request, gateway: Gateway, who: session.Session
     ) -> Response:
-        assert gateway.config_versions is not None
-        current = await gateway.config_versions.export()
-        text = render_gateway_document(current.document, media="yaml")
-        name = f"gateway.v{current.version}.yaml"
-        return Response(
-            text,
-            media_type="application/yaml",
-            headers={
-                "Content-Disposition": f'attachment; filename="{name}"',
-                "X-Config-Version": str(current.version),
-            },
-        )
+        return await exported(gateway, "yaml", download=True)
 
     # -- actions ------------------------------------------------------------------------------
 

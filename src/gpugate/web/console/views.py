@@ -8,10 +8,8 @@ a dict of plain data for its template.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from gpugate.config.gateway_import import render_gateway_document
 from gpugate.errors import BadRequest
 from gpugate.services.jobs import event_view, job_view
 from gpugate.store import JOB_STATES
@@ -25,7 +23,6 @@ if TYPE_CHECKING:
 
 PAGE = 50
 RECENT_JOBS = 10
-CHART_DAYS = 14
 
 
 def _ops(gateway: Gateway) -> RuntimeOps:
@@ -68,26 +65,10 @@ async def overview(gateway: Gateway) -> dict[str, Any]:
     }
 
 
-def spend_days(spend: dict[str, Any]) -> list[dict[str, Any]]:
-    """The per-day spend a chart draws, ``[{day, cents}]`` oldest first (at most CHART_DAYS).
-
-    Takes ``spend["days"]`` when the runtime detail gives per-day totals, else sums
-    ``spend["ledger"]`` entries (each with ``day`` and ``cents``) by day.
-    """
-    days = spend.get("days")
-    if not isinstance(days, list):
-        totals: dict[str, float] = defaultdict(float)
-        for entry in spend.get("ledger") or []:
-            if isinstance(entry, dict) and "day" in entry and "cents" in entry:
-                totals[str(entry["day"])] += float(entry["cents"] or 0)
-        days = [{"day": day, "cents": cents} for day, cents in totals.items()]
-    ordered = sorted(days, key=lambda d: str(d["day"]))
-    return ordered[-CHART_DAYS:]
-
-
 def chart(spend: dict[str, Any]) -> dict[str, Any]:
-    """Bars scaled to the largest of the days and twice the daily budget (the over-budget line)."""
-    days = spend_days(spend)
+    """Bars for ``spend["days"]`` (the runtime detail's last 14 UTC days, oldest first), scaled
+    to the largest of them and twice the daily budget (the over-budget line)."""
+    days = spend["days"]
     budget = spend.get("daily_cents")
     top = max([float(d["cents"]) for d in days] + ([2 * float(budget)] if budget else []) + [1.0])
     bars = [
@@ -158,10 +139,8 @@ async def audit(gateway: Gateway, filters: dict[str, str], cursor: str | None) -
 
 async def config(gateway: Gateway) -> dict[str, Any]:
     assert gateway.config_versions is not None
-    current = await gateway.config_versions.export()
     versions = await gateway.config_versions.versions()
     return {
-        "current_version": current.version,
-        "current_text": render_gateway_document(current.document, media="yaml"),
+        "current_version": gateway.config_version,
         "versions": [version_view(v, gateway.config_version) for v in versions],
     }
