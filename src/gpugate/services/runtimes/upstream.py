@@ -99,7 +99,7 @@ class UpstreamRuntime:
         results: Results | None = None,
     ) -> None:
         self._id = runtime_id
-        self._results = results  # None: every result inline
+        self._results = results or Results()  # Results(): every result inline
         self._proxy = proxy
         self._store = store
         self._clock = clock
@@ -317,11 +317,13 @@ class UpstreamRuntime:
     async def _write(self, call: _Call, outcome: _Outcome) -> None:
         status, store = outcome.status, self._store
         if status.state == "completed":
-            result, ref = status.result, None
-            if self._results is not None:
-                result, ref = await self._results.keep(call.slug, result, size_hint=outcome.size)
-            written = await store.complete(
-                call.slug, call.token, result=result, result_ref=ref, actor=self.actor
+            written = await self._results.complete(
+                store,
+                call.slug,
+                call.token,
+                status.result,
+                actor=self.actor,
+                size_hint=outcome.size,
             )
             self.completed += written
         elif status.terminal:
