@@ -120,11 +120,6 @@ class BatchRunner:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def idle(self) -> None:
-        """Wait until every batch this runner started has ended (for tests and shutdown)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
     # -- one batch -----------------------------------------------------------------------
 
     async def _run(self, batch: BatchRecord) -> None:
