@@ -31,7 +31,7 @@ from gpugate.clock import Clock
 from gpugate.core.classes import RequestClass
 from gpugate.errors import ClientError, GpugateError, GpuSaturated, Refused, UpstreamError
 from gpugate.services.batches import Batches, BatchLine, parse_lines
-from gpugate.services.proxy import Outbound, Proxy
+from gpugate.services.proxy import Outbound, Proxy, json_or_text, read_all
 from gpugate.store import Store
 from gpugate.store.facade_base import BatchItem, BatchRecord
 
@@ -243,17 +243,15 @@ class BatchRunner:
             raise
         code: str | None = None
         try:
-            parts = []
             try:
-                while chunk := await reply.read_chunk():
-                    parts.append(chunk)
+                body = await read_all(reply)
             except UpstreamError as exc:
                 reply.broke()
                 code = exc.code
                 raise
             headers = dict(reply.headers)
             request_id = headers.get(b"x-request-id", b"").decode() or _request_id()
-            return reply.status, request_id, _json_or_text(b"".join(parts))
+            return reply.status, request_id, json_or_text(body)
         finally:
             reply.close(code)
 
@@ -291,13 +289,6 @@ def _plain(exc: GpugateError) -> tuple[int, bytes]:
 
 def _request_id() -> str:
     return f"req_{secrets.token_hex(12)}"
-
-
-def _json_or_text(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw.decode("utf-8", errors="replace")
 
 
 def _jsonl(docs: Any) -> bytes:

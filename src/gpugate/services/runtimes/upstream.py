@@ -30,7 +30,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from gpugate.clock import Clock
 from gpugate.core.classes import RequestClass
@@ -47,7 +46,7 @@ from gpugate.errors import (
     UnknownModel,
     UpstreamError,
 )
-from gpugate.services.proxy import Outbound, Proxy, Reply
+from gpugate.services.proxy import Outbound, Proxy, json_or_text, read_all
 from gpugate.services.results import Results
 from gpugate.services.runtimes.base import CallStatus, Submission
 from gpugate.store import JobRecord, JobStore
@@ -305,7 +304,7 @@ class UpstreamRuntime:
             self._proxy.refused(out, exc)
             return _Outcome(_failure(exc, retryable=False))
         try:
-            body = await _read_body(reply)
+            body = await read_all(reply)
         except UpstreamError as exc:
             reply.broke()
             reply.close(exc.code)
@@ -363,13 +362,6 @@ class UpstreamRuntime:
         )
 
 
-async def _read_body(reply: Reply) -> bytes:
-    parts = []
-    while chunk := await reply.read_chunk():
-        parts.append(chunk)
-    return b"".join(parts)
-
-
 def _failure(exc: GpugateError, *, retryable: bool) -> CallStatus:
     return CallStatus("failed", error_code=exc.code, message=exc.message, retryable=retryable)
 
@@ -377,7 +369,7 @@ def _failure(exc: GpugateError, *, retryable: bool) -> CallStatus:
 def _answered(status: int, body: bytes) -> CallStatus:
     """The call's end from the upstream's status and body."""
     if 200 <= status < 300:
-        return CallStatus("completed", result=_json_or_text(body))
+        return CallStatus("completed", result=json_or_text(body))
     code = f"UPSTREAM_{status}"
     message = f"the upstream answered {status}: {_error_message(body)}"
     if status == 429 or status >= 500:
@@ -385,16 +377,9 @@ def _answered(status: int, body: bytes) -> CallStatus:
     return CallStatus("failed", error_code=code, message=message, retryable=False, terminal=True)
 
 
-def _json_or_text(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", errors="replace")
-
-
 def _error_message(body: bytes) -> str:
     """The message of an OpenAI-shaped error body, else the start of the body."""
-    parsed = _json_or_text(body)
+    parsed = json_or_text(body)
     if isinstance(parsed, dict):
         error = parsed.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
