@@ -27,7 +27,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from gpugate.clock import Clock
+from gpugate.clock import Clock, sleep_or_wake
 from gpugate.core.classes import RequestClass
 from gpugate.errors import ClientError, GpugateError, GpuSaturated, Refused, UpstreamError
 from gpugate.services.batches import Batches, BatchLine, parse_lines
@@ -104,13 +104,7 @@ class BatchRunner:
             while True:
                 self._wake.clear()
                 await self.tick()
-                waker = asyncio.ensure_future(self._wake.wait())
-                sleeper = asyncio.ensure_future(self._clock.sleep(self._sweep_s))
-                try:
-                    await asyncio.wait({waker, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waker.cancel()
-                    sleeper.cancel()
+                await sleep_or_wake(self._clock, self._wake, self._sweep_s)
         finally:
             await self.close()
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from gpugate.clock import sleep_or_wake
 from gpugate.errors import GpugateError
 from gpugate.store.ledger import BUDGET_FACTOR, LedgerEntry, SpendDay
 
@@ -146,14 +147,7 @@ class Guardrails:
             except GpugateError as exc:
                 log.warning("cannot settle the spend ledger: %s", exc.message)
             self._woken.clear()
-            sleep = asyncio.ensure_future(self._clock.sleep(self._poll_s))
-            woken = asyncio.ensure_future(self._woken.wait())
-            try:
-                await asyncio.wait({sleep, woken}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in (sleep, woken):
-                    waiter.cancel()
-                await asyncio.gather(sleep, woken, return_exceptions=True)
+            await sleep_or_wake(self._clock, self._woken, self._poll_s)
 
     async def spend(self, runtime: str, *, entries: int = LEDGER_SHOWN) -> Spend:
         """``runtime``'s spend: today, the last :data:`DAYS` days, its latest ledger entries."""
