@@ -41,6 +41,23 @@ def honour_cancellation() -> None:
         raise asyncio.CancelledError
 
 
+async def sleep_or_wake(clock: Clock, event: asyncio.Event, timeout_s: float) -> None:
+    """Wait until ``event`` is set or ``timeout_s`` of ``clock``'s time has passed, whichever
+    comes first; both waiters are cancelled and awaited before it returns. A stop request of the
+    calling task is honoured first (:func:`honour_cancellation`)."""
+    honour_cancellation()
+    if event.is_set():
+        return
+    woken = asyncio.ensure_future(event.wait())
+    slept = asyncio.ensure_future(clock.sleep(timeout_s))
+    try:
+        await asyncio.wait({woken, slept}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in (woken, slept):
+            waiter.cancel()
+        await asyncio.gather(woken, slept, return_exceptions=True)
+
+
 class SystemClock:
     """The real clock."""
 

@@ -24,6 +24,7 @@ from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.reaper import Reaper
 from gpugate.services.runtimes import CallStatus, Runtime, Submission, UpstreamRuntime
 from gpugate.store import JobEvent, JobRecord, NewJob, Store
+from gpugate.store.ledger import RESERVED_CALL
 from gpugate.wiring import Gateway, build_gateway
 from harness import make_config, upstream
 
@@ -194,7 +195,7 @@ class Rig:
         """Wait (bounded, in real time) until the job is in ``state`` (and, ``submitted``, held
         by a runtime's call rather than by the dispatcher claiming it)."""
         async with asyncio.timeout(within_s):
-            while (job := await self.job(slug)).state != state or (submitted and job.call is None):
+            while (job := await self.job(slug)).state != state or (submitted and not _called(job)):
                 await asyncio.sleep(0.01)
         return job
 
@@ -296,3 +297,8 @@ async def rig(
             unreachable=unreachable,
             over_budget=over_budget,
         )
+
+
+def _called(job: JobRecord) -> bool:
+    """Whether the job's lease is a runtime's call, not the slot the dispatcher reserved for it."""
+    return job.call is not None and job.call[1] != RESERVED_CALL

@@ -130,7 +130,7 @@ async def test_a_deferred_job_is_dispatched_by_the_loop_when_its_backoff_ends(ds
         assert a.lease_token is not None
         async with running(r):
             await r.store.complete("a", a.lease_token, result={}, actor="worker:home-1")
-            await asyncio.sleep(0.05)
+            await r.dispatcher.tick()  # a pass now takes nothing: b's backoff has not ended
             before = (await r.job("b")).state
             r.clock.advance(5)  # the AT_CAPACITY backoff, well before the sweep
             b = await r.until("b", "dispatching", submitted=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from e2e.jobs_e2e import GatewayProcess, create_jobs, free_port, write_config
 from gpugate.fleet import ModelServer
+from harness import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -73,14 +73,6 @@ def count(db: Path, where: str) -> int:
     return found
 
 
-async def until(check: object, *, within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not hold within {within_s} s")
-        await asyncio.sleep(0.05)
-
-
 async def test_200_jobs_on_two_push_workers_survive_kill_9_of_one_mid_job(
     tmp_path: Path, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -111,11 +103,11 @@ async def test_200_jobs_on_two_push_workers_survive_kill_9_of_one_mid_job(
                     count(db, "state = 'running' AND leased_by LIKE 'home-1:%'") > 0
                 )
 
-            await until(home1_mid_job, within_s=30, what="home-1 running jobs after 40 done")
+            await eventually(home1_mid_job, within_s=30, what="home-1 running jobs after 40 done")
             await workers[0].kill()
             await creating
             finished = "state IN ('completed', 'failed', 'cancelled')"
-            await until(lambda: count(db, finished) == 200, within_s=90, what="all finished")
+            await eventually(lambda: count(db, finished) == 200, within_s=90, what="all finished")
         finally:
             for worker in workers:
                 await worker.stop()

@@ -75,6 +75,11 @@ async def test_claimed_before_the_dispatcher_recorded_the_call_is_taken_from_the
     )
 
     assert 200 == status
+    after = await gw.gateway.store.get_job("j1")
+    assert after is not None
+    assert "running" == after.state
+    events = await gw.gateway.store.job_events("j1")
+    assert ("running", "worker:home-1") == (events[-1].status, events[-1].actor)
 
 
 @pytest.mark.parametrize(

@@ -27,11 +27,11 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from gpugate.clock import Clock
+from gpugate.clock import Clock, sleep_or_wake
 from gpugate.core.classes import RequestClass
 from gpugate.errors import ClientError, GpugateError, GpuSaturated, Refused, UpstreamError
 from gpugate.services.batches import Batches, BatchLine, parse_lines
-from gpugate.services.proxy import Outbound, Proxy
+from gpugate.services.proxy import Outbound, Proxy, json_or_text, read_all
 from gpugate.store import Store
 from gpugate.store.facade_base import BatchItem, BatchRecord
 
@@ -104,13 +104,7 @@ class BatchRunner:
             while True:
                 self._wake.clear()
                 await self.tick()
-                waker = asyncio.ensure_future(self._wake.wait())
-                sleeper = asyncio.ensure_future(self._clock.sleep(self._sweep_s))
-                try:
-                    await asyncio.wait({waker, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waker.cancel()
-                    sleeper.cancel()
+                await sleep_or_wake(self._clock, self._wake, self._sweep_s)
         finally:
             await self.close()
 
@@ -119,11 +113,6 @@ class BatchRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def idle(self) -> None:
-        """Wait until every batch this runner started has ended (for tests and shutdown)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     # -- one batch -----------------------------------------------------------------------
 
@@ -248,17 +237,15 @@ class BatchRunner:
             raise
         code: str | None = None
         try:
-            parts = []
             try:
-                while chunk := await reply.read_chunk():
-                    parts.append(chunk)
+                body = await read_all(reply)
             except UpstreamError as exc:
                 reply.broke()
                 code = exc.code
                 raise
             headers = dict(reply.headers)
             request_id = headers.get(b"x-request-id", b"").decode() or _request_id()
-            return reply.status, request_id, _json_or_text(b"".join(parts))
+            return reply.status, request_id, json_or_text(body)
         finally:
             reply.close(code)
 
@@ -296,13 +283,6 @@ def _plain(exc: GpugateError) -> tuple[int, bytes]:
 
 def _request_id() -> str:
     return f"req_{secrets.token_hex(12)}"
-
-
-def _json_or_text(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw.decode("utf-8", errors="replace")
 
 
 def _jsonl(docs: Any) -> bytes:

@@ -169,13 +169,12 @@ class Batches:
         if inline is not None:  # our extension: the lines themselves, instead of a file
             if input_id is not None:
                 raise BadRequest("give input_file_id or input (the lines inline), not both")
-            record = await self._inline_file(inline, str(endpoint))
-            input_id = record.id
+            input_id, lines = await self._inline_file(inline, str(endpoint))
         elif not isinstance(input_id, str):
             raise BadRequest("input_file_id must be a file id (or give the lines as input)")
         else:
             record = await self.get_file(input_id)
-        lines = parse_lines(await self._blobs.get(record.blob_key), str(endpoint))
+            lines = parse_lines(await self._blobs.get(record.blob_key), str(endpoint))
         now = self._clock.now()
         new = NewBatch(
             f"batch_{secrets.token_hex(12)}",
@@ -191,14 +190,14 @@ class Batches:
             self.wake()
         return batch
 
-    async def _inline_file(self, lines: Any, endpoint: str) -> FileRecord:
+    async def _inline_file(self, lines: Any, endpoint: str) -> tuple[str, list[BatchLine]]:
         """``input``: a list of Batch-format line objects, stored as the batch's input file
-        (checked like an uploaded one first)."""
+        (checked like an uploaded one first); the file's id and its parsed lines."""
         if not isinstance(lines, list) or not lines:
             raise BadRequest("input must be a non-empty list of {custom_id, method, url, body}")
         data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
-        parse_lines(data, endpoint)
-        return await self.store_file("inline.jsonl", "batch", data)
+        parsed = parse_lines(data, endpoint)
+        return (await self.store_file("inline.jsonl", "batch", data)).id, parsed
 
     async def get_batch(self, batch_id: str) -> BatchRecord:
         batch = await self._store.get_batch(batch_id)

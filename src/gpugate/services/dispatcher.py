@@ -40,7 +40,7 @@ from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import Literal, TypeVar
 
-from gpugate.clock import Clock
+from gpugate.clock import Clock, sleep_or_wake
 from gpugate.config import GatewayConfig
 from gpugate.core.jobs import (
     ATTEMPTS_SPENT,
@@ -502,16 +502,7 @@ class Dispatcher:
         timeout = self._config().jobs.sweep_s
         if self._due is not None:
             timeout = min(timeout, max(0.0, self._due - self._clock.monotonic()))
-        if self._event.is_set():
-            return
-        woken = asyncio.ensure_future(self._event.wait())
-        slept = asyncio.ensure_future(self._clock.sleep(timeout))
-        try:
-            await asyncio.wait({woken, slept}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in (woken, slept):
-                waiter.cancel()
-            await asyncio.gather(woken, slept, return_exceptions=True)
+        await sleep_or_wake(self._clock, self._event, timeout)
 
     def __repr__(self) -> str:
         t = self.totals

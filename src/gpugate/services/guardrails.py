@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from gpugate.clock import sleep_or_wake
 from gpugate.errors import GpugateError
 from gpugate.store.ledger import BUDGET_FACTOR, LedgerEntry, SpendDay
 
@@ -81,6 +82,8 @@ class Guardrails:
         self._woken = asyncio.Event()
         self.today: dict[str, float] = {}  # runtime -> cents spent today (UTC), budgeted only
         self.settled = 0
+        #: (runtime, day) whose soft cap is marked in the store: not written again that day.
+        self._soft_marked: set[tuple[str, date]] = set()
 
     def budgets(self) -> dict[str, BudgetConfig]:
         """Every configured runtime with a budget."""
@@ -89,9 +92,7 @@ class Guardrails:
     def over_budget(self) -> frozenset[str]:
         """The runtimes whose spend today reached ``2 x daily_cents``, as last read."""
         return frozenset(
-            rid
-            for rid, budget in self.budgets().items()
-            if self.today.get(rid, 0.0) >= BUDGET_FACTOR * budget.daily_cents
+            rid for rid, budget in self.budgets().items() if _over(self.today.get(rid, 0.0), budget)
         )
 
     def wake(self) -> None:
@@ -114,6 +115,7 @@ class Guardrails:
         self.today = {
             rid: sum(d.cents for d in days.get(rid, []) if d.day == today) for rid in budgets
         }
+        self._soft_marked = {marked for marked in self._soft_marked if marked[1] == today}
         for rid, budget in budgets.items():
             await self._watch(rid, budget, today)
         return settled
@@ -123,9 +125,12 @@ class Guardrails:
         soft = spent >= budget.daily_cents
         self._metrics.runtime_spend_today.labels(runtime).set(spent)
         self._metrics.runtime_soft_cap.labels(runtime).set(1 if soft else 0)
-        over = spent >= BUDGET_FACTOR * budget.daily_cents
-        self._metrics.runtime_over_budget.labels(runtime).set(1 if over else 0)
-        if soft and await self._store.mark_soft_cap(runtime, today, budget.daily_cents):
+        self._metrics.runtime_over_budget.labels(runtime).set(1 if _over(spent, budget) else 0)
+        if not soft or (runtime, today) in self._soft_marked:
+            return
+        marked = await self._store.mark_soft_cap(runtime, today, budget.daily_cents)
+        self._soft_marked.add((runtime, today))  # by this call, or already (maybe by a replica)
+        if marked:
             log.warning(
                 "runtime %s reached its soft cap: %.2f of %.2f cents today (over budget at %.2f)",
                 runtime,
@@ -142,14 +147,7 @@ class Guardrails:
             except GpugateError as exc:
                 log.warning("cannot settle the spend ledger: %s", exc.message)
             self._woken.clear()
-            sleep = asyncio.ensure_future(self._clock.sleep(self._poll_s))
-            woken = asyncio.ensure_future(self._woken.wait())
-            try:
-                await asyncio.wait({sleep, woken}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in (sleep, woken):
-                    waiter.cancel()
-                await asyncio.gather(sleep, woken, return_exceptions=True)
+            await sleep_or_wake(self._clock, self._woken, self._poll_s)
 
     async def spend(self, runtime: str, *, entries: int = LEDGER_SHOWN) -> Spend:
         """``runtime``'s spend: today, the last :data:`DAYS` days, its latest ledger entries."""
@@ -168,7 +166,7 @@ class Guardrails:
         return Spend(
             budget.daily_cents,
             spent,
-            over_budget=spent >= BUDGET_FACTOR * budget.daily_cents,
+            over_budget=_over(spent, budget),
             soft_cap=spent >= budget.daily_cents,
             days=chart,
             ledger=await self._store.ledger_entries(runtime, limit=entries),
@@ -176,3 +174,8 @@ class Guardrails:
 
     def __repr__(self) -> str:
         return f"<Guardrails budgets={len(self.budgets())} settled={self.settled}>"
+
+
+def _over(spent: float, budget: BudgetConfig) -> bool:
+    """Whether ``spent`` cents in a day is over ``budget`` (``BUDGET_FACTOR x daily_cents``)."""
+    return spent >= BUDGET_FACTOR * budget.daily_cents

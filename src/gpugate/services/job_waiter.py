@@ -10,9 +10,8 @@ re-reads its job every ``poll_s`` as well (a bounded poll of the store), so it s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
-from gpugate.clock import Clock
+from gpugate.clock import Clock, sleep_or_wake
 from gpugate.store import JobRecord, JobStore
 
 
@@ -47,21 +46,9 @@ class JobWaiter:
                 remaining = deadline - self._clock.monotonic()
                 if job.terminal or remaining <= 0:
                     return job
-                await self._next_pulse(changed, min(self._poll_s, remaining))
+                await sleep_or_wake(self._clock, changed, min(self._poll_s, remaining))
         finally:
             self.waiting -= 1
-
-    async def _next_pulse(self, changed: asyncio.Event, timeout_s: float) -> None:
-        pulsed = asyncio.ensure_future(changed.wait())
-        slept = asyncio.ensure_future(self._clock.sleep(timeout_s))
-        try:
-            await asyncio.wait({pulsed, slept}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (pulsed, slept):
-                task.cancel()
-            for task in (pulsed, slept):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
 
     def __repr__(self) -> str:
         return f"<JobWaiter waiting={self.waiting} pulses={self.pulses}>"

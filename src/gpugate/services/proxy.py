@@ -13,6 +13,7 @@ gpugate errors for the web layer to present.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,23 @@ class Reply:
         picking.release(self.endpoint, probe=self._probe)
         self._slot.release()
         self._proxy.finished(self._outbound, self.upstream, code or str(self.status))
+
+
+async def read_all(reply: Reply) -> bytes:
+    """The reply's whole body; UpstreamError on a break mid-body (the caller then calls
+    :meth:`Reply.broke` and closes the reply with the error's code)."""
+    parts = []
+    while chunk := await reply.read_chunk():
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def json_or_text(body: bytes) -> Any:
+    """A body as JSON, else as text (undecodable bytes replaced)."""
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", errors="replace")
 
 
 _CREDENTIALS = frozenset({b"authorization", b"ocp-apim-subscription-key"})

@@ -96,7 +96,7 @@ class Reaper:
         results: Results | None = None,
     ) -> None:
         self._store = store
-        self._results = results  # None: every result inline
+        self._results = results or Results()  # Results(): every result inline
         self._runtimes = runtimes
         self._config: Callable[[], GatewayConfig] = (
             (lambda: config) if isinstance(config, GatewayConfig) else config
@@ -247,16 +247,8 @@ class Reaper:
         store = self._store
         match status.state:
             case "completed":
-                result, ref = status.result, None
-                if self._results is not None:
-                    result, ref = await self._results.keep(job.slug, result)
-                done = await store.complete(
-                    job.slug,
-                    token,
-                    result=result,
-                    result_ref=ref,
-                    cost_cents=status.cost_cents,
-                    actor=ACTOR,
+                done = await self._results.complete(
+                    store, job.slug, token, status.result, cost_cents=status.cost_cents, actor=ACTOR
                 )
                 return "completed" if done else "stale"
             case "running" | "queued":

@@ -81,15 +81,15 @@ class SyncFront:
                 return self._answer(await self._waiter.wait(existing, wait_s), None)
         config = self._config()
         policy = cache_policy(config, request.model, request.runner or config.default_runtime)
-        key = cache_key(request.model, request.operation, request.input)
-        if policy is not None and use_cache:
+        key = None if policy is None else cache_key(request.model, request.operation, request.input)
+        if key is not None and use_cache:
             cached = self._cache.get(request.model, key)
             if cached is not None:
                 return SyncAnswer(200, cached, "hit")
         self._shed_gate(request)
         job, _ = await self._jobs.create(request, idempotency_key=idempotency_key)
         job = await self._waiter.wait(job, wait_s)
-        if policy is not None:
+        if policy is not None and key is not None:
             self._remember(job, key, policy)
         return self._answer(job, None if policy is None else "miss")
 

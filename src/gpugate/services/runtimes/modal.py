@@ -23,7 +23,6 @@ still knows where the result goes.
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from datetime import timedelta
@@ -38,6 +37,7 @@ from gpugate.adapters.modal_calls import (
 )
 from gpugate.clock import Clock
 from gpugate.errors import BlobError, BlobNotFound, RuntimeRejected, RuntimeUnreachable
+from gpugate.services.proxy import json_or_text
 from gpugate.services.runtimes.base import CallStatus, Submission, job_payload
 from gpugate.store import JobRecord
 
@@ -148,11 +148,9 @@ class ModalRuntime:
             return CallStatus("failed", error_code=code, message=message, retryable=True)
         except BlobError as exc:
             raise RuntimeUnreachable(f"{self._id}: {exc.message}") from exc
-        try:
-            result = json.loads(body)
-        except ValueError:
-            result = body.decode("utf-8", errors="replace")
-        return CallStatus("completed", result=result, cost_cents=self._cost(call_id, summary))
+        return CallStatus(
+            "completed", result=json_or_text(body), cost_cents=self._cost(call_id, summary)
+        )
 
     def _cost(self, call_id: str, summary: Any) -> float | None:
         spawned = self._spawned_at.pop(call_id, None)

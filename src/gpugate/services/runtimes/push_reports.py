@@ -112,7 +112,7 @@ class PushReports:
         results: Results | None = None,
     ) -> None:
         self._store = store
-        self._results = results  # None: every result inline
+        self._results = results or Results()  # Results(): every result inline
         self._secrets = {rid: secret.encode() for rid, secret in secrets.items() if secret}
         self._config = config
         self.on_finished = on_finished
@@ -177,12 +177,9 @@ class PushReports:
         if not report.has_result:
             return {"slug": slug, "state": job.state}
         cost = call_cost(report.cost_cents, report.duration_s, self._cents_per_second(runtime))
-        result, ref = report.result, None
-        if self._results is not None:
-            result, ref = await self._results.keep(slug, result)
         await self._fenced(
-            self._store.complete(
-                slug, fenced, result=result, result_ref=ref, cost_cents=cost, actor=actor
+            self._results.complete(
+                self._store, slug, fenced, report.result, cost_cents=cost, actor=actor
             ),
             job,
         )

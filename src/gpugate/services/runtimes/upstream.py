@@ -30,7 +30,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from gpugate.clock import Clock
 from gpugate.core.classes import RequestClass
@@ -47,7 +46,7 @@ from gpugate.errors import (
     UnknownModel,
     UpstreamError,
 )
-from gpugate.services.proxy import Outbound, Proxy, Reply
+from gpugate.services.proxy import Outbound, Proxy, json_or_text, read_all
 from gpugate.services.results import Results
 from gpugate.services.runtimes.base import CallStatus, Submission
 from gpugate.store import JobRecord, JobStore
@@ -99,7 +98,7 @@ class UpstreamRuntime:
         results: Results | None = None,
     ) -> None:
         self._id = runtime_id
-        self._results = results  # None: every result inline
+        self._results = results or Results()  # Results(): every result inline
         self._proxy = proxy
         self._store = store
         self._clock = clock
@@ -305,7 +304,7 @@ class UpstreamRuntime:
             self._proxy.refused(out, exc)
             return _Outcome(_failure(exc, retryable=False))
         try:
-            body = await _read_body(reply)
+            body = await read_all(reply)
         except UpstreamError as exc:
             reply.broke()
             reply.close(exc.code)
@@ -317,11 +316,13 @@ class UpstreamRuntime:
     async def _write(self, call: _Call, outcome: _Outcome) -> None:
         status, store = outcome.status, self._store
         if status.state == "completed":
-            result, ref = status.result, None
-            if self._results is not None:
-                result, ref = await self._results.keep(call.slug, result, size_hint=outcome.size)
-            written = await store.complete(
-                call.slug, call.token, result=result, result_ref=ref, actor=self.actor
+            written = await self._results.complete(
+                store,
+                call.slug,
+                call.token,
+                status.result,
+                actor=self.actor,
+                size_hint=outcome.size,
             )
             self.completed += written
         elif status.terminal:
@@ -361,13 +362,6 @@ class UpstreamRuntime:
         )
 
 
-async def _read_body(reply: Reply) -> bytes:
-    parts = []
-    while chunk := await reply.read_chunk():
-        parts.append(chunk)
-    return b"".join(parts)
-
-
 def _failure(exc: GpugateError, *, retryable: bool) -> CallStatus:
     return CallStatus("failed", error_code=exc.code, message=exc.message, retryable=retryable)
 
@@ -375,7 +369,7 @@ def _failure(exc: GpugateError, *, retryable: bool) -> CallStatus:
 def _answered(status: int, body: bytes) -> CallStatus:
     """The call's end from the upstream's status and body."""
     if 200 <= status < 300:
-        return CallStatus("completed", result=_json_or_text(body))
+        return CallStatus("completed", result=json_or_text(body))
     code = f"UPSTREAM_{status}"
     message = f"the upstream answered {status}: {_error_message(body)}"
     if status == 429 or status >= 500:
@@ -383,16 +377,9 @@ def _answered(status: int, body: bytes) -> CallStatus:
     return CallStatus("failed", error_code=code, message=message, retryable=False, terminal=True)
 
 
-def _json_or_text(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", errors="replace")
-
-
 def _error_message(body: bytes) -> str:
     """The message of an OpenAI-shaped error body, else the start of the body."""
-    parsed = _json_or_text(body)
+    parsed = json_or_text(body)
     if isinstance(parsed, dict):
         error = parsed.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
