@@ -164,3 +164,62 @@ async def test_finding_8_a_workers_nan_cost_is_400_before_it_can_complete_the_jo
         status,
         error["error"]["message"],
     )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/jobs/a%00b",
+        "/v1/jobs/a%00b/events",
+        "/v1/files/file-%00",
+        "/v1/files/file-%00/content",
+        "/v1/batches/batch_%00",
+        "/v1/jobs?runner=a%00b",
+        "/v1/jobs?cursor=a%00b",
+        "/admin/audit?subject=a%00b",
+        "/admin/audit?action=a%00b",
+        "/admin/runtimes/home%00",
+    ],
+)
+async def test_defect_8_a_nul_in_a_path_or_a_filter_is_400_naming_it_on_both_backends(
+    gw: RunningGateway, http: aiohttp.ClientSession, path: str
+) -> None:
+    status, error = await answer(http, "GET", gw.url + path, headers=AS_ADMIN)
+
+    assert (400, "BAD_REQUEST") == (status, error["error"]["code"])
+    assert "expected text without control characters" in error["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [
+        ("k" * 3000, "expected at most 255 characters, got 3000"),
+        ("k" * 256, "expected at most 255 characters, got 256"),
+        ("", "expected a non-empty string"),
+        ("a\tb", "expected text without control characters"),
+    ],
+)
+async def test_defect_8_and_finding_8_an_idempotency_key_that_is_empty_or_too_long_is_400(
+    gw: RunningGateway, http: aiohttp.ClientSession, key: str, problem: str
+) -> None:
+    headers = {"Idempotency-Key": key}
+
+    status, error = await answer(
+        http, "POST", gw.url + "/v1/jobs", '{"model": "m", "input": {}}', headers
+    )
+
+    assert (400, "BAD_REQUEST") == (status, error["error"]["code"])
+    assert error["error"]["message"].startswith(f"Idempotency-Key: {problem}")
+    assert [] == (await gw.gateway.store.list_jobs(limit=10)).jobs
+
+
+async def test_a_255_character_idempotency_key_is_kept_on_both_backends(
+    gw: RunningGateway, http: aiohttp.ClientSession
+) -> None:
+    headers = {"Idempotency-Key": "k" * 255}
+    body = '{"model": "m", "input": {}}'
+
+    first, job = await answer(http, "POST", gw.url + "/v1/jobs", body, headers)
+    again, same = await answer(http, "POST", gw.url + "/v1/jobs", body, headers)
+
+    assert (202, 200, job["slug"]) == (first, again, same["slug"])

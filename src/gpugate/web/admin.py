@@ -1,136 +1,103 @@
-"""The operator plane's JSON API (``/admin/...``), behind the admin token.
+"""The operator plane's JSON API (``/admin/...``), behind the admin token: upstreams and GPUs.
 
-Every route requires ``Authorization: Bearer <admin token>``, compared in constant time. Without
-an admin token configured (``admin_token_env`` unset or empty) the admin API refuses everything.
+Every route requires ``Authorization: Bearer <admin token>``, compared in constant time
+(:func:`gpugate.web.api.authorize_admin`). Without an admin token configured
+(``admin_token_env`` unset or empty) the admin API refuses everything.
 """
 
 from __future__ import annotations
 
-import hmac
-import re
-from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
-
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from gpugate.core import picking
 from gpugate.core.gpu.health import gpu_key_for
 from gpugate.core.registry import UpstreamState
-from gpugate.errors import BadRequest, Unauthorized
+from gpugate.errors import BadRequest
 from gpugate.store import AuditEvent
+from gpugate.web.api import operation, route, token_matches
+from gpugate.web.schemas.admin import (
+    AdminHeaders,
+    EndpointView,
+    ExporterView,
+    GpuCleared,
+    GpuPath,
+    GpuRow,
+    GpusView,
+    UpstreamList,
+    UpstreamView,
+    valid_actor_name,
+)
+from gpugate.web.schemas.operation import Answer, Security
 from gpugate.wiring import Gateway
 
-Handler = Callable[[Request, Gateway], Awaitable[Response]]
+__all__ = ["clear_gpu_fault", "gpus_view", "routes", "token_matches", "upstream_view"]
+__all__ += ["valid_actor_name"]  # the console's login checks names and tokens the same way
 
-ACTOR_HEADER = "x-gpugate-actor"
-_ACTOR_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
-
-
-def valid_actor_name(name: str) -> bool:
-    """Whether ``name`` may name an operator in the audit log (``admin:<name>``)."""
-    return _ACTOR_NAME.fullmatch(name) is not None
+TAGS = ("admin",)
+admin = partial(operation, Security.ADMIN, tags=TAGS)  # every operation here
 
 
-def token_matches(offered: str, token: str) -> bool:
-    """Whether ``offered`` is the admin ``token``, compared in constant time."""
-    return hmac.compare_digest(offered.encode(), token.encode())
-
-
-def admin_actor(request: Request) -> str:
-    """Who acts, for the audit log: ``admin``, or ``admin:<name>`` from ``X-Gpugate-Actor``."""
-    name = request.headers.get(ACTOR_HEADER)
-    if name is None:
-        return "admin"
-    if not valid_actor_name(name):
-        raise BadRequest("X-Gpugate-Actor must be 1-64 letters, digits, '.', '_', '@' or '-'")
-    return f"admin:{name}"
-
-
-def _authorize(request: Request, gateway: Gateway) -> None:
-    token = gateway.admin_token
-    if token is None:
-        raise Unauthorized(
-            "the admin API is disabled: no admin token is configured (admin_token_env)"
-        )
-    scheme, _, offered = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token_matches(offered, token):
-        raise Unauthorized("missing or wrong admin token")
-
-
-def admin(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """An admin route: authorize first, then hand the handler its gateway."""
-
-    async def endpoint(request: Request) -> Response:
-        gateway: Gateway = request.app.state.gateway
-        _authorize(request, gateway)
-        return await handler(request, gateway)
-
-    endpoint.__name__ = handler.__name__
-    endpoint.__doc__ = handler.__doc__
-    return endpoint
-
-
-def upstream_view(upstream: UpstreamState, gateway: Gateway) -> dict[str, Any]:
+def upstream_state(upstream: UpstreamState, gateway: Gateway) -> UpstreamView:
     """One upstream as operators see it: endpoints, load, rotation."""
     now = gateway.clock.monotonic()
     pool = upstream.pool
-    return {
-        "id": upstream.id,
-        "models": list(upstream.config.models),
-        "gpu_ids": list(upstream.config.gpu_ids),
-        "external": upstream.config.external,
-        "out_of_rotation": gateway.registry.out_of_rotation(upstream),
-        "inflight": pool.inflight,
-        "max_inflight": pool.max_inflight,
-        "queued": {cls.value: n for cls, n in pool.queued_by_class().items()},
-        "endpoints": [
-            {
-                "url": ep.url,
-                "health": str(picking.health(ep, now)),
-                "outstanding": ep.outstanding,
-                "latency_ms": None if ep.latency_ewma_s is None else ep.latency_ewma_s * 1000,
-                "ejections": ep.ejections,
-            }
+    return UpstreamView(
+        id=upstream.id,
+        models=list(upstream.config.models),
+        gpu_ids=list(upstream.config.gpu_ids),
+        external=upstream.config.external,
+        out_of_rotation=gateway.registry.out_of_rotation(upstream),
+        inflight=pool.inflight,
+        max_inflight=pool.max_inflight,
+        queued={cls.value: n for cls, n in pool.queued_by_class().items()},
+        endpoints=[
+            EndpointView(
+                url=ep.url,
+                health=str(picking.health(ep, now)),
+                outstanding=ep.outstanding,
+                latency_ms=None if ep.latency_ewma_s is None else ep.latency_ewma_s * 1000,
+                ejections=ep.ejections,
+            )
             for ep in upstream.endpoints
         ],
-    }
-
-
-@admin
-async def list_upstreams(request: Request, gateway: Gateway) -> Response:
-    """Every upstream with its endpoints' health, load and rotation."""
-    return JSONResponse(
-        {"upstreams": [upstream_view(u, gateway) for u in gateway.registry.upstreams()]}
     )
 
 
-def gpus_view(gateway: Gateway) -> dict[str, Any]:
+def upstream_view(upstream: UpstreamState, gateway: Gateway) -> dict[str, Any]:
+    """:func:`upstream_state` as JSON data, for the console's pages."""
+    return upstream_state(upstream, gateway).as_json()
+
+
+def gpus_state(gateway: Gateway) -> GpusView:
     """Every GPU row (readings, verdict, reasons, mapped upstreams) and each exporter's state."""
     monitor = gateway.monitor
     if monitor is None:
-        return {"dormant": True, "gpus": [], "exporters": []}
+        return GpusView(dormant=True, gpus=[], exporters=[])
+    now = gateway.clock.monotonic()
     exporters = [
-        {
-            "url": e.url,
-            "host": e.host,
-            "scrapes": e.scrapes,
-            "failures": e.failures,
-            "last_error": e.last_error,
-            "seconds_since_success": None
-            if e.last_success is None
-            else gateway.clock.monotonic() - e.last_success,
-        }
+        ExporterView(
+            url=e.url,
+            host=e.host,
+            scrapes=e.scrapes,
+            failures=e.failures,
+            last_error=e.last_error,
+            seconds_since_success=None if e.last_success is None else now - e.last_success,
+        )
         for e in monitor.exporters
     ]
-    gpus = monitor.snapshot(gateway.clock.now())
-    return {"dormant": False, "gpus": gpus, "exporters": exporters}
+    gpus = [GpuRow.of(row) for row in monitor.snapshot(gateway.clock.now())]
+    return GpusView(dormant=False, gpus=gpus, exporters=exporters)
+
+
+def gpus_view(gateway: Gateway) -> dict[str, Any]:
+    """:func:`gpus_state` as JSON data, for the console's pages."""
+    return gpus_state(gateway).as_json()
 
 
 async def clear_gpu_fault(gateway: Gateway, raw: str, actor: str) -> list[str]:
     """Clear a GPU's held fault (``0``, or ``host/0``) at once, audited; returns the rows."""
-    gpu_id: int | str = int(raw) if raw.isdigit() else raw
+    gpu_id: int | str = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 9 else raw
     try:
         gpu_key_for(gpu_id)
     except ValueError as exc:
@@ -144,22 +111,42 @@ async def clear_gpu_fault(gateway: Gateway, raw: str, actor: str) -> list[str]:
     return cleared
 
 
-@admin
-async def list_gpus(request: Request, gateway: Gateway) -> Response:
-    """Every GPU row: readings, verdict, reasons, mapped upstreams; and each exporter's state."""
-    return JSONResponse(gpus_view(gateway))
+@admin(
+    responses={200: Answer("every upstream", UpstreamList)},
+    uses_store=False,
+)
+async def list_upstreams(gateway: Gateway) -> UpstreamList:
+    """Every upstream with its endpoints' health, load and rotation."""
+    return UpstreamList(
+        upstreams=[upstream_state(u, gateway) for u in gateway.registry.upstreams()]
+    )
 
 
-@admin
-async def clear_gpu(request: Request, gateway: Gateway) -> Response:
-    """Clear a GPU's held fault (``0``, or ``host/0`` with several exporters); audited."""
-    raw: str = request.path_params["gpu"]
-    cleared = await clear_gpu_fault(gateway, raw, admin_actor(request))
-    return JSONResponse({"gpu": raw, "cleared": cleared})
+@admin(
+    responses={200: Answer("every GPU and exporter; `dormant` without gpu_health", GpusView)},
+    uses_store=False,
+)
+async def list_gpus(gateway: Gateway) -> GpusView:
+    """Every GPU row: readings, verdict, reasons, mapped upstreams; and each exporter's state.
+
+    The readings are those of `gpugate gpus inspect --json`; `stale` and `saturated` are the
+    verdict's inputs, `fault_reason` and `faulted_since` are set while a fault holds.
+    """
+    return gpus_state(gateway)
+
+
+@admin(
+    responses={200: Answer("the rows whose fault was cleared", GpuCleared)},
+    errors={400: "BAD_REQUEST: not a GPU id, or gpu_health is dormant"},
+)
+async def clear_gpu(gateway: Gateway, path: GpuPath, headers: AdminHeaders) -> GpuCleared:
+    """Clear a GPU's held fault at once (`0`, or `host/0` with several exporters); audited."""
+    cleared = await clear_gpu_fault(gateway, path.gpu, headers.actor)
+    return GpuCleared(gpu=path.gpu, cleared=cleared)
 
 
 routes = [
-    Route("/admin/upstreams", list_upstreams, methods=["GET"]),
-    Route("/admin/gpus", list_gpus, methods=["GET"]),
-    Route("/admin/gpus/{gpu:path}/clear", clear_gpu, methods=["POST"]),
+    route("/admin/upstreams", list_upstreams, "GET"),
+    route("/admin/gpus", list_gpus, "GET"),
+    route("/admin/gpus/{gpu:path}/clear", clear_gpu, "POST"),
 ]

@@ -10,29 +10,45 @@ and changes nothing.
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from gpugate.config.gateway_import import render_gateway_document
 from gpugate.errors import BadRequest, ConfigError
-from gpugate.web.admin import admin, admin_actor
+from gpugate.web.api import operation, route
 from gpugate.web.bodies import read_body
 from gpugate.web.errors import error_body, status_of
+from gpugate.web.schemas.admin import AdminHeaders
+from gpugate.web.schemas.config import (
+    ExportHeaders,
+    GatewayDocument,
+    ImportHeaders,
+    ImportResult,
+    RollbackResult,
+    VersionList,
+    VersionPath,
+    VersionsQuery,
+    VersionView,
+)
+from gpugate.web.schemas.operation import Answer, RawBody, Security
+from gpugate.wiring import Gateway
 
 if TYPE_CHECKING:
-    from starlette.requests import Request
-
     from gpugate.config.gateway_import import Media
-    from gpugate.services.config_versions import ConfigVersions, Imported
+    from gpugate.services.config_versions import ConfigVersions
     from gpugate.store import ConfigVersion
-    from gpugate.wiring import Gateway
 
 VERSION_HEADER = "X-Config-Version"
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 JSON_TYPES = ("application/json", "")
-MAX_VERSIONS = 500
+TAGS = ("admin", "config")
+admin = partial(operation, Security.ADMIN, tags=TAGS)  # every operation here
+VERSION = {VERSION_HEADER: "the version number now in effect"}
+INVALID = {422: "CONFIG_INVALID: every problem in `error.problems` (path, message, line)"}
+DOCUMENT = {"application/json": GatewayDocument, "application/yaml": GatewayDocument}
 
 
 def _versions(gateway: Gateway) -> ConfigVersions:
@@ -40,19 +56,18 @@ def _versions(gateway: Gateway) -> ConfigVersions:
     return gateway.config_versions
 
 
-def _wants_yaml(request: Request) -> bool:
-    accept = request.headers.get("accept", "")
-    return any(kind in accept for kind in YAML_TYPES)
+def _wants_yaml(accept: str | None) -> bool:
+    return any(kind in (accept or "") for kind in YAML_TYPES)
 
 
-def _body_media(request: Request) -> Media:
-    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+def _body_media(content_type: str | None) -> Media:
+    kind = (content_type or "").partition(";")[0].strip().lower()
     if kind in YAML_TYPES:
         return "yaml"
     if kind in JSON_TYPES:
         return "json"
     raise BadRequest(
-        f"unsupported Content-Type {kind!r} for a config import: "
+        f"unsupported Content-Type {kind[:80]!r} for a config import: "
         "send application/json or application/yaml"
     )
 
@@ -66,35 +81,39 @@ def problems_response(exc: ConfigError) -> Response:
     return JSONResponse(body, status_code=status_of(exc))
 
 
-def _result(result: Imported, **extra: Any) -> Response:
-    body = {"version": result.version, "changed": result.changed, **extra}
-    return JSONResponse(body, headers={VERSION_HEADER: str(result.version)})
+def _result(view: ImportResult) -> Response:
+    return Response(
+        view.to_bytes(),
+        media_type="application/json",
+        headers={VERSION_HEADER: str(view.version)},
+    )
 
 
 def version_view(version: ConfigVersion, current: int) -> dict[str, Any]:
-    """One stored version, without its document."""
-    return {
-        "version": version.version,
-        "created_at": version.created_at.isoformat(),
-        "actor": version.actor,
-        "note": version.note,
-        "current": version.version == current,
-    }
+    """One stored version, without its document, as JSON data (for the console's pages)."""
+    return _version(version, current).as_json()
 
 
-@admin
-async def export_config(request: Request, gateway: Gateway) -> Response:
-    """Export the current gateway config version.
-    ---
-    summary: Export the current gateway config (upstreams, runtimes, chain, stop conditions)
-    description: >-
-      The body is exactly the config file's schema for the gateway keys, nothing added: JSON by
-      default, YAML with `Accept: application/yaml`. The version is in `X-Config-Version`.
-    responses:
-      200: {description: "the document; header X-Config-Version: the version number"}
-      401: {description: UNAUTHORIZED}
+def _version(version: ConfigVersion, current: int) -> VersionView:
+    return VersionView.of(version).model_copy(update={"current": version.version == current})
+
+
+@admin(
+    responses={
+        200: Answer(
+            "the document: JSON, or YAML for `Accept: application/yaml`",
+            GatewayDocument,
+            headers=VERSION,
+        )
+    },
+)
+async def export_config(gateway: Gateway, headers: ExportHeaders) -> Response:
+    """Export the current gateway config (upstreams, runtimes, chain, stop conditions).
+
+    The body is exactly the config file's schema for the gateway keys, nothing added: JSON by
+    default, YAML with `Accept: application/yaml`. The version is in `X-Config-Version`.
     """
-    return await exported(gateway, "yaml" if _wants_yaml(request) else "json")
+    return await exported(gateway, "yaml" if _wants_yaml(headers.accept) else "json")
 
 
 async def exported(gateway: Gateway, media: Media, *, download: bool = False) -> Response:
@@ -110,76 +129,68 @@ async def exported(gateway: Gateway, media: Media, *, download: bool = False) ->
     return Response(text, media_type=kind, headers=headers)
 
 
-@admin
-async def import_config(request: Request, gateway: Gateway) -> Response:
-    """Import a whole gateway config document (replace semantics).
-    ---
-    summary: Replace the gateway config with a whole document (JSON or YAML by Content-Type)
-    description: >-
-      Validated first, every problem reported at once (path, message, line for YAML); an invalid
-      document changes nothing. A valid one is stored as a new version (audited) and takes
-      effect at once here and within `server.config_poll_s` on every replica, without a
-      restart. A document equal to the current version changes nothing (`changed: false`).
-      `X-Gpugate-Actor` names the operator in the audit log.
-    responses:
-      200: {description: "{version, changed}; header X-Config-Version"}
-      400: {description: BAD_REQUEST (unsupported Content-Type)}
-      401: {description: UNAUTHORIZED}
-      413: {description: PAYLOAD_TOO_LARGE}
-      422: {description: "CONFIG_INVALID, with error.problems: [{path, message, line}]"}
+@admin(
+    responses={
+        200: Answer(
+            "the version stored (or the current one, unchanged)", ImportResult, headers=VERSION
+        )
+    },
+    errors={400: "BAD_REQUEST: an unsupported Content-Type, or not UTF-8 text", **INVALID},
+    raw_body=RawBody(DOCUMENT, description="a whole gateway document, JSON or YAML"),
+)
+async def import_config(request: Request, gateway: Gateway, headers: ImportHeaders) -> Response:
+    """Replace the gateway config with a whole document (JSON or YAML by Content-Type).
+
+    Validated first, every problem reported at once (path, message, line for YAML); an invalid
+    document changes nothing. A valid one is stored as a new version (audited) and takes
+    effect at once here and within `server.config_poll_s` on every replica, without a
+    restart. A document equal to the current version changes nothing (`changed: false`).
+    YAML is read within limits (nesting, and size with its aliases expanded) and parsed off
+    the event loop. `X-Gpugate-Actor` names the operator in the audit log.
     """
-    media = _body_media(request)
+    media = _body_media(headers.content_type)
     raw = await read_body(request, gateway.config.server.max_body_bytes)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRequest(f"the config document is not UTF-8 text (byte {exc.start})") from exc
     try:
-        result = await _versions(gateway).import_text(text, media=media, actor=admin_actor(request))
+        result = await _versions(gateway).import_text(text, media=media, actor=headers.actor)
     except ConfigError as exc:
         return problems_response(exc)
-    return _result(result)
+    return _result(ImportResult(version=result.version, changed=result.changed))
 
 
-@admin
-async def list_versions(request: Request, gateway: Gateway) -> Response:
-    """List the stored gateway config versions, newest first.
-    ---
-    summary: Stored gateway config versions, newest first (`?limit=`, default 50)
-    responses:
-      200: {description: "{versions: [{version, created_at, actor, note, current}]}"}
-      401: {description: UNAUTHORIZED}
-    """
-    raw = request.query_params.get("limit", "50")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_VERSIONS:
-        raise BadRequest(f"limit must be 1 to {MAX_VERSIONS}")
-    versions = await _versions(gateway).versions(int(raw))
+@admin(responses={200: Answer("newest first", VersionList)})
+async def list_versions(gateway: Gateway, query: VersionsQuery) -> VersionList:
+    """The stored gateway config versions, newest first (`?limit=`, default 50)."""
+    versions = await _versions(gateway).versions(query.limit)
     current = gateway.config_version
-    return JSONResponse({"versions": [version_view(v, current) for v in versions]})
+    return VersionList(versions=[_version(v, current) for v in versions])
 
 
-@admin
-async def rollback_config(request: Request, gateway: Gateway) -> Response:
-    """Roll the gateway config back to an earlier version.
-    ---
-    summary: Store an earlier version's document again as a new version, in effect at once
-    responses:
-      200: {description: "{version, changed, rolled_back_to}; header X-Config-Version"}
-      401: {description: UNAUTHORIZED}
-      404: {description: UNKNOWN_CONFIG_VERSION}
-      422: {description: CONFIG_INVALID (the old version does not validate any more)}
-    """
-    target: int = request.path_params["version"]
+@admin(
+    responses={200: Answer("the new version", RollbackResult, headers=VERSION)},
+    errors={
+        404: "UNKNOWN_CONFIG_VERSION",
+        422: "CONFIG_INVALID: the old version no longer validates",
+    },
+)
+async def rollback_config(gateway: Gateway, path: VersionPath, headers: AdminHeaders) -> Response:
+    """Store an earlier version's document again as a new version, in effect at once."""
     try:
-        result = await _versions(gateway).rollback(target, actor=admin_actor(request))
+        result = await _versions(gateway).rollback(path.version, actor=headers.actor)
     except ConfigError as exc:
         return problems_response(exc)
-    return _result(result, rolled_back_to=target)
+    view = RollbackResult(
+        version=result.version, changed=result.changed, rolled_back_to=path.version
+    )
+    return _result(view)
 
 
 routes = [
-    Route("/admin/config", export_config, methods=["GET"]),
-    Route("/admin/config", import_config, methods=["PUT"]),
-    Route("/admin/config/versions", list_versions, methods=["GET"]),
-    Route("/admin/config/rollback/{version:int}", rollback_config, methods=["POST"]),
+    route("/admin/config", export_config, "GET"),
+    route("/admin/config", import_config, "PUT"),
+    route("/admin/config/versions", list_versions, "GET"),
+    route("/admin/config/rollback/{version:int}", rollback_config, "POST"),
 ]

@@ -45,20 +45,20 @@ def create_app(gateway: Gateway) -> ASGIApp:
         finally:
             gateway.stopping = True
 
+    routes = [
+        *ops.routes,
+        *models.routes,
+        *jobs.routes,
+        *worker.routes,
+        *admin.routes,
+        *admin_config.routes,
+        *admin_runtimes.routes,
+        *console.routes(),
+        *azure_di.routes,
+        *batches.routes,
+    ]
     app = Starlette(
-        routes=[
-            *ops.routes,
-            *models.routes,
-            *jobs.routes,
-            *worker.routes,
-            *admin.routes,
-            *admin_config.routes,
-            *admin_runtimes.routes,
-            *openapi.routes,
-            *console.routes(),
-            *azure_di.routes,
-            *batches.routes,
-        ],
+        routes=[*routes, *openapi.routes(routes)],
         lifespan=lifespan,
         exception_handlers={GpugateError: _gpugate_error},
     )

@@ -4,20 +4,37 @@ client's ``files.create``, ``files.retrieve``, ``files.content``, ``batches.crea
 
 from __future__ import annotations
 
+from functools import partial
+
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import Response
 
 from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge
 from gpugate.services.batches import Batches, batch_view, file_view
-from gpugate.web.bodies import json_body, refuse_declared_over
+from gpugate.web.api import operation, route
+from gpugate.web.bodies import refuse_declared_over
 from gpugate.web.errors import error_body, status_of
+from gpugate.web.schemas.batches import (
+    BatchCreate,
+    BatchPath,
+    BatchView,
+    FilePath,
+    FileUpload,
+    FileView,
+)
+from gpugate.web.schemas.operation import Answer, RawBody, Security
 from gpugate.wiring import Gateway
 
+TAGS = ("batches",)
+client = partial(operation, Security.CLIENT, tags=TAGS)  # every operation here
+FILE_NOT_FOUND = {404: "FILE_NOT_FOUND"}
+BATCH_NOT_FOUND = {404: "BATCH_NOT_FOUND"}
+A_FILE = {200: Answer("the file object", FileView)}
+A_BATCH = {200: Answer("the batch object", BatchView)}
 
-def _batches(request: Request) -> Batches:
-    gateway: Gateway = request.app.state.gateway
+
+def _batches(gateway: Gateway) -> Batches:
     assert gateway.batches is not None
     return gateway.batches
 
@@ -27,16 +44,12 @@ def present(exc: GpugateError) -> tuple[int, bytes]:
     return status_of(exc), error_body(exc)
 
 
-async def create_file(request: Request) -> Response:
-    """Upload a JSONL file of batch requests.
-    ---
-    summary: Upload a file (multipart `file`, `purpose` batch), as OpenAI's files.create
-    responses:
-      200: {description: the file object}
-      400: {description: BAD_REQUEST}
-      413: {description: PAYLOAD_TOO_LARGE}
-    """
-    gateway: Gateway = request.app.state.gateway
+@client(
+    responses=A_FILE,
+    raw_body=RawBody({"multipart/form-data": FileUpload}),
+)
+async def create_file(request: Request, gateway: Gateway) -> FileView:
+    """Upload a file (multipart `file`, `purpose` batch), as OpenAI's files.create."""
     limit = gateway.config.server.max_body_bytes
     refuse_declared_over(request, limit)
     async with request.form(max_part_size=limit) as form:
@@ -49,79 +62,65 @@ async def create_file(request: Request) -> Response:
         if len(data) > limit:
             raise PayloadTooLarge(f"upload exceeds max_body_bytes ({limit})")
         name = upload.filename or "upload.jsonl"
-    record = await _batches(request).create_file(name, purpose, data)
-    return JSONResponse(file_view(record))
+    record = await _batches(gateway).create_file(name, purpose, data)
+    return FileView.of(file_view(record))
 
 
-async def get_file(request: Request) -> Response:
-    """A file's metadata.
-    ---
-    summary: A file object, as OpenAI's files.retrieve
-    responses:
-      200: {description: the file object}
-      404: {description: FILE_NOT_FOUND}
-    """
-    record = await _batches(request).get_file(request.path_params["file_id"])
-    return JSONResponse(file_view(record))
+@client(responses=A_FILE, errors=FILE_NOT_FOUND)
+async def get_file(gateway: Gateway, path: FilePath) -> FileView:
+    """A file object, as OpenAI's files.retrieve."""
+    return FileView.of(file_view(await _batches(gateway).get_file(path.file_id)))
 
 
-async def file_content(request: Request) -> Response:
-    """A file's bytes.
-    ---
-    summary: A file's content (batch input or output JSONL), as OpenAI's files.content
-    responses:
-      200: {description: the bytes}
-      404: {description: FILE_NOT_FOUND}
-    """
-    data = await _batches(request).file_content(request.path_params["file_id"])
+@client(
+    responses={
+        200: Answer(
+            "the bytes",
+            media="application/octet-stream",
+            schema={"type": "string", "format": "binary"},
+        )
+    },
+    errors=FILE_NOT_FOUND,
+)
+async def file_content(gateway: Gateway, path: FilePath) -> Response:
+    """A file's content (batch input or output JSONL), as OpenAI's files.content."""
+    data = await _batches(gateway).file_content(path.file_id)
     return Response(data, media_type="application/octet-stream")
 
 
-async def create_batch(request: Request) -> Response:
-    """Start a batch over an uploaded file.
-    ---
-    summary: Create a batch (`input_file_id`, `endpoint`, `completion_window` 24h, `metadata`)
-    description: >-
-      Every line is checked first (a 400 names the first bad one, nothing is stored); then each
-      line runs through the gateway's proxy as class batch, with bounded concurrency.
-    responses:
-      200: {description: the batch object, in_progress}
-      400: {description: BAD_REQUEST}
-      404: {description: FILE_NOT_FOUND}
+@client(
+    responses={200: Answer("the batch object, in_progress", BatchView)},
+    errors={
+        400: "BAD_REQUEST: the body, or the first bad line of the input (nothing is stored)",
+        **FILE_NOT_FOUND,
+    },
+)
+async def create_batch(gateway: Gateway, body: BatchCreate) -> BatchView:
+    """Create a batch over an uploaded file or lines given inline, as OpenAI's batches.create.
+
+    Every line is checked first (a 400 names the first bad one, nothing is stored); then each
+    line runs through the gateway's proxy as class batch, with bounded concurrency.
     """
-    batch = await _batches(request).create_batch(await json_body(request))
-    return JSONResponse(batch_view(batch))
+    return BatchView.of(batch_view(await _batches(gateway).create_batch(body.service_body())))
 
 
-async def get_batch(request: Request) -> Response:
-    """A batch and its progress.
-    ---
-    summary: A batch object with `request_counts {total, completed, failed}`
-    responses:
-      200: {description: the batch object}
-      404: {description: BATCH_NOT_FOUND}
-    """
-    batch = await _batches(request).get_batch(request.path_params["batch_id"])
-    return JSONResponse(batch_view(batch))
+@client(responses=A_BATCH, errors=BATCH_NOT_FOUND)
+async def get_batch(gateway: Gateway, path: BatchPath) -> BatchView:
+    """A batch with `request_counts {total, completed, failed}`, as OpenAI's batches.retrieve."""
+    return BatchView.of(batch_view(await _batches(gateway).get_batch(path.batch_id)))
 
 
-async def cancel_batch(request: Request) -> Response:
-    """Cancel a batch: no more of its lines start.
-    ---
-    summary: Cancel a batch (in_progress -> cancelling -> cancelled, with the finished lines)
-    responses:
-      200: {description: the batch object}
-      404: {description: BATCH_NOT_FOUND}
-    """
-    batch = await _batches(request).cancel_batch(request.path_params["batch_id"])
-    return JSONResponse(batch_view(batch))
+@client(responses=A_BATCH, errors=BATCH_NOT_FOUND)
+async def cancel_batch(gateway: Gateway, path: BatchPath) -> BatchView:
+    """Cancel a batch: in_progress → cancelling → cancelled, with the lines that finished."""
+    return BatchView.of(batch_view(await _batches(gateway).cancel_batch(path.batch_id)))
 
 
 routes = [
-    Route("/v1/files", create_file, methods=["POST"]),
-    Route("/v1/files/{file_id}", get_file, methods=["GET"]),
-    Route("/v1/files/{file_id}/content", file_content, methods=["GET"]),
-    Route("/v1/batches", create_batch, methods=["POST"]),
-    Route("/v1/batches/{batch_id}", get_batch, methods=["GET"]),
-    Route("/v1/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
+    route("/v1/files", create_file, "POST"),
+    route("/v1/files/{file_id}", get_file, "GET"),
+    route("/v1/files/{file_id}/content", file_content, "GET"),
+    route("/v1/batches", create_batch, "POST"),
+    route("/v1/batches/{batch_id}", get_batch, "GET"),
+    route("/v1/batches/{batch_id}/cancel", cancel_batch, "POST"),
 ]

@@ -2,91 +2,139 @@
 
 from __future__ import annotations
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from functools import partial
 
-from gpugate.errors import BadRequest
-from gpugate.services.jobs import Jobs, event_view, job_view, parse_job_request
-from gpugate.web.bodies import json_body
-from gpugate.web.sync_jobs import create_and_wait
+from starlette.responses import Response
+
+from gpugate.services.jobs import Jobs, event_view, job_view
+from gpugate.web.api import operation, route
+from gpugate.web.schemas.jobs import (
+    JobCreate,
+    JobCreateHeaders,
+    JobCreateQuery,
+    JobEventList,
+    JobEventView,
+    JobList,
+    JobListQuery,
+    JobPath,
+    JobView,
+)
+from gpugate.web.schemas.operation import Answer, Security
+from gpugate.web.sync_jobs import CACHE_HEADER, create_and_wait
 from gpugate.wiring import Gateway
 
-MAX_LIST = 500
+TAGS = ("jobs",)
+client = partial(operation, Security.CLIENT, tags=TAGS)  # every operation here
+NOT_FOUND = {404: "JOB_NOT_FOUND"}
 
 
-def _jobs(request: Request) -> Jobs:
-    gateway: Gateway = request.app.state.gateway
+def _jobs(gateway: Gateway) -> Jobs:
     assert gateway.jobs is not None
     return gateway.jobs
 
 
-async def create_job(request: Request) -> Response:
-    """202 with the new job; 200 with the existing one when the Idempotency-Key was seen."""
-    job_request = parse_job_request(await json_body(request))
-    key = request.headers.get("idempotency-key")
-    if "wait" in request.query_params:  # the synchronous front (issue 9)
-        return await create_and_wait(request, job_request, key)
-    job, created = await _jobs(request).create(job_request, idempotency_key=key)
-    return JSONResponse(job_view(job), status_code=202 if created else 200)
+def _job(view: JobView, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(view.to_bytes(), status, headers, media_type="application/json")
 
 
-async def get_job(request: Request) -> Response:
-    job = await _jobs(request).get(request.path_params["slug"])
-    return JSONResponse(job_view(job, with_input=True))
+@client(
+    responses={
+        202: Answer("the new job, queued (or still running after `wait`)", JobView),
+        200: Answer(
+            "the job this Idempotency-Key made before; with `wait`: the finished job",
+            JobView,
+            headers={CACHE_HEADER: "with `wait`, for a model whose results are cached: hit|miss"},
+        ),
+    },
+    errors={
+        404: "UNKNOWN_MODEL: no runtime serves the model",
+        429: "GPU_SATURATED: with `wait`, a batch job whose every upstream is saturated",
+    },
+)
+async def create_job(
+    gateway: Gateway, query: JobCreateQuery, headers: JobCreateHeaders, body: JobCreate
+) -> Response:
+    """Create a job: 202 with the new job, 200 with the existing one for a known Idempotency-Key.
 
-
-async def list_jobs(request: Request) -> Response:
-    q = request.query_params
-    raw_limit = q.get("limit", "50")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST:
-        raise BadRequest(f"limit must be 1 to {MAX_LIST}")
-    page = await _jobs(request).list(
-        state=q.get("state"), runner=q.get("runner"), limit=int(raw_limit), cursor=q.get("cursor")
-    )
-    return JSONResponse(
-        {"data": [job_view(job) for job in page.jobs], "next_cursor": page.next_cursor}
-    )
-
-
-async def job_result(request: Request) -> Response:
-    """---
-    summary: A completed job's result, inline or from the blob store
-    description: The JSON result, however large (a result over blobs.inline_max_bytes is not
-      in the job's view, only its result_ref). 409 JOB_NOT_COMPLETED before it completes.
-    responses:
-      200: {description: the result as JSON}
-      404: {description: JOB_NOT_FOUND}
-      409: {description: JOB_NOT_COMPLETED}
+    The job is stored and the dispatcher woken at once; it runs along its runner, then the
+    fallback chain. With `?wait=SECONDS` (0-300) the answer waits for it: 200 with the finished
+    job, 202 if it is still running (see the README's synchronous front).
     """
-    gateway: Gateway = request.app.state.gateway
+    request, key = body.job_request(), headers.idempotency_key
+    if query.wait is not None:
+        return await create_and_wait(gateway, request, key, query.wait, headers.cache_control)
+    job, created = await _jobs(gateway).create(request, idempotency_key=key)
+    return _job(JobView.of(job_view(job)), 202 if created else 200)
+
+
+@client(
+    responses={200: Answer("the job, with its input", JobView)},
+    errors=NOT_FOUND,
+)
+async def get_job(gateway: Gateway, path: JobPath) -> JobView:
+    """A job: its state, attempts, lease, result or error, and its input."""
+    return JobView.of(job_view(await _jobs(gateway).get(path.slug), with_input=True))
+
+
+@client(responses={200: Answer("a page, newest first", JobList)})
+async def list_jobs(gateway: Gateway, query: JobListQuery) -> JobList:
+    """Jobs, newest first, filtered by `state` and `runner`; `cursor` pages on."""
+    page = await _jobs(gateway).list(
+        state=query.state, runner=query.runner, limit=query.limit, cursor=query.cursor
+    )
+    views = [JobView.of(job_view(job)) for job in page.jobs]
+    return JobList(data=views, next_cursor=page.next_cursor)
+
+
+@client(
+    responses={200: Answer("the result as JSON", media="application/json", schema={})},
+    errors={**NOT_FOUND, 409: "JOB_NOT_COMPLETED"},
+)
+async def job_result(gateway: Gateway, path: JobPath) -> Response:
+    """A completed job's result, inline or from the blob store.
+
+    The JSON result, however large (a result over blobs.inline_max_bytes is not in the job's
+    view, only its result_ref).
+    """
     assert gateway.results is not None
-    job = await _jobs(request).get(request.path_params["slug"])
-    body = await gateway.results.read(job)
+    body = await gateway.results.read(await _jobs(gateway).get(path.slug))
     return Response(body, media_type="application/json")
 
 
-async def job_events(request: Request) -> Response:
-    events = await _jobs(request).events(request.path_params["slug"])
-    return JSONResponse({"data": [event_view(event) for event in events]})
+@client(
+    responses={200: Answer("every event, oldest first", JobEventList)},
+    errors=NOT_FOUND,
+)
+async def job_events(gateway: Gateway, path: JobPath) -> JobEventList:
+    """A job's events: every state change, with its runtime, call and error code."""
+    events = await _jobs(gateway).events(path.slug)
+    return JobEventList(data=[JobEventView.of(event_view(event)) for event in events])
 
 
-async def cancel_job(request: Request) -> Response:
-    job = await _jobs(request).cancel(request.path_params["slug"], actor="api")
-    return JSONResponse(job_view(job))
+@client(
+    responses={200: Answer("the job", JobView)},
+    errors=NOT_FOUND,
+)
+async def cancel_job(gateway: Gateway, path: JobPath) -> JobView:
+    """Cancel a job: queued → cancelled; running → the runtime's cancel first, then cancelled."""
+    return JobView.of(job_view(await _jobs(gateway).cancel(path.slug, actor="api")))
 
 
-async def retry_job(request: Request) -> Response:
-    job = await _jobs(request).retry(request.path_params["slug"], actor="api")
-    return JSONResponse(job_view(job))
+@client(
+    responses={200: Answer("the job", JobView)},
+    errors=NOT_FOUND,
+)
+async def retry_job(gateway: Gateway, path: JobPath) -> JobView:
+    """Re-drive a failed job from the start of its chain (any other job is left as it is)."""
+    return JobView.of(job_view(await _jobs(gateway).retry(path.slug, actor="api")))
 
 
 routes = [
-    Route("/v1/jobs", create_job, methods=["POST"]),
-    Route("/v1/jobs", list_jobs, methods=["GET"]),
-    Route("/v1/jobs/{slug}", get_job, methods=["GET"]),
-    Route("/v1/jobs/{slug}/events", job_events, methods=["GET"]),
-    Route("/v1/jobs/{slug}/result", job_result, methods=["GET"]),
-    Route("/v1/jobs/{slug}/cancel", cancel_job, methods=["POST"]),
-    Route("/v1/jobs/{slug}/retry", retry_job, methods=["POST"]),
+    route("/v1/jobs", create_job, "POST"),
+    route("/v1/jobs", list_jobs, "GET"),
+    route("/v1/jobs/{slug}", get_job, "GET"),
+    route("/v1/jobs/{slug}/events", job_events, "GET"),
+    route("/v1/jobs/{slug}/result", job_result, "GET"),
+    route("/v1/jobs/{slug}/cancel", cancel_job, "POST"),
+    route("/v1/jobs/{slug}/retry", retry_job, "POST"),
 ]

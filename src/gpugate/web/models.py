@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-
+from gpugate.web.api import operation, route
+from gpugate.web.schemas.operation import Answer, Security
+from gpugate.web.schemas.ops import ModelEntry, ModelList
 from gpugate.wiring import Gateway
 
 
-async def list_models(request: Request) -> Response:
-    """Models with at least one endpoint in rotation (healthy, not faulted, not ejected)."""
-    gateway: Gateway = request.app.state.gateway
+@operation(
+    Security.CLIENT,
+    tags=("data plane",),
+    responses={200: Answer("the models, in OpenAI's list shape", ModelList)},
+    uses_store=False,
+)
+async def list_models(gateway: Gateway) -> ModelList:
+    """The models with at least one endpoint in rotation (healthy, not faulted, not ejected)."""
     created = int(gateway.started_at.timestamp())
     data = [
-        {"id": model, "object": "model", "created": created, "owned_by": "gpugate"}
+        ModelEntry(id=model, object="model", created=created, owned_by="gpugate")
         for model in gateway.registry.models()
     ]
-    return JSONResponse({"object": "list", "data": data})
+    return ModelList(object="list", data=data)
 
 
-routes = [Route("/v1/models", list_models, methods=["GET"])]
+routes = [route("/v1/models", list_models, "GET")]

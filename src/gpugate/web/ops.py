@@ -2,38 +2,64 @@
 
 from __future__ import annotations
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import Response
 
 from gpugate import __version__
+from gpugate.web.api import operation, route
+from gpugate.web.schemas.operation import Answer, Security
+from gpugate.web.schemas.ops import Health, Readiness
 from gpugate.wiring import Gateway
 
-
-def _gateway(request: Request) -> Gateway:
-    gateway: Gateway = request.app.state.gateway
-    return gateway
+TAGS = ("operations",)
 
 
-async def healthz(request: Request) -> Response:
+@operation(
+    Security.NONE,
+    tags=TAGS,
+    responses={200: Answer("alive", Health)},
+    uses_store=False,
+)
+async def healthz() -> Health:
     """Alive: the process answers. Says nothing about the store or the fleet."""
-    return JSONResponse({"status": "ok", "version": __version__})
+    return Health(status="ok", version=__version__)
 
 
-async def readyz(request: Request) -> Response:
+@operation(
+    Security.NONE,
+    tags=TAGS,
+    responses={
+        200: Answer("every check passes", Readiness),
+        503: Answer("a check fails: not ready for traffic", Readiness),
+    },
+    uses_store=False,
+)
+async def readyz(gateway: Gateway) -> Response:
     """Ready to take traffic: every check passes (store reachable, config loaded, not stopping)."""
-    readiness = await _gateway(request).readiness()
-    return JSONResponse(readiness.as_json(), status_code=200 if readiness.ready else 503)
+    readiness = await gateway.readiness()
+    view = Readiness.of(readiness.as_json())
+    return Response(view.to_bytes(), 200 if readiness.ready else 503, media_type="application/json")
 
 
-async def metrics(request: Request) -> Response:
+@operation(
+    Security.NONE,
+    tags=TAGS,
+    responses={
+        200: Answer(
+            "the exposition (families prefixed gateway_)",
+            media="text/plain",
+            schema={"type": "string"},
+        )
+    },
+    uses_store=False,
+)
+async def metrics(gateway: Gateway) -> Response:
     """Prometheus exposition of the gateway's own registry."""
-    registry = _gateway(request).metrics
+    registry = gateway.metrics
     return Response(registry.render(), media_type=registry.content_type)
 
 
 routes = [
-    Route("/healthz", healthz, methods=["GET"]),
-    Route("/readyz", readyz, methods=["GET"]),
-    Route("/metrics", metrics, methods=["GET"]),
+    route("/healthz", healthz, "GET"),
+    route("/readyz", readyz, "GET"),
+    route("/metrics", metrics, "GET"),
 ]
