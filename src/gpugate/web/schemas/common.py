@@ -123,6 +123,7 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+_AWARE_EXAMPLE = "2025-01-01T00:00:00+00:00"
 _SHORTEST = 60  # characters of an offending value a message repeats
 
 
@@ -134,7 +135,12 @@ def _what(error: ErrorDetails) -> str:
     if error["type"] == "string_too_short" and error["ctx"]["min_length"] > 1:
         return f"expected at least {error['ctx']['min_length']} characters, got {len(value)}"
     if isinstance(value, str) and len(value) > _SHORTEST:
-        error = {**error, "input": value[:_SHORTEST] + "..."}
+        value = value[:_SHORTEST] + "..."
+        error = {**error, "input": value}
+    if error["type"] == "enum":
+        return f"expected {error['ctx']['expected']}, got {describe(value)}"
+    if error["type"] == "timezone_aware":
+        return f"expected a time with its UTC offset ({_AWARE_EXAMPLE}), got {describe(value)}"
     return message(error)
 
 
