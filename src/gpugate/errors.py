@@ -17,6 +17,8 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     ├── ClientError                    the request is wrong; retrying it unchanged will not help
     │   ├── BadRequest                 BAD_REQUEST
     │   ├── PayloadTooLarge            PAYLOAD_TOO_LARGE
+    │   ├── NoSuchRoute                NOT_FOUND: no route has this path
+    │   ├── MethodNotAllowed           METHOD_NOT_ALLOWED: the route takes other methods
     │   ├── Unauthorized               UNAUTHORIZED
     │   ├── CsrfRejected               CSRF_REJECTED: a console action without its session's token
     │   ├── UnknownModel               UNKNOWN_MODEL
@@ -160,6 +162,18 @@ class PayloadTooLarge(ClientError):
     """The request body is larger than this gateway accepts."""
 
     code = "PAYLOAD_TOO_LARGE"
+
+
+class NoSuchRoute(ClientError):
+    """No route of the gateway has this path."""
+
+    code = "NOT_FOUND"
+
+
+class MethodNotAllowed(ClientError):
+    """The route does not take this method."""
+
+    code = "METHOD_NOT_ALLOWED"
 
 
 class Unauthorized(ClientError):

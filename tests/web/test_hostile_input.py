@@ -3,6 +3,7 @@ backends alike, and changes nothing (issue 14 defects 4, 7, 8; issue 15 finding 
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from itertools import pairwise
 from typing import Any
@@ -223,3 +224,49 @@ async def test_a_255_character_idempotency_key_is_kept_on_both_backends(
     again, same = await answer(http, "POST", gw.url + "/v1/jobs", body, headers)
 
     assert (202, 200, job["slug"]) == (first, again, same["slug"])
+
+
+@pytest.fixture
+async def console(gw: RunningGateway, http: aiohttp.ClientSession) -> tuple[dict[str, str], str]:
+    """A console session's cookie header and its CSRF token."""
+    login = {"token": ADMIN}
+    async with http.post(gw.url + "/console/login", data=login, allow_redirects=False) as resp:
+        cookie = {"Cookie": f"gpugate_console={resp.cookies['gpugate_console'].value}"}
+    async with http.get(gw.url + "/console/runtimes", headers=cookie) as resp:
+        found = re.search(r'name="csrf" value="([^"]+)"', await resp.text())
+    assert found is not None
+    return cookie, found.group(1)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/console/jobs?runner=a%00b", "/console/audit?subject=a%00b", "/console/jobs/a%00b"],
+)
+async def test_defect_8_a_nul_in_a_console_filter_or_slug_is_a_400_page_on_both_backends(
+    gw: RunningGateway,
+    http: aiohttp.ClientSession,
+    console: tuple[dict[str, str], str],
+    path: str,
+) -> None:
+    cookie, _ = console
+
+    async with http.get(gw.url + path, headers=cookie, allow_redirects=False) as resp:
+        page = await resp.text()
+
+    assert 400 == resp.status
+    assert "text holds a NUL character" in page
+
+
+async def test_defect_8_a_nul_in_a_console_disable_reason_changes_nothing_on_both_backends(
+    gw: RunningGateway, http: aiohttp.ClientSession, console: tuple[dict[str, str], str]
+) -> None:
+    cookie, csrf = console
+    form = {"csrf": csrf, "reason": "a\x00b", "next": "/console/runtimes"}
+    url = gw.url + "/console/runtimes/home/disable"
+
+    async with http.post(url, headers=cookie, data=form, allow_redirects=False) as resp:
+        location = resp.headers["Location"]
+
+    assert 303 == resp.status
+    assert "error=BAD_REQUEST" in location
+    assert {} == await gw.gateway.store.runtime_states()

@@ -104,6 +104,7 @@ def _version(version: ConfigVersion, current: int) -> VersionView:
             "the document: JSON, or YAML for `Accept: application/yaml`",
             GatewayDocument,
             headers=VERSION,
+            mode="validation",  # the config models serialize through a function: no schema
         )
     },
 )
@@ -192,5 +193,5 @@ routes = [
     route("/admin/config", export_config, "GET"),
     route("/admin/config", import_config, "PUT"),
     route("/admin/config/versions", list_versions, "GET"),
-    route("/admin/config/rollback/{version:int}", rollback_config, "POST"),
+    route("/admin/config/rollback/{version}", rollback_config, "POST"),
 ]

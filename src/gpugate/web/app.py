@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
@@ -25,7 +26,7 @@ from gpugate.web import (
     worker,
 )
 from gpugate.web.dataplane import DataPlane
-from gpugate.web.errors import error_response
+from gpugate.web.errors import error_response, from_http_exception
 from gpugate.web.requestid import RequestIdMiddleware, RequestIds
 from gpugate.wiring import Gateway
 
@@ -33,6 +34,13 @@ from gpugate.wiring import Gateway
 async def _gpugate_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GpugateError)
     return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    response = error_response(from_http_exception(exc))
+    response.headers.update(exc.headers or {})  # Allow, on a 405
+    return response
 
 
 def create_app(gateway: Gateway) -> ASGIApp:
@@ -60,7 +68,7 @@ def create_app(gateway: Gateway) -> ASGIApp:
     app = Starlette(
         routes=[*routes, *openapi.routes(routes)],
         lifespan=lifespan,
-        exception_handlers={GpugateError: _gpugate_error},
+        exception_handlers={GpugateError: _gpugate_error, HTTPException: _http_error},
     )
     app.state.gateway = gateway
     if gateway.batch_runner is not None:  # batch lines record our errors as clients see them

@@ -77,7 +77,7 @@ async def get_file(gateway: Gateway, path: FilePath) -> FileView:
         200: Answer(
             "the bytes",
             media="application/octet-stream",
-            schema={"type": "string", "format": "binary"},
+            schema={"description": "the file's bytes (JSONL)"},
         )
     },
     errors=FILE_NOT_FOUND,

@@ -46,11 +46,17 @@ def json_document(raw: bytes | str) -> Any:
         data = parse_json(raw)
     except ValueError as exc:  # JSONDecodeError, bad UTF-8, or nesting past the limit
         raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    refuse_unstorable(data)
+    return data
+
+
+def refuse_unstorable(data: Any, *, what: str = "the request body") -> None:
+    """:class:`BadRequest` naming the first value of ``data`` no store can hold (NUL, a lone
+    surrogate, NaN, nesting past the limit); for form fields and parameters too."""
     problem = first_problem(data)
     if problem is not None:
-        where = format_path(problem.path) or "the request body"
+        where = format_path(problem.path) or what
         raise BadRequest(f"{where}: {problem.message}")
-    return data
 
 
 async def json_body(request: Request, *, empty_ok: bool = False) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import json
 import math
 from typing import TypeVar
 
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from gpugate import errors
@@ -23,6 +24,8 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.ClientError: 400,
     errors.BadRequest: 400,
     errors.PayloadTooLarge: 413,
+    errors.NoSuchRoute: 404,
+    errors.MethodNotAllowed: 405,
     errors.Unauthorized: 401,
     errors.CsrfRejected: 403,
     errors.UnknownModel: 404,
@@ -84,6 +87,17 @@ def error_headers(exc: errors.GpugateError) -> dict[str, str]:
         return {}
     seconds = max(1, math.ceil(exc.retry_after_s if exc.retry_after_s is not None else 1))
     return {"retry-after": str(seconds)}
+
+
+def from_http_exception(exc: HTTPException) -> errors.GpugateError:
+    """Starlette's own refusals (no such route, a wrong method, a broken form) as our errors, so
+    that every error a client sees has the one JSON shape."""
+    kinds: dict[int, type[errors.GpugateError]] = {
+        404: errors.NoSuchRoute,
+        405: errors.MethodNotAllowed,
+        413: errors.PayloadTooLarge,
+    }
+    return kinds.get(exc.status_code, errors.BadRequest)(exc.detail)
 
 
 def error_response(exc: errors.GpugateError) -> Response:

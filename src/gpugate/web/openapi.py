@@ -56,6 +56,7 @@ SECURITY: dict[Security, list[dict[str, list[str]]]] = {
     Security.WORKER: [{"worker": []}],
     Security.CONSOLE: [{"consoleSession": []}],
 }
+PAGE = {"type": "string", "description": "an HTML page saying what went wrong"}
 RETRY_AFTER = {"description": "seconds to wait before trying again", "schema": {"type": "integer"}}
 _CONVERTOR = re.compile(r"\{(\w+):\w+\}")
 _REF = "#/components/schemas/{model}"
@@ -128,7 +129,7 @@ def _models(ops: Sequence[Operation]) -> list[Keyed]:
             keyed[model, "validation"] = None
         for answer in spec.responses.values():
             if answer.model is not None:
-                keyed[answer.model, "serialization"] = None
+                keyed[answer.model, answer.mode] = None
     return list(keyed)
 
 
@@ -204,7 +205,12 @@ class _Renderer:
         return dict(schema)
 
     def responses(self, spec: Spec) -> dict[str, Any]:
-        error = {"application/json": {"schema": self.refs[ErrorBody, "serialization"]}}
+        shapes = {
+            "application/json": self.refs[ErrorBody, "serialization"],
+            "text/html": PAGE,
+            "*/*": {"description": "an upstream's own error, relayed as it gave it"},
+        }
+        error = {media: {"schema": shapes[media]} for media in spec.error_media}
         rendered: dict[str, Any] = {}
         for status, codes in sorted(spec.all_errors().items()):
             entry: dict[str, Any] = {"description": codes, "content": error}
@@ -213,15 +219,19 @@ class _Renderer:
             rendered[str(status)] = entry
         for status, answer in spec.responses.items():
             rendered[str(status)] = self.answer(answer)
+        if spec.default is not None:
+            rendered["default"] = self.answer(spec.default)
         return dict(sorted(rendered.items()))
 
     def answer(self, answer: Answer) -> dict[str, Any]:
         rendered: dict[str, Any] = {"description": answer.description}
         if answer.model is not None:
-            schema = self.refs[answer.model, "serialization"]
+            schema = self.refs[answer.model, answer.mode]
             rendered["content"] = {answer.media: {"schema": schema}}
         elif answer.schema is not None:
             rendered["content"] = {answer.media: {"schema": dict(answer.schema)}}
+        for media, schema in answer.alternatives.items():
+            rendered.setdefault("content", {})[media] = {"schema": dict(schema)}
         if answer.headers:
             rendered["headers"] = {
                 name: {"description": text, "schema": {"type": "string"}}

@@ -22,7 +22,7 @@ from gpugate.services.config_preview import ConfigPreview, media_of
 from gpugate.web.admin import clear_gpu_fault, token_matches, valid_actor_name
 from gpugate.web.admin_config import exported
 from gpugate.web.admin_runtimes import MAX_REASON, VERBS
-from gpugate.web.bodies import read_body
+from gpugate.web.bodies import read_body, refuse_unstorable
 from gpugate.web.console import session, views
 from gpugate.web.errors import status_of
 
@@ -133,6 +133,7 @@ class Pages:
                     return Response("session expired", status_code=401)
                 return _login_redirect(request)
             try:
+                refuse_unstorable({**request.path_params, **request.query_params})
                 return await handler(request, gateway, who)
             except ClientError as exc:
                 context = {"code": exc.code, "message": exc.message}
@@ -152,6 +153,7 @@ class Pages:
                 raise CsrfRejected("missing or wrong CSRF token: reload the page and try again")
             request.state.form = form
             try:
+                refuse_unstorable({**request.path_params, **form})
                 return await handler(request, gateway, who)
             except ClientError as exc:
                 return _done(form, f"{exc.code}: {exc.message}", error=True)

@@ -13,8 +13,10 @@ from gpugate.web.schemas.operation import Answer, Operation, RawBody, Security, 
 
 class DiPath(Query):
     path: str = Field(
+        min_length=1,
+        max_length=2048,
         description="documentintelligence/documentModels/{model}:analyze, or "
-        "documentintelligence/documentModels/{model}/analyzeResults/{id}"
+        "documentintelligence/documentModels/{model}/analyzeResults/{id}",
     )
 
 

@@ -18,6 +18,7 @@ from gpugate.web.schemas.operation import Answer, Operation, RawBody, Security, 
 HTML = {"type": "string", "description": "an HTML page"}
 _PAGE = Answer("the page", media="text/html", schema=HTML)
 _TO_LOGIN = Answer("no session: to the login page (`?next=` this page)", media="text/html")
+_PAGES = ("text/html", "application/json")  # pages, and the refusals made before a page
 _BACK = Answer("done (or refused, with the reason): back to the page", media="text/html")
 
 
@@ -52,7 +53,7 @@ class LoginForm(BaseModel):
 
 
 class ActionForm(BaseModel):
-    csrf: str = Field(description="the session's CSRF token")
+    csrf: str | None = Field(None, description="the session's CSRF token (or X-CSRF-Token)")
     next: str | None = Field(None, description="the page to go back to")
     reason: str | None = Field(None, description="enable/disable/drain: why")
     document: str | None = Field(None, description="config preview/import: the document")
@@ -79,7 +80,7 @@ class VersionPagePath(Query):
 
 
 class StaticPath(Query):
-    path: str
+    path: str = Field(pattern=r"^[A-Za-z0-9._-]+\.(css|js)$", examples=["console.css"])
 
 
 def _page(
@@ -90,9 +91,13 @@ def _page(
         security=Security.CONSOLE,
         tags=("console",),
         responses={200: _PAGE, 303: _TO_LOGIN},
-        errors={404: "UNKNOWN_RUNTIME, JOB_NOT_FOUND (as a page)"},
+        errors={
+            400: "BAD_REQUEST: a filter the page cannot use",
+            404: "UNKNOWN_RUNTIME, JOB_NOT_FOUND, NOT_FOUND",
+        },
         query=query,
         path=path,
+        error_media=_PAGES,
     )
 
 
@@ -108,9 +113,11 @@ def _action(summary: str, path: type[BaseModel] | None = None) -> Spec:
         errors={
             401: "UNAUTHORIZED: no console session",
             403: "CSRF_REJECTED: the session's CSRF token is missing or wrong",
+            404: "NOT_FOUND: a path parameter of the wrong form",
         },
         body=_FORM,
         path=path,
+        error_media=_PAGES,
     )
 
 
@@ -160,7 +167,18 @@ OPERATIONS = (
             },
         ),
     ),
-    Operation("post", "/console/config/preview", _action("A config document's diff and problems")),
+    Operation(
+        "post",
+        "/console/config/preview",
+        replace(
+            _action("A config document's diff and problems"),
+            responses={
+                200: Answer("the diff against the version in effect", media="text/html"),
+                303: _BACK,
+                422: Answer("the document's problems", media="text/html", schema=HTML),
+            },
+        ),
+    ),
     Operation("post", "/console/config/import", _action("Import a config document")),
     Operation(
         "post",

@@ -86,10 +86,13 @@ GATEWAY_HEADERS = {
     "X-Request-Id": "the request's id",
 }
 _ANSWER = Answer(
-    "the upstream's answer: JSON, or `text/event-stream` when streaming",
+    "the upstream's answer: JSON, or server-sent events when streaming",
     UpstreamAnswer,
     headers=GATEWAY_HEADERS,
+    alternatives={"text/event-stream": {"type": "string"}},
 )
+RELAYED_ERRORS = ("application/json", "*/*")  # the gateway's own, or the upstream's as it gave it
+_RELAYED = Answer("the upstream's own answer, relayed whatever its status", headers=GATEWAY_HEADERS)
 _ERRORS = {
     401: "UNAUTHORIZED: auth.mode keys, and no key or not a valid one",
     403: "MODEL_NOT_ALLOWED, EXTERNAL_UPSTREAM_FORBIDDEN",
@@ -116,6 +119,8 @@ def _openai(summary: str, body: type[BaseModel], *, streams: bool = True) -> Spe
         body=body,
         headers=DataPlaneHeaders,
         uses_store=False,
+        default=_RELAYED,
+        error_media=RELAYED_ERRORS,
     )
 
 
@@ -125,11 +130,13 @@ _RAW = Spec(
     "the answer comes back as the upstream gave it, chunk by chunk.",
     security=Security.CLIENT,
     tags=("data plane",),
-    responses={200: Answer("the upstream's answer, as it gave it", headers=GATEWAY_HEADERS)},
+    responses={},
     errors=_RAW_ERRORS,
     path=RawPath,
     headers=RawHeaders,
     uses_store=False,
+    default=_RELAYED,
+    error_media=RELAYED_ERRORS,
 )
 _RAW_WITH_BODY = replace(_RAW, body=RawBody({"application/octet-stream": {}}, required=False))
 

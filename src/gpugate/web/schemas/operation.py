@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode
 
 
 class Security(StrEnum):
@@ -27,13 +28,19 @@ class Security(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """One documented response: a JSON body of ``model``, or ``media`` with ``schema``."""
+    """One documented response: a JSON body of ``model``, or ``media`` with ``schema``.
+
+    ``mode``: the model's schema as it serializes (views), or as it validates — for a body
+    that is a document the client could send back (the config export).
+    """
 
     description: str
     model: type[BaseModel] | None = None
     media: str = "application/json"
     schema: Mapping[str, Any] | None = None
     headers: Mapping[str, str] = field(default_factory=dict)  # name -> description
+    mode: JsonSchemaMode = "serialization"
+    alternatives: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # media -> schema
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +58,9 @@ class Spec:
 
     ``errors``: the error statuses it may answer and with which codes, beyond those every
     operation of its kind may (400 for bad input, 401 when secured, 413 with a body, 503 with
-    ``Retry-After`` when the store is unavailable): see :func:`default_errors`.
+    ``Retry-After`` when the store is unavailable): see :func:`default_errors`; each in the
+    ``error_media`` (the console's errors are pages). ``default``: the answer for any status not
+    listed — a pass-through relays its upstream's, whatever it is.
     """
 
     summary: str
@@ -66,6 +75,8 @@ class Spec:
     path: type[BaseModel] | None = None
     headers: type[BaseModel] | None = None
     uses_store: bool = True
+    error_media: tuple[str, ...] = ("application/json",)
+    default: Answer | None = None
 
     def all_errors(self) -> dict[int, str]:
         """Every error status with its codes: the defaults of its kind, then its own."""
