@@ -16,7 +16,6 @@ truncation is never silent.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge, UpstreamEr
 from gpugate.logs import request_id
 from gpugate.services.idempotency import StoredResponse, Ticket
 from gpugate.services.proxy import Outbound, Reply
+from gpugate.web.bodies import json_document
 from gpugate.web.errors import error_body, error_headers, status_of
 from gpugate.web.requestid import HEADER as REQUEST_ID
 from gpugate.web.requestid import RequestIds
@@ -330,7 +330,7 @@ def _check_length(declared: int | None, limit: int) -> None:
 def _parse_doc(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object, parsed once for everyone on the path."""
     try:
-        doc = json.loads(body)
+        doc = json_document(body)
     except ValueError as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict):
