@@ -120,10 +120,13 @@ def cmd_gpus_inspect(args: argparse.Namespace) -> int:
     return 1 if errors and not entries else 0
 
 
-def _api(args: argparse.Namespace) -> GatewayApi:
-    from gpugate.adapters.gateway_api import GatewayApi
+def _api(args: argparse.Namespace, *, token: str | None = None) -> GatewayApi:
+    """A client of ``--gateway`` (redirects followed within its origin only), over TLS with
+    ``--ca-file`` / ``--cert-file`` / ``--key-file`` when given."""
+    from gpugate.adapters.gateway_api import GatewayApi, client_tls
 
-    return GatewayApi(args.gateway)
+    tls = client_tls(args.ca_file, args.cert_file, args.key_file)
+    return GatewayApi(args.gateway, token=token, actor=getattr(args, "actor", None), tls=tls)
 
 
 def _print_json(value: object) -> None:
@@ -185,10 +188,7 @@ def cmd_jobs_cancel(args: argparse.Namespace) -> int:
 
 
 def _admin_api(args: argparse.Namespace) -> GatewayApi:
-    from gpugate.adapters.gateway_api import GatewayApi
-
-    token = os.environ.get(args.token_env) or None
-    return GatewayApi(args.gateway, token=token, actor=args.actor)
+    return _api(args, token=os.environ.get(args.token_env) or None)
 
 
 def cmd_runtimes_list(args: argparse.Namespace) -> int:
@@ -443,7 +443,26 @@ def _gateway_parent() -> argparse.ArgumentParser:
     parent.add_argument(
         "--gateway",
         default=os.environ.get("GPUGATE_URL", "http://127.0.0.1:8080"),
-        help="the gateway's base URL (default $GPUGATE_URL or http://127.0.0.1:8080)",
+        help="the gateway's base URL (default $GPUGATE_URL or http://127.0.0.1:8080); a "
+        "redirect to another origin is refused, so the token never goes elsewhere",
+    )
+    parent.add_argument(
+        "--ca-file",
+        default=os.environ.get("GPUGATE_CA_FILE"),
+        help="CA bundle that signed an https:// gateway's certificate (default $GPUGATE_CA_FILE, "
+        "else the system's CAs)",
+    )
+    parent.add_argument(
+        "--cert-file",
+        default=os.environ.get("GPUGATE_CLIENT_CERT_FILE"),
+        help="client certificate for a gateway that requires one (tls.client_ca_file; "
+        "default $GPUGATE_CLIENT_CERT_FILE)",
+    )
+    parent.add_argument(
+        "--key-file",
+        default=os.environ.get("GPUGATE_CLIENT_KEY_FILE"),
+        help="the client certificate's key, if not in --cert-file (default "
+        "$GPUGATE_CLIENT_KEY_FILE)",
     )
     return parent
 
