@@ -446,24 +446,13 @@ def _gateway_parent() -> argparse.ArgumentParser:
         help="the gateway's base URL (default $GPUGATE_URL or http://127.0.0.1:8080); a "
         "redirect to another origin is refused, so the token never goes elsewhere",
     )
-    parent.add_argument(
-        "--ca-file",
-        default=os.environ.get("GPUGATE_CA_FILE"),
-        help="CA bundle that signed an https:// gateway's certificate (default $GPUGATE_CA_FILE, "
-        "else the system's CAs)",
+    tls = (
+        ("--ca-file", "GPUGATE_CA_FILE", "CA bundle that signed an https:// gateway's certificate"),
+        ("--cert-file", "GPUGATE_CLIENT_CERT_FILE", "client certificate (mTLS gateways)"),
+        ("--key-file", "GPUGATE_CLIENT_KEY_FILE", "the client certificate's key, if apart"),
     )
-    parent.add_argument(
-        "--cert-file",
-        default=os.environ.get("GPUGATE_CLIENT_CERT_FILE"),
-        help="client certificate for a gateway that requires one (tls.client_ca_file; "
-        "default $GPUGATE_CLIENT_CERT_FILE)",
-    )
-    parent.add_argument(
-        "--key-file",
-        default=os.environ.get("GPUGATE_CLIENT_KEY_FILE"),
-        help="the client certificate's key, if not in --cert-file (default "
-        "$GPUGATE_CLIENT_KEY_FILE)",
-    )
+    for flag, env, what in tls:
+        parent.add_argument(flag, default=os.environ.get(env), help=f"{what} (default ${env})")
     return parent
 
 
