@@ -262,6 +262,11 @@ MEANING: dict[str, str] = {
     "blobs.inline_max_bytes": "results up to this size stay in the job row; larger ones go to "
     "the blob store",
     "blobs.presign_s": "how long presigned URLs handed to a runtime live",
+    "import_env": "which environment variables a config import (admin API, console) may name "
+    "in a `*_env` key; the file may name any (docs/security.md)",
+    "import_env.prefix": "an import may name any variable starting with this; null: none by prefix",
+    "import_env.allow": "and these names (besides those the file's own gateway document names); "
+    "never a variable a process key names (the admin token's, the blob store's keys)",
 }
 
 

@@ -17,6 +17,7 @@ from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 from gpugate.config import summary
 from gpugate.config.blobs import BlobsConfig, S3Config
 from gpugate.config.cache import CacheConfig
+from gpugate.config.environment import ImportEnvConfig
 from gpugate.config.fields import (
     ConfigModel,
     EnvName,
@@ -51,6 +52,7 @@ __all__ = [
     "ExporterConfig",
     "GatewayConfig",
     "GpuHealthConfig",
+    "ImportEnvConfig",
     "JobsConfig",
     "ModalConfig",
     "ModalRuntimeConfig",
@@ -115,6 +117,7 @@ class GatewayConfig(ConfigModel):
     jobs: JobsConfig = JobsConfig()
     server: ServerConfig = ServerConfig()
     blobs: BlobsConfig = BlobsConfig()
+    import_env: ImportEnvConfig = ImportEnvConfig()
 
     _source_map: SourceMap = PrivateAttr(default_factory=SourceMap)
 

@@ -275,7 +275,7 @@ class Pages:
         form: dict[str, str] = request.state.form
         text = form.get("document", "")
         preview = await ConfigPreview(
-            gateway.store, lambda: (gateway.config, gateway.config_version), gateway.environ
+            gateway.store, lambda: (gateway.config, gateway.config_version), gateway.import_environ
         ).preview(text)
         context = {
             **await views.config(gateway),
