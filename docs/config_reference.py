@@ -248,6 +248,11 @@ MEANING: dict[str, str] = {
     "server.log_format": "`text` or `json` lines on stderr",
     "server.config_poll_s": "how often each replica looks for a new config version and runtime "
     "states",
+    "server.behind_tls_proxy": "clients reach the gateway through a proxy that terminates "
+    "TLS: the console's session cookie is `Secure` and its pages send HSTS, as when `tls` is set",
+    "server.public_url": "the gateway's base URL as clients know it (e.g. "
+    "`https://gpu.example.com`): the Azure DI facade builds `Operation-Location` from it; null: "
+    "only a loopback or the `listen` host is accepted as `Host` there (docs/security.md)",
     "blobs": "where large job results go",
     "blobs.kind": "`local` (a directory) or `s3` (S3-compatible; needed by `modal` runtimes)",
     "blobs.dir": "the directory of the `local` blob store",

@@ -21,6 +21,7 @@ from gpugate.config.environment import ImportEnvConfig
 from gpugate.config.fields import (
     ConfigModel,
     EnvName,
+    HttpUrl,
     ListenAddress,
     PositiveSeconds,
     Seconds,
@@ -96,6 +97,8 @@ class ServerConfig(ConfigModel):
     idempotency_ttl_s: PositiveSeconds = 86400.0
     log_format: Literal["text", "json"] = "text"
     config_poll_s: PositiveSeconds = 2.0  # how often a replica looks for a new config/states
+    behind_tls_proxy: bool = False  # clients reach us through a TLS-terminating proxy
+    public_url: HttpUrl | None = None  # the gateway's address as clients know it
 
 
 def _implied_runtimes() -> list[RuntimeConfig]:
