@@ -22,6 +22,7 @@ from gpugate.adapters.push_client import PushClient
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock, SystemClock
 from gpugate.config import GatewayConfig, ModalRuntimeConfig, PushRuntimeConfig, RuntimeConfig
+from gpugate.config.environment import importable_environ
 from gpugate.core.jobs import RuntimeView, runtime_views
 from gpugate.core.registry import Registry
 from gpugate.errors import GpugateError
@@ -95,6 +96,7 @@ class Gateway:
     guardrails: Guardrails | None = None
     stop_conditions: StopConditions | None = None
     stopping: bool = field(default=False)
+    import_environ: Mapping[str, str] = field(default_factory=dict)  # what an import may name
 
     def apply_config(self, config: GatewayConfig, version: int) -> None:
         """Swap in a new gateway config version, all at once (no await: no request or loop
@@ -251,11 +253,12 @@ async def build_gateway(
         )
         gateway.azure_di = AzureDocumentIntelligence(proxy, lambda: gateway.config, clock)
         dispatcher, reaper = await _jobs_engine(gateway, stack)
+        gateway.import_environ = importable_environ(file_config, environ)
         gateway.config_versions = ConfigVersions(
             store,
             lambda: (gateway.config, gateway.config_version),
             gateway.apply_config,
-            environ,
+            gateway.import_environ,
             clock,
             poll_s=file_config.server.config_poll_s,
         )
