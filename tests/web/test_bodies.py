@@ -69,3 +69,23 @@ def test_a_lone_surrogate_is_refused(escape: str) -> None:
 def test_malformed_json_and_bytes_that_are_not_utf8_are_bad_requests() -> None:
     assert refusal(b'{"model": ').startswith("the request body is not valid JSON: ")
     assert refusal(b'{"model": "\xff"}').startswith("the request body is not valid JSON: ")
+
+
+def test_an_escaped_backslash_before_u0000_is_text_not_a_nul() -> None:
+    assert {"path": "C:\\u0000"} == json_document(b'{"path": "C:\\\\u0000"}')
+
+
+def test_many_objects_side_by_side_are_not_deep() -> None:
+    body = {"messages": [{"role": "user", "content": str(i)} for i in range(500)]}
+
+    assert body == json_document(json.dumps(body))
+
+
+def test_a_large_but_finite_exponent_is_a_number() -> None:
+    assert {"x": 1e300} == json_document(b'{"x": 1e300}')
+
+
+def test_a_large_body_nested_past_the_limit_is_refused_too() -> None:
+    padded = '{"pad": "' + "x" * 40_000 + '", "deep": ' + nested(MAX_DEPTH) + "}"
+
+    assert f"the request body: nested deeper than {MAX_DEPTH} levels" == refusal(padded)

@@ -3,8 +3,8 @@
 Every JSON body and every YAML text the gateway reads from outside (request bodies, config
 imports, the config file) passes here first, so that no document can cost more than its size:
 
-    parse_json(raw)        JSON text → data; ValueError for malformed JSON or nesting past
-                           MAX_DEPTH (never RecursionError)
+    checked_json(raw)      JSON text → data and its first problem (below); ValueError for
+                           malformed JSON or nesting past MAX_DEPTH (never RecursionError)
     yaml_events_problem()  a YAML event stream's depth and its size *with aliases expanded*,
                            checked before the node tree is built (an alias bomb of 300 bytes
                            expands to billions of nodes)
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,16 +41,69 @@ upstreams holds about 10,000)."""
 NUL = "\x00"
 
 
-def parse_json(raw: str | bytes) -> Any:
-    """``raw`` as JSON data; :class:`ValueError` when it is not JSON or nests past MAX_DEPTH.
+def checked_json(raw: str | bytes, *, max_depth: int = MAX_DEPTH) -> tuple[Any, Finding | None]:
+    """``raw`` as JSON data, and the first value in it no document may hold (as
+    :func:`first_problem` finds it); :class:`ValueError` when it is not JSON.
 
-    Python's parser recurses per level: a document deep enough to exhaust the stack is refused
-    here with a message instead of a RecursionError.
+    The walk runs only when the text could hold such a value — a non-finite number (the
+    parser stops at it), the escape of a NUL or a surrogate, more brackets than ``max_depth`` —
+    so an ordinary body costs its parse and a few scans of its bytes.
     """
+    raw = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     try:
-        return json.loads(raw)
+        data = _FINITE.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+    except _NonFinite:
+        data = json.loads(raw)
+        return data, first_problem(data, max_depth=max_depth)
     except RecursionError as exc:
-        raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from exc
+        raise ValueError(f"nested deeper than {max_depth} levels") from exc
+    escapes = b"\\" in raw and _SUSPECT_ESCAPE.search(raw) is not None  # memchr first
+    if not escapes and _nests_within(raw, data, max_depth):
+        return data, None
+    return data, first_problem(data, max_depth=max_depth)
+
+
+class _NonFinite(ValueError):
+    """The parser met NaN, ±Infinity or a number too large for a float."""
+
+
+def _no_constant(name: str) -> float:
+    raise _NonFinite(name)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonFinite(text)
+    return value
+
+
+# A stateless parser that stops at the first non-finite number (built once: json.loads builds
+# one per call when given hooks).
+_FINITE = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+
+
+# The escape of a NUL or of a UTF-16 surrogate (a pair is fine, and is found by the walk too).
+_SCANNED = 32 * 1024  # bytes: below, counting brackets is cheaper than walking the containers
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+
+
+def _nests_within(raw: bytes, data: Any, limit: int) -> bool:
+    """Whether ``data`` (parsed from ``raw``) nests at most ``limit`` deep: certain at once when
+    a small text holds no more brackets than that (two scans of its bytes), else found walking
+    the containers alone (a large text is mostly strings)."""
+    if len(raw) <= _SCANNED and raw.count(b"[") + raw.count(b"{") <= limit:
+        return True
+    level, layer = 1, [data] if type(data) is dict or type(data) is list else []
+    while layer:  # one nesting level at a time
+        if level > limit:
+            return False
+        below = []
+        for node in layer:
+            children = node.values() if type(node) is dict else node
+            below += [c for c in children if type(c) is dict or type(c) is list]
+        level, layer = level + 1, below
+    return True
 
 
 def first_problem(data: Any, *, max_depth: int = MAX_DEPTH) -> Finding | None:
@@ -66,14 +120,17 @@ def first_problem(data: Any, *, max_depth: int = MAX_DEPTH) -> Finding | None:
             container.items() if isinstance(container, dict) else enumerate(container)
         )
         for key, value in items:
-            if isinstance(key, str) and (problem := _text_problem(key)):
+            if type(key) is str and (problem := _text_problem(key)):
                 return Finding(path, f"a key {problem}")
-            where = (*path, key if isinstance(key, int | str) else str(key))
             if isinstance(value, dict | list):
-                stack.append((value, where))
-            elif (finding := _scalar_problem(value, where)) is not None:
-                return finding
+                stack.append((value, (*path, _part(key))))
+            elif (type(value) is str or type(value) is float) and _scalar_problem(value, ()):
+                return _scalar_problem(value, (*path, _part(key)))
     return None
+
+
+def _part(key: Any) -> str | int:
+    return key if isinstance(key, int | str) else str(key)
 
 
 def _scalar_problem(value: Any, path: KeyPath) -> Finding | None:

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 
 from gpugate.config.paths import format_path
-from gpugate.config.untrusted import first_problem, parse_json
+from gpugate.config.untrusted import checked_json, first_problem
 from gpugate.errors import BadRequest, PayloadTooLarge
 
 if TYPE_CHECKING:
+    from gpugate.config.paths import Finding
     from gpugate.wiring import Gateway
 
 
@@ -43,10 +44,11 @@ async def read_body(request: Request, limit: int) -> bytes:
 def json_document(raw: bytes | str) -> Any:
     """``raw`` as JSON data, or :class:`BadRequest` saying what is wrong and where."""
     try:
-        data = parse_json(raw)
+        data, problem = checked_json(raw)
     except ValueError as exc:  # JSONDecodeError, bad UTF-8, or nesting past the limit
         raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
-    refuse_unstorable(data)
+    if problem is not None:
+        raise _refusal(problem, "the request body")
     return data
 
 
@@ -55,8 +57,11 @@ def refuse_unstorable(data: Any, *, what: str = "the request body") -> None:
     surrogate, NaN, nesting past the limit); for form fields and parameters too."""
     problem = first_problem(data)
     if problem is not None:
-        where = format_path(problem.path) or what
-        raise BadRequest(f"{where}: {problem.message}")
+        raise _refusal(problem, what)
+
+
+def _refusal(problem: Finding, what: str) -> BadRequest:
+    return BadRequest(f"{format_path(problem.path) or what}: {problem.message}")
 
 
 async def json_body(request: Request, *, empty_ok: bool = False) -> dict[str, Any]:
