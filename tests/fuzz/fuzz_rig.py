@@ -72,6 +72,10 @@ class Tally:
     elapsed_s: float = 0.0
     seconds: dict[str, float] = field(default_factory=dict)
 
+    def unreached(self) -> list[str]:
+        """The operations no valid case was sent to (their schema could not be satisfied)."""
+        return [label for label, n in self.cases.items() if n == 0 and label.endswith("positive")]
+
     def slowest(self, n: int = 5) -> str:
         ranked = sorted(self.seconds.items(), key=lambda item: -item[1])[:n]
         return ", ".join(f"{label} {s:.1f} s" for label, s in ranked)

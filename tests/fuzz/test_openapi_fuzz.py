@@ -29,4 +29,4 @@ async def test_every_operation_answers_fuzzed_input_as_documented_and_never_with
     if os.environ.get("GPUGATE_FUZZ_REPORT"):
         Path(os.environ["GPUGATE_FUZZ_REPORT"]).write_text("\n".join(tally.findings))
     assert [] == tally.findings
-    assert tally.total >= 60 * EXAMPLES  # every operation was reached, not skipped
+    assert [] == tally.unreached()  # every operation was sent valid data, none was skipped

@@ -270,3 +270,21 @@ async def test_defect_8_a_nul_in_a_console_disable_reason_changes_nothing_on_bot
     assert 303 == resp.status
     assert "error=BAD_REQUEST" in location
     assert {} == await gw.gateway.store.runtime_states()
+
+
+async def test_defect_4_an_alias_bomb_imported_in_the_console_is_refused_and_changes_nothing(
+    gw: RunningGateway, http: aiohttp.ClientSession, console: tuple[dict[str, str], str]
+) -> None:
+    cookie, csrf = console
+    before = gw.gateway.config_version
+    form = {"csrf": csrf, "document": alias_bomb(), "next": "/console/config"}
+    url = gw.url + "/console/config/import"
+
+    async with http.post(url, headers=cookie, data=form, allow_redirects=False) as resp:
+        location = resp.headers["Location"]
+
+    assert (303, "/console/config?error=Import+refused%3A+1+problem%28s%29.") == (
+        resp.status,
+        location,
+    )
+    assert before == gw.gateway.config_version
