@@ -301,7 +301,7 @@ def _start_loops(
     loops = _Loops()
     stack.push_async_callback(loops.stop)
     stack.push_async_callback(_hand_back, gateway, loops)  # unwound first: before loops.stop
-    gateway.lifecycle.on("draining", lambda: loops.stop_soon(CLAIMING_LOOPS))
+    gateway.lifecycle.on("draining", lambda: _stop_claiming(gateway, loops))
     loops.start("prober", gateway.prober.run())
     loops.start("config-versions", gateway.config_versions.run())
     loops.start("runtime-states", gateway.runtime_ops.run())
@@ -332,14 +332,26 @@ def _start_loops(
 CLAIMING_LOOPS = ("dispatcher", "job-wakeups", "batches")
 """The loops that take new work from the store: a draining replica stops them first, so the
 other replicas take the queue while it finishes what it holds."""
+_LETS_FINISH = ("dispatcher",)  # told to stop and awaited: a cancel mid-walk loses a call
+
+
+def _stop_claiming(gateway: Gateway, loops: _Loops) -> None:
+    """The drain began: the dispatcher finishes the job it walks and claims no more; the
+    other claiming loops are cancelled."""
+    if gateway.dispatcher is not None:
+        gateway.dispatcher.stop()
+    loops.stop_soon(tuple(name for name in CLAIMING_LOOPS if name not in _LETS_FINISH))
 
 
 async def _hand_back(gateway: Gateway, loops: _Loops) -> None:
     """On the way out: claim nothing more; after a signal, let this process's own calls (the
     ``upstream`` runtime's) finish within what is left of the grace; then put the dispatcher
     claims still held back in the queue for the other replicas (not after a 30 s silence)."""
-    await loops.stop_named(CLAIMING_LOOPS)
     lifecycle = gateway.lifecycle
+    if gateway.dispatcher is not None:
+        gateway.dispatcher.stop()
+    await loops.finish(_LETS_FINISH, within_s=max(1.0, lifecycle.remaining_s()))
+    await loops.stop_named(CLAIMING_LOOPS)
     if lifecycle.deadline is not None:
         while _own_calls(gateway) and lifecycle.remaining_s() > 0:
             await gateway.clock.sleep(min(0.05, lifecycle.remaining_s()))
@@ -588,6 +600,13 @@ class _Loops:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def finish(self, names: tuple[str, ...], *, within_s: float) -> None:
+        """Wait (bounded) for the named loops to return by themselves; cancel what is left."""
+        tasks = [self._tasks[name] for name in names if name in self._tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=within_s)
+        await self.stop_named(names)
 
     def stop_soon(self, names: tuple[str, ...]) -> None:
         """:meth:`stop_named` from synchronous code: the stopping task is owned here."""
