@@ -22,6 +22,7 @@ from gpugate.adapters.push_client import PushClient
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock, SystemClock
 from gpugate.config import GatewayConfig, ModalRuntimeConfig, PushRuntimeConfig, RuntimeConfig
+from gpugate.config.environment import importable_environ
 from gpugate.core.jobs import RuntimeView, runtime_views
 from gpugate.core.registry import Registry
 from gpugate.errors import GpugateError
@@ -94,6 +95,7 @@ class Gateway:
     batch_runner: BatchRunner | None = None
     guardrails: Guardrails | None = None
     stop_conditions: StopConditions | None = None
+    import_environ: Mapping[str, str] = field(default_factory=dict)  # what an import may name
     lifecycle: Lifecycle = field(init=False)
 
     def __post_init__(self) -> None:
@@ -266,11 +268,12 @@ async def build_gateway(
         )
         gateway.azure_di = AzureDocumentIntelligence(proxy, lambda: gateway.config, clock)
         dispatcher, reaper = await _jobs_engine(gateway, stack)
+        gateway.import_environ = importable_environ(file_config, environ)
         gateway.config_versions = ConfigVersions(
             store,
             lambda: (gateway.config, gateway.config_version),
             gateway.apply_config,
-            environ,
+            gateway.import_environ,
             clock,
             poll_s=file_config.server.config_poll_s,
         )

@@ -6,12 +6,15 @@ the readiness check ``lifecycle`` fails from the moment a drain begins."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from gpugate.clock import Clock
 from gpugate.errors import GpugateError
+
+log = logging.getLogger("gpugate.readiness")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,13 +44,19 @@ class Readiness:
 
 
 async def probe(name: str, ping: Callable[[], Awaitable[str]], timeout_s: float = 2.0) -> Check:
-    """Run one check with a timeout; a gpugate error or a timeout is a failed check, not a crash."""
+    """Run one check with a timeout; a gpugate error or a timeout is a failed check, not a crash.
+
+    ``/readyz`` is open to anyone, so a failed check shows the error's public message (a store
+    error names no host, user or file there); the whole message goes to the log.
+    """
     try:
         detail = await asyncio.wait_for(ping(), timeout_s)
     except TimeoutError:
         return Check(name, ok=False, detail=f"no answer within {timeout_s:g} s")
     except GpugateError as exc:
-        return Check(name, ok=False, detail=exc.message)
+        if exc.internal:
+            log.warning("readiness check %s failed: %s", name, exc.message)
+        return Check(name, ok=False, detail=exc.public_message)
     return Check(name, ok=True, detail=detail)
 
 
