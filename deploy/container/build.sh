@@ -27,7 +27,7 @@ read -r -a engine_flags <<< "${ENGINE_FLAGS:-}"
 lock() {
   venv=$(mktemp -d)
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet .
+  "$venv/bin/pip" install --quiet -c constraints.txt .  # the versions CI tests
   { echo "# The runtime dependencies of the image, pinned (pip freeze of a clean \`pip install .\`)."
     echo "# Regenerate: deploy/container/build.sh --lock. The image installs exactly these, offline."
     "$venv/bin/pip" freeze --exclude gpugate --exclude pip --exclude setuptools
@@ -44,12 +44,17 @@ wheelhouse() {
 }
 
 base() {  # base NAME PACKAGES -> prints NAME@sha256:...
-  local name=$1 packages=$2 tarball=build/$1.tar
+  local name=$1 packages=$2 dir=build/$1
+  rm -rf "$dir" && mkdir -p "$dir"
   mmdebstrap --quiet --variant=minbase --include="$packages" \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' \
-    "$SUITE" "$tarball" ${MIRROR:+"$MIRROR"} >&2
-  "$ENGINE" import --quiet "$tarball" "localhost/$name:$SUITE" >/dev/null
+    "$SUITE" "$dir/rootfs.tar" ${MIRROR:+"$MIRROR"} >&2
+  # Built, not imported: `import` stamps the image with the time of day; a build from scratch
+  # takes SOURCE_DATE_EPOCH, so the same rootfs gives the same digest.
+  printf 'FROM scratch\nADD rootfs.tar /\nCMD ["/bin/sh"]\n' > "$dir/Containerfile"
+  "$ENGINE" build "${engine_flags[@]}" --quiet --format docker --timestamp "$SOURCE_DATE_EPOCH" \
+    -t "localhost/$name:$SUITE" -f "$dir/Containerfile" "$dir" >/dev/null
   echo "localhost/$name@$("$ENGINE" image inspect --format '{{.Digest}}' "localhost/$name:$SUITE")"
 }
 

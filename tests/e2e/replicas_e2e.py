@@ -461,6 +461,7 @@ class JobOutcomes:
     states: Counter[str]
     completions: dict[str, int]  # slug -> how many `completed` events it has
     missing: list[str]  # created (the client got 2xx) but not in the store
+    errors: dict[str, str]  # slug -> "CODE: message" of each job not completed
 
     @property
     def lost(self) -> int:
@@ -476,20 +477,24 @@ class JobOutcomes:
 
 
 _OUTCOMES = """
-SELECT j.slug, j.state, count(e.id) FILTER (WHERE e.status = 'completed')
+SELECT j.slug, j.state, count(e.id) FILTER (WHERE e.status = 'completed'),
+       j.error_code || ': ' || coalesce(j.error_message, ''),
+       string_agg(e.status || coalesce('/' || e.error_code, '') || '@' || e.actor, ' '
+                  ORDER BY e.id)
 FROM jobs j LEFT JOIN job_events e ON e.job_id = j.id
-WHERE j.slug = ANY(%s) GROUP BY j.slug, j.state"""
+WHERE j.slug = ANY(%s) GROUP BY j.slug, j.state, j.error_code, j.error_message"""
 _UNFINISHED = "SELECT count(*) FROM jobs WHERE state NOT IN ('completed', 'failed', 'cancelled')"
 
 
 async def job_outcomes(dsn: str, slugs: Sequence[str]) -> JobOutcomes:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         rows = await (await conn.execute(_OUTCOMES, [list(slugs)])).fetchall()
-    found = {slug for slug, _, _ in rows}
+    found = {row[0] for row in rows}
     return JobOutcomes(
-        Counter(state for _, state, _ in rows),
-        {slug: n for slug, _, n in rows},
+        Counter(row[1] for row in rows),
+        {row[0]: row[2] for row in rows},
         [s for s in slugs if s not in found],
+        {row[0]: f"{row[3]} [{row[4]}]" for row in rows if row[1] != "completed"},
     )
 
 

@@ -36,7 +36,7 @@ from replicas_e2e import (
 from gpugate.fleet import ModelServer, ServerBehaviour
 from harness import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
 
 # Requests in flight at any moment: a 20 ms answer, a stream of 8 chunks 50 ms apart; a job's
 # call takes 1 s, so every replica holds some when it is stopped or killed.
@@ -136,9 +136,8 @@ async def test_kill_9_of_one_of_three_fails_only_what_it_held_and_its_jobs_run_o
             await eventually(
                 lambda: load.tally.requests >= served + 150, within_s=20, what="survivors serve"
             )
-        claims_back_s = await claims_released(postgres_schema, pid, within_s=90) + (
-            time.monotonic() - killed_at
-        )
+        await claims_released(postgres_schema, pid, within_s=90)
+        claims_back_s = time.monotonic() - killed_at  # an upper bound: polled once load ended
         await wait_all_finished(postgres_schema, within_s=90)
         finished_s = time.monotonic() - killed_at
         outcomes = await job_outcomes(postgres_schema, load.tally.slugs)

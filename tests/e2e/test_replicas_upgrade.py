@@ -26,7 +26,7 @@ from jobs_e2e import GatewayProcess, create_jobs, free_port, write_config
 from gpugate.fleet import ModelServer
 from gpugate.store.migrations import load_migrations
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parents[2]
 MIGRATIONS = "src/gpugate/store/sql/postgres"
