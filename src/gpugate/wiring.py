@@ -25,6 +25,7 @@ from gpugate.config import GatewayConfig, ModalRuntimeConfig, PushRuntimeConfig,
 from gpugate.config.environment import importable_environ
 from gpugate.core.jobs import RuntimeView, runtime_views
 from gpugate.core.registry import Registry
+from gpugate.core.throttle import FailureThrottle
 from gpugate.errors import GpugateError
 from gpugate.metrics import Metrics
 from gpugate.services.azure_di import AzureDocumentIntelligence
@@ -97,6 +98,7 @@ class Gateway:
     stop_conditions: StopConditions | None = None
     stopping: bool = field(default=False)
     import_environ: Mapping[str, str] = field(default_factory=dict)  # what an import may name
+    login_throttle: FailureThrottle = field(default_factory=FailureThrottle)  # wrong admin tokens
 
     def apply_config(self, config: GatewayConfig, version: int) -> None:
         """Swap in a new gateway config version, all at once (no await: no request or loop
