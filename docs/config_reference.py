@@ -267,6 +267,14 @@ MEANING: dict[str, str] = {
     "blobs.inline_max_bytes": "results up to this size stay in the job row; larger ones go to "
     "the blob store",
     "blobs.presign_s": "how long presigned URLs handed to a runtime live",
+    "tls": "serve HTTPS on `listen` (and `admin_listen`); null: plain HTTP (put a TLS proxy in "
+    "front, docs/security.md)",
+    "tls.cert_file": "the server's certificate chain (PEM)",
+    "tls.key_file": "its private key (PEM)",
+    "tls.client_ca_file": "a CA bundle (PEM): every client must present a certificate it signed "
+    "(mTLS); null: no client certificate is asked for",
+    "admin_listen": "`HOST:PORT` (another port than `listen`): `/admin` and `/console` are "
+    "served there only, and answer 404 on `listen`; null: everything on `listen`",
     "import_env": "which environment variables a config import (admin API, console) may name "
     "in a `*_env` key; the file may name any (docs/security.md)",
     "import_env.prefix": "an import may name any variable starting with this; null: none by prefix",

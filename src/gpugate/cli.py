@@ -57,8 +57,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_format or config.server.log_format, args.log_level)
     host, port = (config.host, config.port) if args.listen is None else _split_listen(args.listen)
     sock = bind(host, port)
-    print(f"gpugate {__version__} listening on http://{host}:{sock.getsockname()[1]}", flush=True)
-    clean = _run(serve_gateway(config, sock))
+    admin = config.admin_address
+    admin_sock = bind(*admin) if admin is not None else None
+    scheme = "https" if config.tls is not None else "http"
+    where = f"{scheme}://{host}:{sock.getsockname()[1]}"
+    if admin_sock is not None:
+        where += f", admin plane on {scheme}://{admin[0] if admin else host}:"
+        where += str(admin_sock.getsockname()[1])
+    print(f"gpugate {__version__} listening on {where}", flush=True)
+    clean = _run(serve_gateway(config, sock, admin_sock=admin_sock))
     return 0 if clean else 1
 
 

@@ -2,6 +2,12 @@
 
 Uvicorn owns the signals: on SIGTERM or SIGINT it stops accepting, lets in-flight requests finish
 for up to the grace period, then runs the app's lifespan shutdown, which stops every loop.
+
+TLS (``tls``, :func:`server_tls`) is one server-side context, built before anything else starts
+(a wrong file is one error naming its key): TLS 1.2 or newer, Python's default cipher choice,
+and with ``client_ca_file`` a client certificate required (mTLS). ``admin_listen`` is a second
+socket of the same server; :class:`~gpugate.web.listeners.ListenerSplit` keeps the admin plane
+on it and off the main one.
 """
 
 from __future__ import annotations
@@ -12,15 +18,17 @@ import gc
 import logging
 import signal
 import socket
+import ssl
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 
 import uvicorn
 from starlette.types import ASGIApp
 
-from gpugate.config import GatewayConfig
-from gpugate.errors import ListenError
+from gpugate.config import GatewayConfig, TlsConfig
+from gpugate.errors import ConfigError, ConfigProblem, ListenError
 from gpugate.web.app import create_app
+from gpugate.web.listeners import ListenerSplit
 from gpugate.wiring import build_gateway
 
 log = logging.getLogger("gpugate.server")
@@ -55,9 +63,42 @@ def _absorb_reraised_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
 
 
-def make_server(app: ASGIApp, grace_s: float) -> uvicorn.Server:
-    """A uvicorn server for ``app`` with gpugate's settings (serve it with pre-bound sockets)."""
-    return uvicorn.Server(_uvicorn_config(app, grace_s))
+def server_tls(tls: TlsConfig | None) -> ssl.SSLContext | None:
+    """The server's TLS context for ``tls`` (None: plain HTTP); :class:`ConfigError` naming
+    the key whose file cannot be loaded."""
+    if tls is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["http/1.1"])
+    try:
+        context.load_cert_chain(tls.cert_file, tls.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise _tls_problem("tls.cert_file", "the certificate and key", exc) from exc
+    if tls.client_ca_file is not None:
+        try:
+            context.load_verify_locations(cafile=tls.client_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise _tls_problem("tls.client_ca_file", "the client CA bundle", exc) from exc
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def _tls_problem(key: str, what: str, exc: OSError | ssl.SSLError) -> ConfigError:
+    reason = exc.strerror or getattr(exc, "reason", None) or str(exc)
+    return ConfigError([ConfigProblem(key, f"cannot load {what}: {reason}")])
+
+
+def make_server(
+    app: ASGIApp, grace_s: float, *, tls: ssl.SSLContext | None = None
+) -> uvicorn.Server:
+    """A uvicorn server for ``app`` with gpugate's settings (serve it with pre-bound sockets),
+    speaking TLS with ``tls``."""
+    config = _uvicorn_config(app, grace_s)
+    if tls is not None:
+        config.load()
+        config.ssl = tls  # ours, not uvicorn's default cipher string
+    return uvicorn.Server(config)
 
 
 def _uvicorn_config(app: ASGIApp, grace_s: float) -> uvicorn.Config:
@@ -82,11 +123,14 @@ async def serve(
     *,
     grace_s: float,
     on_started: Callable[[], Awaitable[None]] | None = None,
+    admin_sock: socket.socket | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> bool:
     """Serve until a signal; True when startup and shutdown were clean."""
     _absorb_reraised_sigterm()
-    server = make_server(app, grace_s)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+    server = make_server(app, grace_s, tls=tls)
+    sockets = [sock] if admin_sock is None else [sock, admin_sock]
+    task = asyncio.create_task(server.serve(sockets=sockets))
     if on_started is not None:
         while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn has no event
             await asyncio.sleep(0.01)
@@ -96,18 +140,34 @@ async def serve(
     return server.started
 
 
+def gateway_app(app: ASGIApp, admin_sock: socket.socket | None) -> ASGIApp:
+    """``app`` as served: with an admin socket, the admin plane only there."""
+    if admin_sock is None:
+        return app
+    return ListenerSplit(app, admin_sock.getsockname()[1])
+
+
 async def serve_gateway(
     config: GatewayConfig,
     sock: socket.socket,
     *,
     environ: Mapping[str, str] | None = None,
     on_started: Callable[[], Awaitable[None]] | None = None,
+    admin_sock: socket.socket | None = None,
 ) -> bool:
     """Build the gateway, serve it until a signal, then stop it: the whole life of ``serve``."""
+    tls = server_tls(config.tls)  # before anything starts: a wrong file is one clear error
     async with build_gateway(config, environ=environ) as gateway:
-        app = create_app(gateway)
+        app = gateway_app(create_app(gateway), admin_sock)
         # Everything built so far lives as long as the process: move it out of the collector's
         # sight, so a full collection under load scans only what requests allocate.
         gc.collect()
         gc.freeze()
-        return await serve(app, sock, grace_s=config.server.shutdown_grace_s, on_started=on_started)
+        return await serve(
+            app,
+            sock,
+            grace_s=config.server.shutdown_grace_s,
+            on_started=on_started,
+            admin_sock=admin_sock,
+            tls=tls,
+        )

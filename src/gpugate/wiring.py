@@ -491,7 +491,7 @@ def _push_runtime(
         secret,
         client,
         gateway.clock,
-        gateway_url=f"http://{host}:{config.port}",
+        gateway_url=f"{'https' if config.tls else 'http'}://{host}:{config.port}",
         cents_per_second=budget.cents_per_second if budget is not None else None,
     )
 
