@@ -218,6 +218,11 @@ MEANING: dict[str, str] = {
     "runtimes[].push": "where the push worker listens",
     "runtimes[].push.url": "the worker's `/calls` URL (`POST` submits, `GET /{call_id}` polls)",
     "runtimes[].push.secret_env": "the variable holding the secret shared with the worker",
+    "runtimes[].push.auth": "`signed`: every push-protocol message is HMAC-signed both ways with "
+    "keys derived from the secret, which never travels; `bearer`: compatibility with a worker "
+    "that only sends the secret as a bearer token (docs/security.md)",
+    "runtimes[].push.ca_file": "the CA bundle (PEM) that signed an `https://` worker's "
+    "certificate; null: the system's CAs",
     "runtimes[].modal": "which Modal function runs the jobs",
     "runtimes[].modal.app": "the Modal app's name",
     "runtimes[].modal.function": "the function's name in the app",
