@@ -2,7 +2,8 @@
 
 The blocks live in their own modules (:mod:`.gpu_health`, :mod:`.upstream`, :mod:`.runtime`)
 and are re-exported here. The process keys (``listen``, ``store``, ``admin_token_env``,
-``gpu_health``, ``jobs``, ``server``) come from the file only; the *gateway document*
+``gpu_health``, ``jobs``, ``server``, ``tls``, ``admin_listen``, ``import_env``, ...) come from
+the file only; the *gateway document*
 (``upstreams``, ``runtimes``, ``fallback_chain``, ``default_runtime``, ``stop_conditions``)
 lives in the store as versions and is replaced with :meth:`GatewayConfig.with_gateway_document`.
 """
