@@ -247,6 +247,11 @@ MEANING: dict[str, str] = {
     "jobs.max_attempts_per_runtime": "submits of one job to one runtime before the walk moves on",
     "server": "process settings",
     "server.shutdown_grace_s": "on SIGTERM, how long requests in flight may finish",
+    "server.drain_delay_s": (
+        "on SIGTERM, how long the replica keeps serving with `/readyz` answering 503 before it "
+        "stops accepting (load balancers take seconds to notice); `shutdown_grace_s` follows. "
+        "0: stop accepting at once. Running in production: 5 (docs/production.md)"
+    ),
     "server.max_body_bytes": "request bodies over this are refused (413 `PAYLOAD_TOO_LARGE`)",
     "server.idempotency_ttl_s": "how long a completed response is kept for `Idempotency-Key` "
     "replays",

@@ -37,7 +37,8 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── GpuSaturated               GPU_SATURATED
     │   ├── QueueTimeout               QUEUE_TIMEOUT
     │   ├── QueueFull                  QUEUE_FULL
-    │   └── NoHealthyUpstream          NO_HEALTHY_UPSTREAM
+    │   ├── NoHealthyUpstream          NO_HEALTHY_UPSTREAM
+    │   └── ShuttingDown               SHUTTING_DOWN: the replica stops; another will answer
     ├── UpstreamError                  the upstream failed us
     │   ├── UpstreamTimeout            UPSTREAM_TIMEOUT
     │   └── UpstreamUnreachable        UPSTREAM_UNREACHABLE
@@ -243,6 +244,13 @@ class QueueFull(Refused):
     """The admission queue of the upstream is full."""
 
     code = "QUEUE_FULL"
+
+
+class ShuttingDown(Refused):
+    """This replica is shutting down and its grace period is over; retry (another replica
+    answers)."""
+
+    code = "SHUTTING_DOWN"
 
 
 class NoHealthyUpstream(Refused):

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from gpugate.config.environment import import_findings
+from gpugate.config.paths import format_path
 from gpugate.config.schema import GATEWAY_KEYS
 from gpugate.config.source_map import SourceMap, read_yaml
+from gpugate.config.untrusted import first_problem, parse_json
 from gpugate.errors import ConfigError, ConfigProblem
 
 if TYPE_CHECKING:
@@ -59,7 +61,12 @@ def render_gateway_document(document: Mapping[str, Any], *, media: Media) -> str
 
 def _read_json(text: str) -> Any:
     try:
-        return json.loads(text)
+        data = parse_json(text)
     except json.JSONDecodeError as exc:
         problem = ConfigProblem("", f"invalid JSON: {exc.msg} (column {exc.colno})", exc.lineno)
         raise ConfigError([problem], source=SOURCE) from exc
+    except ValueError as exc:  # nested past the limit
+        raise ConfigError([ConfigProblem("", f"invalid JSON: {exc}")], source=SOURCE) from exc
+    if (bad := first_problem(data)) is not None:
+        raise ConfigError([ConfigProblem(format_path(bad.path), bad.message)], source=SOURCE)
+    return data

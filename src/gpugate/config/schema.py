@@ -96,6 +96,7 @@ class ServerConfig(ConfigModel):
     """The HTTP server's limits and log format."""
 
     shutdown_grace_s: Seconds = 30.0
+    drain_delay_s: Seconds = 0.0  # on SIGTERM: /readyz says 503 but requests are served this long
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1)
     idempotency_ttl_s: PositiveSeconds = 86400.0
     log_format: Literal["text", "json"] = "text"

@@ -16,6 +16,7 @@ views (registry, chain, runtimes), so no request ever sees half of a change.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -76,9 +77,11 @@ class ConfigVersions:
         return await self._store.list_configs(limit)
 
     async def import_text(self, text: str, *, media: Media, actor: str) -> Imported:
-        """Replace the gateway document with the one in ``text`` (validated first, atomic)."""
+        """Replace the gateway document with the one in ``text`` (validated first, atomic); the
+        text is parsed and validated in a worker thread, off the event loop."""
         base, _ = self._current()
-        config = parse_gateway_text(base, text, media=media, environ=self._environ)
+        parse = parse_gateway_text
+        config = await asyncio.to_thread(parse, base, text, media=media, environ=self._environ)
         return await self._save(config, actor=actor, note="import", always=False)
 
     async def rollback(self, version: int, *, actor: str) -> Imported:
