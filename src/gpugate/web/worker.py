@@ -108,9 +108,11 @@ async def claimed(
     """
     summary: A push worker started the call; the job is running.
     description: >
-      Authorization is Bearer <the secret of the runtime holding the lease>, X-Lease-Token the
-      lease_token the call was pushed with. Repeating it changes nothing. The answer's lease_s
-      is how long the lease lasts from each extension: extend every third of it.
+      Signed with X-Gpugate-Signature by the runtime holding the lease (docs/security.md; a
+      push.auth bearer runtime sends Authorization Bearer <secret> instead), X-Lease-Token the
+      lease_token the call was pushed with. Repeating it changes nothing. The answer (signed for
+      the request) has lease_s, how long the lease lasts from each extension: extend every
+      third of it.
     tags: [worker]
     responses:
         "200": {description: "{slug, state: running, lease_s}"}
