@@ -7,7 +7,8 @@ key per direction from it, so a message one side signed can never pass as the ot
     key(direction) = HMAC-SHA256(secret, "gpugate push v1 " + direction)
     direction      = "gateway-to-worker" | "worker-to-gateway"
 
-A **request** carries ``X-Gpugate-Signature: t=<unix seconds>,n=<nonce>,v1=<hex>`` over::
+A **request** carries ``X-Gpugate-Signature: t=<unix seconds>,n=<nonce>[,k=<runtime id>],v1=<hex>``
+(``k`` only tells a receiver with many keys which one to try first) over::
 
     gpugate-push-v1 \\n <direction> \\n request \\n <t> \\n <nonce> \\n <METHOD> \\n <path?query>
     \\n <X-Lease-Token or empty> \\n <hex SHA-256 of the body>
@@ -78,15 +79,26 @@ def sign_request(  # noqa: PLR0913 - every part of the request is signed
     lease_token: str | None,
     now: float,
     nonce: str | None = None,
+    key_id: str | None = None,
 ) -> str:
-    """The signature header's value for a request to ``target`` (its path and query)."""
+    """The signature header's value for a request to ``target`` (its path and query);
+    ``key_id`` (``k=``, the runtime's id) tells a receiver that holds many keys which to try."""
     timestamp, nonce = int(now), nonce or secrets.token_urlsafe(16)
     parts = ("request", str(timestamp), nonce, method.upper(), target, lease_token or "")
     mac = _mac(key, direction, *parts, _digest(body))
-    return f"t={timestamp},n={nonce},v1={mac}"
+    hint = f"k={key_id}," if key_id and "," not in key_id and "=" not in key_id else ""
+    return f"t={timestamp},n={nonce},{hint}v1={mac}"
 
 
-def credentials(
+def key_hint(header: str | None) -> str | None:
+    """The ``k=`` of a request signature (which key signed it, as the sender says), if any."""
+    try:
+        return _fields(header).get("k") or None
+    except BadSignature:
+        return None
+
+
+def credentials(  # noqa: PLR0913 - every part of the request is signed
     secret: str,
     direction: str,
     auth: str,
@@ -95,6 +107,7 @@ def credentials(
     target: str,
     body: bytes,
     lease_token: str | None,
+    key_id: str | None = None,
 ) -> tuple[dict[str, str], str | None]:
     """The headers that authenticate a request the sender makes now, and its nonce (to check
     the answer with): ``auth="signed"`` signs it with ``direction``'s key, ``"bearer"`` (the
@@ -109,6 +122,7 @@ def credentials(
         body=body,
         lease_token=lease_token,
         now=time.time(),
+        key_id=key_id,
     )
     return {HEADER: signature}, request_nonce(signature)
 

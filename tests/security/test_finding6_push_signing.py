@@ -183,3 +183,11 @@ async def test_finding6_a_job_runs_through_a_worker_over_mutual_tls_and_signed_m
     assert running.url.startswith("https://")
     assert "chat.completion" == done.result["object"]
     assert "worker:home-1" == events[-1].actor
+
+
+def test_the_key_hint_picks_the_one_key_to_try_and_cannot_lend_another_runtimes() -> None:
+    push_keys = keys()
+    push_keys.set("home-2", "secret-of-home-2", auth="signed")
+    assert accepts(push_keys, sign(W2G, key_id="home-1"))
+    assert accepts(push_keys, sign(W2G, key_id="no-such-runtime"))  # unknown: every key tried
+    assert not accepts(push_keys, sign(W2G, key_id="home-2"))  # home-1's MAC, home-2's hint

@@ -58,7 +58,11 @@ class PushKeys:
         """The runtimes that sent this request, and its nonce (None for a bearer request,
         whose answer is not signed); :class:`Unauthorized` otherwise."""
         if signature is not None:
-            keys = [(runtime, pair[0]) for runtime, pair in self._signed.items()]
+            hint = push_signature.key_hint(signature)
+            if hint in self._signed:  # one HMAC instead of one per runtime
+                keys = [(hint, self._signed[hint][0])]
+            else:
+                keys = [(runtime, pair[0]) for runtime, pair in self._signed.items()]
             try:
                 runtimes, signed = push_signature.verify_request(
                     keys,
@@ -75,8 +79,13 @@ class PushKeys:
                 raise Unauthorized(f"the report's signature does not hold: {exc}") from exc
             if not self.nonces.admit(signed, now):
                 raise Unauthorized("a replayed report: its nonce was seen already")
-            return runtimes, signed.nonce
+            return self._sharing(runtimes), signed.nonce
         return self._bearer_runtimes(authorization), None
+
+    def _sharing(self, runtimes: frozenset[str]) -> frozenset[str]:
+        """``runtimes`` and every runtime with the same key (runtimes sharing a secret)."""
+        keys = {self._signed[runtime][0] for runtime in runtimes}
+        return frozenset(r for r, (key, _) in self._signed.items() if key in keys)
 
     def sign_answer(self, runtimes: frozenset[str], nonce: str, status: int, body: bytes) -> str:
         """The gateway's signature of its answer to the signed request with ``nonce``."""

@@ -85,11 +85,13 @@ class Links:
         max_call_s: float = 3600.0,
         auth: str = "signed",
         gateway_tls: ssl.SSLContext | None = None,
+        runtime_id: str | None = None,
     ) -> None:
         self._gateway = gateway_url.rstrip("/")
         self._secret = secret
         self._auth = auth
         self._gateway_tls = gateway_tls
+        self._runtime_id = runtime_id  # the key hint of signed reports
         self._from_gateway = push_signature.derive_key(secret, push_signature.GATEWAY_TO_WORKER)
         self._upstream = upstream_url.rstrip("/")
         self._report_timeout = aiohttp.ClientTimeout(total=report_timeout_s)
@@ -123,6 +125,7 @@ class Links:
             target=target.raw_path_qs,
             body=data,
             lease_token=token,
+            key_id=self._runtime_id,
         )
         headers[LEASE_HEADER] = token
         if body is not None:

@@ -159,6 +159,7 @@ async def running_worker(
         settings.upstream_url,
         auth=settings.auth,
         gateway_tls=gateway_tls,
+        runtime_id=settings.runtime_id,
     )
     await links.start()
     worker = Worker(settings, links, Outbox(settings.state_dir))
