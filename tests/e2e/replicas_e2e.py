@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -283,6 +284,15 @@ class Replica:
         if self._proc.returncode is None:
             self._proc.send_signal(signal.SIGKILL)
         await self._proc.wait()
+
+    async def inflight(self, http: aiohttp.ClientSession, upstream: str) -> int:
+        """Requests this replica has in flight on ``upstream`` now (its ``/metrics``)."""
+        async with http.get(self.url + "/metrics") as resp:
+            text = await resp.text()
+        found = re.search(
+            rf'^gateway_upstream_inflight{{upstream="{upstream}"}} (\S+)$', text, re.MULTILINE
+        )
+        return int(float(found[1])) if found else 0
 
     def tail(self, lines: int = 30) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""

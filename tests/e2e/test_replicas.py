@@ -9,6 +9,7 @@ and counts each job's executions by its ``X-Gpugate-Job`` header. Each test prin
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -92,6 +93,16 @@ async def _replicas(
                 await replica.kill()
 
 
+async def holds_job_calls(replica: Replica, http: aiohttp.ClientSession) -> None:
+    """Wait (bounded) until ``replica`` has a job call in flight (upstream ``q1`` serves only
+    the jobs), so that its death costs something to take back."""
+    deadline = time.monotonic() + 20
+    while await replica.inflight(http, "q1") < 1:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{replica.name} held no job call within 20 s")
+        await asyncio.sleep(0.05)
+
+
 async def test_a_rolling_restart_of_three_replicas_under_load_fails_nothing_and_runs_each_job_once(
     tmp_path: Path, http: aiohttp.ClientSession, postgres_schema: str
 ) -> None:
@@ -128,6 +139,7 @@ async def test_kill_9_of_one_of_three_fails_only_what_it_held_and_its_jobs_run_o
         victim = rig.replicas[1]
         async with Load(rig.nginx.url) as load:
             await eventually(lambda: load.tally.jobs_created >= 30, within_s=20, what="load")
+            await holds_job_calls(victim, http)
             pid = victim.pid
             killed = datetime.now(UTC)
             await victim.kill()
