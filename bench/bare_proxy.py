@@ -92,18 +92,17 @@ def client_session() -> aiohttp.ClientSession:
 
 def uvicorn_config(app: Any, **more: Any) -> uvicorn.Config:
     """uvicorn as gpugate runs it: uvloop, httptools, no access log, no extra headers."""
-    return uvicorn.Config(
-        app,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        access_log=False,
-        log_level="warning",
-        server_header=False,
-        date_header=False,
-        backlog=4096,
-        **more,
-    )
+    settings: dict[str, Any] = {
+        "loop": "uvloop",
+        "http": "httptools",
+        "lifespan": "on",
+        "access_log": False,
+        "log_level": "warning",
+        "server_header": False,
+        "date_header": False,
+        "backlog": 4096,
+    }
+    return uvicorn.Config(app, **{**settings, **more})
 
 
 def _listen(port: int) -> socket.socket:

@@ -153,7 +153,10 @@ class PyreqwestClient:
         self, up: Upstream, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> Reply:
         url, out = _target(up, path, headers)
-        request = self._client.request(method, url).headers(out).body_bytes(body).build_streamed()
+        # By default the head is held back until 64 KiB of body have arrived, or the end: an SSE
+        # stream's first event would wait for that.
+        builder = self._client.request(method, url).headers(out).body_bytes(body)
+        request = builder.streamed_read_buffer_limit(0).build_streamed()
         try:
             resp = await request.__aenter__()
         except Exception as exc:

@@ -18,6 +18,13 @@ releases the slot at once.
 
 ``--workers N`` starts N processes, each its own listening socket on the port with
 ``SO_REUSEPORT`` (the kernel spreads connections among them).
+
+``--uvicorn`` runs the same protocol *inside uvicorn*, as its HTTP protocol class
+(``uvicorn.Config(http=HostedConnection)``): uvicorn keeps the listening socket, the lifespan,
+the signals and the graceful shutdown; each connection starts on the fast path, and the first
+request for any other route hands the connection, with the bytes read so far, to uvicorn's own
+``HttpToolsProtocol`` and so to the ASGI app (here a stand-in for gpugate's Starlette app).
+That is how phase 2 can move the data plane without moving the admin plane and the console.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from typing import cast
+from typing import Any, ClassVar, cast
 
 import httptools
 import uvloop
@@ -306,6 +313,113 @@ class ClientConnection(asyncio.Protocol):
             self._start(self.waiting.popleft())
 
 
+class HostedConnection(ClientConnection):
+    """The fast path as uvicorn's HTTP protocol; other routes go to uvicorn's own protocol."""
+
+    app_holder: ClassVar[list[App]] = []  # the worker's App, made at the first connection
+    routes: ClassVar[dict[str, tuple[str, int]]] = {}
+    options: ClassVar[tuple[str, str]] = ("json", "prom")
+
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        if not self.app_holder:
+            self.app_holder.append(App(HotPath(self.routes, *self.options)))
+        super().__init__(self.app_holder[0])
+        self.config, self.server_state, self.app_state = config, server_state, app_state
+        self.pending = b""
+        self.between = True  # no request begun and unanswered
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.server_state.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server_state.connections.discard(self)
+        super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown: close when idle, else after the answer in flight."""
+        if self.current is None and self.transport is not None:
+            self.transport.close()
+        self.keep = False
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.between = False
+
+    def _next(self) -> None:
+        self.between = not self.waiting
+        super()._next()
+
+    def data_received(self, data: bytes) -> None:
+        if self.between and self.current is None:
+            buf = self.pending + data if self.pending else data
+            line_end = buf.find(b"\r\n")
+            if line_end < 0:
+                self.pending = buf  # the request line is not complete yet
+                return
+            self.pending = b""
+            parts = buf[:line_end].split(b" ")
+            target = parts[1].partition(b"?")[0] if len(parts) == 3 else b""
+            if target not in ROUTES:
+                self._hand_off(buf)
+                return
+            data = buf
+        super().data_received(data)
+
+    def _hand_off(self, buf: bytes) -> None:
+        """Give the connection and what it has sent so far to uvicorn's own protocol."""
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        transport, self.transport = self.transport, None
+        assert transport is not None
+        self.server_state.connections.discard(self)
+        inner = HttpToolsProtocol(
+            config=self.config,
+            server_state=self.server_state,
+            app_state=self.app_state,
+            _loop=self.loop,
+        )
+        transport.set_protocol(inner)
+        inner.connection_made(transport)  # type: ignore[arg-type]
+        inner.data_received(buf)
+
+
+async def stand_in_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """What gpugate's Starlette app is to the hosted fast path: everything that is not hot
+    (here /metrics from the fast path's own registry, /health, and 404)."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    path = scope["path"]
+    if path == "/metrics" and HostedConnection.app_holder:
+        status, body = 200, HostedConnection.app_holder[0].hot.metrics.render()
+    elif path in ("/health", "/readyz"):
+        status, body = 200, b"ok"
+    else:
+        status, body = 404, b'{"error":"not found"}'
+    headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def serve_in_uvicorn(args: argparse.Namespace) -> None:
+    import uvicorn
+    from bare_proxy import uvicorn_config
+
+    HostedConnection.routes = routes_of(args)
+    HostedConnection.options = (args.parse, args.metrics)
+    config = uvicorn_config(stand_in_app, host="127.0.0.1", port=args.port, http=HostedConnection)
+    uvicorn.Server(config).run()
+
+
 def listen(port: int, *, reuse_port: bool) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -350,9 +464,13 @@ def main() -> int:
     parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--uvicorn", action="store_true", help="run inside uvicorn")
     args = parser.parse_args()
     if args.workers > 1:
         return supervise(args.workers)
+    if args.uvicorn:
+        serve_in_uvicorn(args)
+        return 0
     hot = HotPath(routes_of(args), args.parse, args.metrics)
     sock = listen(args.port, reuse_port=args.reuse_port)
     uvloop.run(serve(hot, sock))

@@ -63,9 +63,11 @@ from proxy_report import (
 from proxy_targets import (
     CHAT,
     LONG,
+    ONE_CORE,
     PROTOTYPES,
     SLOW,
     TARGETS,
+    WORKERS_RUN,
     BenchError,
     Cores,
     Processes,
@@ -264,7 +266,9 @@ def choose_targets(args: argparse.Namespace) -> tuple[str, ...]:
         if unknown:
             raise SystemExit(f"bench: unknown targets: {', '.join(unknown)}")
         return ("direct", *(t for t in (*TARGETS, *PROTOTYPES) if t in chosen and t != "direct"))
-    return (*TARGETS, *PROTOTYPES) if args.candidates else TARGETS
+    if args.workers:
+        return ("direct", *WORKERS_RUN)
+    return (*TARGETS, *ONE_CORE) if args.candidates else TARGETS
 
 
 def main() -> int:
@@ -291,7 +295,8 @@ def main() -> int:
     else:
         settings = Settings(duration=args.duration, warmup=True, ttfb_clients=256, held=1000)
     try:
-        return run(settings, choose_targets(args), Cores.split(pin=not args.no_pin))
+        pin = not (args.no_pin or args.workers)
+        return run(settings, choose_targets(args), Cores.split(pin=pin))
     except (BenchError, VenvError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

@@ -41,7 +41,28 @@ PROTOTYPES: dict[str, tuple[str, ...]] = {
     "p-rsgi-raw": ("hotpath_apps.py", "--server", "granian", "--client", "raw"),
     "p-proto": ("hotpath_proto.py",),
     "p-proto-fast": ("hotpath_proto.py", "--parse", "msgspec", "--metrics", "cheap"),
+    "p-proto-uvicorn": (
+        "hotpath_proto.py",
+        "--uvicorn",
+        "--parse",
+        "msgspec",
+        "--metrics",
+        "cheap",
+    ),
+    # two processes, each its own SO_REUSEPORT socket: for `proxy.py --workers` (unpinned)
+    "p-proto-x2": ("hotpath_proto.py", "--workers", "2"),
+    "p-proto-fast-x2": (
+        "hotpath_proto.py",
+        "--parse",
+        "msgspec",
+        "--metrics",
+        "cheap",
+        "--workers",
+        "2",
+    ),
 }
+ONE_CORE = tuple(name for name in PROTOTYPES if not name.endswith("-x2"))  # --candidates
+WORKERS_RUN = ("vllm-router", "gpugate", "p-proto", "p-proto-x2", "p-proto-fast", "p-proto-fast-x2")
 BY_PORT = ("nginx", "vllm-router", "bare")  # a listening port per lane; the rest route by model
 MODELS = {  # gpugate routes by model: model -> lane
     "json-model": "json",
