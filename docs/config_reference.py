@@ -242,12 +242,22 @@ MEANING: dict[str, str] = {
     "jobs.max_attempts_per_runtime": "submits of one job to one runtime before the walk moves on",
     "server": "process settings",
     "server.shutdown_grace_s": "on SIGTERM, how long requests in flight may finish",
+    "server.drain_delay_s": (
+        "on SIGTERM, how long the replica keeps serving with `/readyz` answering 503 before it "
+        "stops accepting (load balancers take seconds to notice); `shutdown_grace_s` follows. "
+        "0: stop accepting at once. Running in production: 5 (docs/production.md)"
+    ),
     "server.max_body_bytes": "request bodies over this are refused (413 `PAYLOAD_TOO_LARGE`)",
     "server.idempotency_ttl_s": "how long a completed response is kept for `Idempotency-Key` "
     "replays",
     "server.log_format": "`text` or `json` lines on stderr",
     "server.config_poll_s": "how often each replica looks for a new config version and runtime "
     "states",
+    "server.behind_tls_proxy": "clients reach the gateway through a proxy that terminates "
+    "TLS: the console's session cookie is `Secure` and its pages send HSTS, as when `tls` is set",
+    "server.public_url": "the gateway's base URL as clients know it (e.g. "
+    "`https://gpu.example.com`): the Azure DI facade builds `Operation-Location` from it; null: "
+    "only a loopback or the `listen` host is accepted as `Host` there (docs/security.md)",
     "blobs": "where large job results go",
     "blobs.kind": "`local` (a directory) or `s3` (S3-compatible; needed by `modal` runtimes)",
     "blobs.dir": "the directory of the `local` blob store",
@@ -262,6 +272,11 @@ MEANING: dict[str, str] = {
     "blobs.inline_max_bytes": "results up to this size stay in the job row; larger ones go to "
     "the blob store",
     "blobs.presign_s": "how long presigned URLs handed to a runtime live",
+    "import_env": "which environment variables a config import (admin API, console) may name "
+    "in a `*_env` key; the file may name any (docs/security.md)",
+    "import_env.prefix": "an import may name any variable starting with this; null: none by prefix",
+    "import_env.allow": "and these names (besides those the file's own gateway document names); "
+    "never a variable a process key names (the admin token's, the blob store's keys)",
 }
 
 

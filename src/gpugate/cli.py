@@ -120,10 +120,13 @@ def cmd_gpus_inspect(args: argparse.Namespace) -> int:
     return 1 if errors and not entries else 0
 
 
-def _api(args: argparse.Namespace) -> GatewayApi:
-    from gpugate.adapters.gateway_api import GatewayApi
+def _api(args: argparse.Namespace, *, token: str | None = None) -> GatewayApi:
+    """A client of ``--gateway`` (redirects followed within its origin only), over TLS with
+    ``--ca-file`` / ``--cert-file`` / ``--key-file`` when given."""
+    from gpugate.adapters.gateway_api import GatewayApi, client_tls
 
-    return GatewayApi(args.gateway)
+    tls = client_tls(args.ca_file, args.cert_file, args.key_file)
+    return GatewayApi(args.gateway, token=token, actor=getattr(args, "actor", None), tls=tls)
 
 
 def _print_json(value: object) -> None:
@@ -185,10 +188,7 @@ def cmd_jobs_cancel(args: argparse.Namespace) -> int:
 
 
 def _admin_api(args: argparse.Namespace) -> GatewayApi:
-    from gpugate.adapters.gateway_api import GatewayApi
-
-    token = os.environ.get(args.token_env) or None
-    return GatewayApi(args.gateway, token=token, actor=args.actor)
+    return _api(args, token=os.environ.get(args.token_env) or None)
 
 
 def cmd_runtimes_list(args: argparse.Namespace) -> int:
@@ -443,8 +443,16 @@ def _gateway_parent() -> argparse.ArgumentParser:
     parent.add_argument(
         "--gateway",
         default=os.environ.get("GPUGATE_URL", "http://127.0.0.1:8080"),
-        help="the gateway's base URL (default $GPUGATE_URL or http://127.0.0.1:8080)",
+        help="the gateway's base URL (default $GPUGATE_URL or http://127.0.0.1:8080); a "
+        "redirect to another origin is refused, so the token never goes elsewhere",
     )
+    tls = (
+        ("--ca-file", "GPUGATE_CA_FILE", "CA bundle that signed an https:// gateway's certificate"),
+        ("--cert-file", "GPUGATE_CLIENT_CERT_FILE", "client certificate (mTLS gateways)"),
+        ("--key-file", "GPUGATE_CLIENT_KEY_FILE", "the client certificate's key, if apart"),
+    )
+    for flag, env, what in tls:
+        parent.add_argument(flag, default=os.environ.get(env), help=f"{what} (default ${env})")
     return parent
 
 

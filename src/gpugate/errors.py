@@ -36,7 +36,8 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── GpuSaturated               GPU_SATURATED
     │   ├── QueueTimeout               QUEUE_TIMEOUT
     │   ├── QueueFull                  QUEUE_FULL
-    │   └── NoHealthyUpstream          NO_HEALTHY_UPSTREAM
+    │   ├── NoHealthyUpstream          NO_HEALTHY_UPSTREAM
+    │   └── ShuttingDown               SHUTTING_DOWN: the replica stops; another will answer
     ├── UpstreamError                  the upstream failed us
     │   ├── UpstreamTimeout            UPSTREAM_TIMEOUT
     │   └── UpstreamUnreachable        UPSTREAM_UNREACHABLE
@@ -63,11 +64,20 @@ class GpugateError(Exception):
     """gpugate failed."""
 
     code = "INTERNAL"
+    #: The message is for the operator's log (it may name hosts, users, paths): clients and
+    #: unauthenticated probes get :attr:`public_message`, the class's docstring, instead.
+    internal = False
 
     def __init__(self, message: str | None = None, *, retry_after_s: float | None = None) -> None:
         self.message = message or (type(self).__doc__ or self.code).strip()
         self.retry_after_s = retry_after_s
         super().__init__(self.message)
+
+    @property
+    def public_message(self) -> str:
+        """What someone outside may read: the message, or for an internal error its class's
+        docstring (the code still says which error it was)."""
+        return (type(self).__doc__ or self.code).strip() if self.internal else self.message
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +110,7 @@ class StoreError(GpugateError):
     """The store failed."""
 
     code = "STORE_ERROR"
+    internal = True  # its messages name the database's host, user, file (issue #15 finding 8)
 
 
 class StoreUnavailable(StoreError):
@@ -226,6 +237,13 @@ class QueueFull(Refused):
     """The admission queue of the upstream is full."""
 
     code = "QUEUE_FULL"
+
+
+class ShuttingDown(Refused):
+    """This replica is shutting down and its grace period is over; retry (another replica
+    answers)."""
+
+    code = "SHUTTING_DOWN"
 
 
 class NoHealthyUpstream(Refused):

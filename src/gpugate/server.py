@@ -1,7 +1,11 @@
 """Serving an ASGI app: bind first (so a taken port is one clear error), then run uvicorn.
 
-Uvicorn owns the signals: on SIGTERM or SIGINT it stops accepting, lets in-flight requests finish
-for up to the grace period, then runs the app's lifespan shutdown, which stops every loop.
+The first SIGTERM or SIGINT starts a drain (:class:`DrainingServer`): ``/readyz`` answers 503 at
+once while requests are still served for ``server.drain_delay_s`` (load balancers take seconds
+to notice); then uvicorn stops accepting and lets in-flight requests and streams finish within
+``server.shutdown_grace_s``; what is left then is answered (503 JSON, or ``event: error`` on a
+stream: :mod:`gpugate.web.shutdown`); then the app's lifespan shutdown and the gateway's exit
+stop every loop and hand the dispatcher claims back. A second signal stops accepting at once.
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ import signal
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Mapping
+from types import FrameType
 
 import uvicorn
 from starlette.types import ASGIApp
 
+from gpugate.clock import SystemClock
 from gpugate.config import GatewayConfig
 from gpugate.errors import ListenError
+from gpugate.services.readiness import Lifecycle
 from gpugate.web.app import create_app
 from gpugate.wiring import build_gateway
 
@@ -55,6 +62,61 @@ def _absorb_reraised_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
 
 
+CUT_MARGIN_S = 2.0
+"""Uvicorn's own cancellation of what is left comes this long after the grace: a backstop, as
+:mod:`gpugate.web.shutdown` answers those requests at the end of the grace."""
+
+
+class DrainingServer(uvicorn.Server):
+    """Uvicorn whose first exit signal drains first (see the module docstring)."""
+
+    def __init__(
+        self, app: ASGIApp, *, grace_s: float, drain_delay_s: float, lifecycle: Lifecycle
+    ) -> None:
+        super().__init__(_uvicorn_config(app, grace_s + CUT_MARGIN_S))
+        self._grace_s = grace_s
+        self._drain_delay_s = drain_delay_s
+        self._lifecycle = lifecycle
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._signalled = False
+        self._draining: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            await super().serve(sockets)
+        finally:
+            if self._draining is not None:
+                self._draining.cancel()
+                await asyncio.gather(self._draining, return_exceptions=True)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """From the signal handler: start the drain (first signal), else uvicorn's own way."""
+        if self._signalled or self._loop is None or self.should_exit:
+            super().handle_exit(sig, frame)
+            return
+        self._signalled = True
+        self._captured_signals.append(sig)
+        self._loop.call_soon_threadsafe(self._begin_drain)
+
+    def _begin_drain(self) -> None:
+        self._draining = asyncio.create_task(self.drain(), name="gpugate.drain")
+
+    async def drain(self) -> None:
+        """Not ready, still serving; then stop accepting; at the end of the grace, the cut."""
+        self._lifecycle.drain()
+        if self._drain_delay_s > 0:
+            log.info(
+                "draining: /readyz answers 503; serving %g s more before stopping",
+                self._drain_delay_s,
+            )
+            await asyncio.sleep(self._drain_delay_s)
+        self._lifecycle.stop(self._grace_s)
+        self.should_exit = True
+        await asyncio.sleep(self._grace_s)
+        self._lifecycle.cut()
+
+
 def make_server(app: ASGIApp, grace_s: float) -> uvicorn.Server:
     """A uvicorn server for ``app`` with gpugate's settings (serve it with pre-bound sockets)."""
     return uvicorn.Server(_uvicorn_config(app, grace_s))
@@ -81,11 +143,18 @@ async def serve(
     sock: socket.socket,
     *,
     grace_s: float,
+    drain_delay_s: float = 0.0,
+    lifecycle: Lifecycle | None = None,
     on_started: Callable[[], Awaitable[None]] | None = None,
 ) -> bool:
-    """Serve until a signal; True when startup and shutdown were clean."""
+    """Serve until a signal (drained first); True when startup and shutdown were clean."""
     _absorb_reraised_sigterm()
-    server = make_server(app, grace_s)
+    server = DrainingServer(
+        app,
+        grace_s=grace_s,
+        drain_delay_s=drain_delay_s,
+        lifecycle=lifecycle or Lifecycle(SystemClock()),
+    )
     task = asyncio.create_task(server.serve(sockets=[sock]))
     if on_started is not None:
         while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn has no event
@@ -110,4 +179,11 @@ async def serve_gateway(
         # sight, so a full collection under load scans only what requests allocate.
         gc.collect()
         gc.freeze()
-        return await serve(app, sock, grace_s=config.server.shutdown_grace_s, on_started=on_started)
+        return await serve(
+            app,
+            sock,
+            grace_s=config.server.shutdown_grace_s,
+            drain_delay_s=config.server.drain_delay_s,
+            lifecycle=gateway.lifecycle,
+            on_started=on_started,
+        )

@@ -22,6 +22,7 @@ from gpugate.adapters.push_client import PushClient
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock, SystemClock
 from gpugate.config import GatewayConfig, ModalRuntimeConfig, PushRuntimeConfig, RuntimeConfig
+from gpugate.config.environment import importable_environ
 from gpugate.core.jobs import RuntimeView, runtime_views
 from gpugate.core.registry import Registry
 from gpugate.errors import GpugateError
@@ -39,7 +40,7 @@ from gpugate.services.job_waiter import JobWaiter
 from gpugate.services.jobs import Jobs
 from gpugate.services.prober import Prober
 from gpugate.services.proxy import Proxy
-from gpugate.services.readiness import Readiness, probe
+from gpugate.services.readiness import Lifecycle, Readiness, probe
 from gpugate.services.reaper import Reaper
 from gpugate.services.replicas import ReplicaHeartbeat
 from gpugate.services.result_cache import ResultCache
@@ -94,7 +95,21 @@ class Gateway:
     batch_runner: BatchRunner | None = None
     guardrails: Guardrails | None = None
     stop_conditions: StopConditions | None = None
-    stopping: bool = field(default=False)
+    import_environ: Mapping[str, str] = field(default_factory=dict)  # what an import may name
+    lifecycle: Lifecycle = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lifecycle = Lifecycle(self.clock)
+
+    @property
+    def stopping(self) -> bool:
+        """Draining or stopping: not ready for new traffic."""
+        return not self.lifecycle.ready
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        if value:
+            self.lifecycle.stop()
 
     def apply_config(self, config: GatewayConfig, version: int) -> None:
         """Swap in a new gateway config version, all at once (no await: no request or loop
@@ -141,6 +156,8 @@ class Gateway:
             return f"version {self.config_version} loaded"
 
         async def accepting() -> str:
+            if self.lifecycle.phase == "draining":
+                raise GpugateError("draining: finishing what it has, taking no new work soon")
             if self.stopping:
                 raise GpugateError("shutting down")
             return "accepting requests"
@@ -251,11 +268,12 @@ async def build_gateway(
         )
         gateway.azure_di = AzureDocumentIntelligence(proxy, lambda: gateway.config, clock)
         dispatcher, reaper = await _jobs_engine(gateway, stack)
+        gateway.import_environ = importable_environ(file_config, environ)
         gateway.config_versions = ConfigVersions(
             store,
             lambda: (gateway.config, gateway.config_version),
             gateway.apply_config,
-            environ,
+            gateway.import_environ,
             clock,
             poll_s=file_config.server.config_poll_s,
         )
@@ -285,6 +303,8 @@ def _start_loops(
     assert gateway.batch_runner is not None
     loops = _Loops()
     stack.push_async_callback(loops.stop)
+    stack.push_async_callback(_hand_back, gateway, loops)  # unwound first: before loops.stop
+    gateway.lifecycle.on("draining", lambda: loops.stop_soon(CLAIMING_LOOPS))
     loops.start("prober", gateway.prober.run())
     loops.start("config-versions", gateway.config_versions.run())
     loops.start("runtime-states", gateway.runtime_ops.run())
@@ -310,6 +330,40 @@ def _start_loops(
         loops.start("reaper", reaper.run())
         loops.start("job-wakeups", gateway.store.watch_jobs(dispatcher.wake))
         loops.start("batches", gateway.batch_runner.run())
+
+
+CLAIMING_LOOPS = ("dispatcher", "job-wakeups", "batches")
+"""The loops that take new work from the store: a draining replica stops them first, so the
+other replicas take the queue while it finishes what it holds."""
+
+
+async def _hand_back(gateway: Gateway, loops: _Loops) -> None:
+    """On the way out: claim nothing more; after a signal, let this process's own calls (the
+    ``upstream`` runtime's) finish within what is left of the grace; then put the dispatcher
+    claims still held back in the queue for the other replicas (not after a 30 s silence)."""
+    await loops.stop_named(CLAIMING_LOOPS)
+    lifecycle = gateway.lifecycle
+    if lifecycle.deadline is not None:
+        while _own_calls(gateway) and lifecycle.remaining_s() > 0:
+            await gateway.clock.sleep(min(0.05, lifecycle.remaining_s()))
+        if left := _own_calls(gateway):
+            log.warning(
+                "%d job call(s) still running at the end of the grace; another replica "
+                "takes them back when their lease runs out (jobs.quiet_s)",
+                left,
+            )
+    try:
+        released = await gateway.store.release_replica(gateway.store.replica)
+    except GpugateError as exc:
+        log.warning("could not hand back the dispatcher claims: %s", exc.message)
+        return
+    if released:
+        log.info("handed back %d dispatcher claim(s): %s", len(released), ", ".join(released))
+
+
+def _own_calls(gateway: Gateway) -> int:
+    """Job calls running inside this process (the ``upstream`` runtime's)."""
+    return sum(r.running for r in gateway.runtimes.values() if isinstance(r, UpstreamRuntime))
 
 
 async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatcher, Reaper]:
@@ -515,6 +569,7 @@ class _Loops:
 
     def __init__(self) -> None:
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping: asyncio.Task[None] | None = None
 
     def start(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks[name] = asyncio.create_task(coro, name=f"gpugate.{name}")
@@ -526,10 +581,20 @@ class _Loops:
             log.error("loop %s died", task.get_name(), exc_info=task.exception())
 
     async def stop(self) -> None:
-        for task in self._tasks.values():
+        await self.stop_named(tuple(self._tasks))
+        if self._stopping is not None:
+            await self._stopping
+
+    async def stop_named(self, names: tuple[str, ...]) -> None:
+        """Cancel and await the named loops that run (the others go on)."""
+        tasks = [self._tasks.pop(name) for name in names if name in self._tasks]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        self._tasks.clear()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def stop_soon(self, names: tuple[str, ...]) -> None:
+        """:meth:`stop_named` from synchronous code: the stopping task is owned here."""
+        self._stopping = asyncio.create_task(self.stop_named(names), name="gpugate.stop-loops")
 
 
 async def upgrade_store(dsn: str, *, clock: Clock | None = None) -> list[str]:

@@ -105,6 +105,19 @@ class GatewayProcess:
         except TimeoutError:
             await self.kill()
 
+    def terminate(self) -> None:
+        """SIGTERM, without waiting (see :meth:`wait`)."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGTERM)
+
+    async def wait(self, *, within_s: float) -> int:
+        """The exit code, once the process has exited (fails the test after ``within_s``)."""
+        assert self._proc is not None
+        try:
+            return await asyncio.wait_for(self._proc.wait(), timeout=within_s)
+        except TimeoutError:
+            pytest.fail(f"gpugate did not exit within {within_s} s:\n{self.tail()}")
+
     def tail(self, lines: int = 40) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         return "\n".join(text.splitlines()[-lines:])

@@ -89,6 +89,27 @@ async def test_at_capacity_a_job_is_deferred_and_dispatched_as_soon_as_a_slot_fr
     assert {"a": 1, "b": 1} == r.executions()
 
 
+async def test_a_job_dispatched_early_because_a_slot_freed_is_stamped_with_the_time_it_happened(
+    dsn: str,
+) -> None:
+    """Issue 14 defect 11: the claim after a slot frees looks ahead for jobs waiting for one,
+    but its ``dispatching`` event and its lease start now, so the timeline stays in order."""
+    runtimes = [{"id": "local", "kind": "upstream", "max_concurrency": 1}]
+    async with rig(dsn, runtimes=runtimes) as r:
+        await r.submit("a")
+        await r.submit("b")
+        await r.dispatcher.tick()
+        await r.idle()  # a completes, b waits AT_CAPACITY for 5 s: the slot freed meanwhile
+        r.clock.advance(1)
+        claimed_at = r.clock.now()
+        await r.dispatcher.drain()
+        await r.idle()
+        events = await r.events("b")
+    dispatching = [e for e in events if e.status == "dispatching"]
+    assert claimed_at == dispatching[-1].at
+    assert sorted(events, key=lambda e: e.at) == events
+
+
 async def test_a_runtime_at_capacity_is_passed_over_for_the_next_in_the_chain(dsn: str) -> None:
     runtimes = [{"id": "local", "kind": "upstream", "max_concurrency": 1}, push_runtime("home-1")]
     async with rig(dsn, runtimes=runtimes, chain=["local", "home-1"]) as r:

@@ -116,7 +116,12 @@ async def test_an_import_naming_an_unset_secret_variable_is_refused(
         document["upstreams"][0]["api_key_env"] = "NOT_SET_ANYWHERE"
         reply = await admin.import_text(json.dumps(document))
     assert 422 == reply.status
-    assert [("upstreams[0].api_key_env", "environment variable NOT_SET_ANYWHERE is not set")] == [
+    unavailable = (
+        "environment variable NOT_SET_ANYWHERE is not available to a config import: it must be "
+        "set, and allowed by the process (import_env.prefix, import_env.allow, or named by the "
+        "config file)"
+    )
+    assert [("upstreams[0].api_key_env", unavailable)] == [
         (p["path"], p["message"]) for p in reply.body["error"]["problems"]
     ]
 

@@ -121,6 +121,37 @@ async def test_the_claim_time_may_be_given(store: Store, clock: ManualClock) -> 
     assert at + timedelta(seconds=10) == job.lease_expires_at
 
 
+async def test_a_claim_that_looks_ahead_for_due_jobs_is_stamped_with_the_time_it_happened(
+    store: Store, clock: ManualClock
+) -> None:
+    """Issue 14 defect 11: a claim that takes jobs due a little later (a slot freed) leases
+    them from now and dates their ``dispatching`` event now, never in the future."""
+    job = await create(store, not_before=clock.now() + timedelta(seconds=5))
+    clock.advance(1)
+
+    [claimed] = await store.claim_jobs(
+        limit=1, lease_s=60, due_by=clock.now() + timedelta(seconds=5)
+    )
+
+    [_, dispatching] = await store.job_events(job.slug)
+    assert (clock.now(), clock.now() + timedelta(seconds=60), clock.now()) == (
+        dispatching.at,
+        claimed.lease_expires_at,
+        claimed.updated_at,
+    )
+
+
+async def test_a_claim_does_not_look_ahead_unless_asked(store: Store, clock: ManualClock) -> None:
+    await create(store, not_before=clock.now() + timedelta(seconds=5))
+
+    early = await store.claim_jobs(limit=1, lease_s=60)
+    ahead = await store.claim_jobs(
+        limit=1, lease_s=60, due_by=clock.now() + timedelta(seconds=4.999)
+    )
+
+    assert ([], []) == (early, ahead)
+
+
 async def test_finished_and_leased_jobs_are_never_claimed(store: Store) -> None:
     for _ in range(3):
         await create(store)

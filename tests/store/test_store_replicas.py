@@ -81,3 +81,26 @@ async def test_a_replica_never_reclaims_its_own_claims(store: Store, clock: Manu
 
     assert [] == await store.reclaim_silent(30)
     assert [] == await store.expired_leases()
+
+
+async def test_a_replica_that_stops_puts_its_claims_back_in_the_queue_at_once(
+    store: Store, open_another: Callable[[], Awaitable[Store]]
+) -> None:
+    other = await open_another()
+    for slug in ("a", "b", "c"):
+        await store.create_job(NewJob(model="m", input={}, runner="local", slug=slug))
+    mine = sorted(j.slug for j in await store.claim_jobs(limit=2, lease_s=LEASE_S))
+    (theirs,) = await other.claim_jobs(limit=1, lease_s=LEASE_S)
+
+    released = await store.release_replica(store.replica)
+    jobs = {slug: await other.get_job(slug) for slug in ("a", "b", "c")}
+    last_event = (await other.job_events(mine[0]))[-1]
+    claimed_by_other = sorted(j.slug for j in await other.claim_jobs(limit=5, lease_s=LEASE_S))
+
+    assert mine == released
+    assert {**dict.fromkeys(mine, ("queued", 0)), theirs.slug: ("dispatching", 0)} == {
+        slug: (job.state, job.rescue_count) for slug, job in jobs.items() if job is not None
+    }
+    assert "released" == last_event.status  # handed back, not rescued
+    assert mine == claimed_by_other  # claimable now, not after a lease or a silence
+    assert [] == await store.release_replica(store.replica)  # nothing left to hand back

@@ -1,12 +1,21 @@
 """A small client of a running gateway's HTTP API, for the ``gpugate jobs|runtimes|config``
-commands. Blocking (the CLI does one request at a time) and stdlib-only."""
+commands. Blocking (the CLI does one request at a time) and stdlib-only.
+
+A redirect is followed only within the gateway's origin (scheme, host and port): the admin token
+rides on every request, and a redirect to another origin would hand it over (as curl and
+requests, the client refuses; issue #15 finding 8). ``tls`` verifies a gateway whose
+certificate a private CA signed, and presents a client certificate to one that requires it.
+"""
 
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
-from typing import Any
+from http.client import HTTPMessage
+from typing import IO, Any
+from urllib.parse import urlsplit
 
 from gpugate.errors import GpugateError
 
@@ -25,6 +34,50 @@ class GatewayApiError(GpugateError):
         self.problems = problems or []  # CONFIG_INVALID: [{path, message, line}]
 
 
+def client_tls(
+    ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
+) -> ssl.SSLContext | None:
+    """The TLS settings for an ``https://`` gateway: trust ``ca_file`` (else the system's CAs)
+    and present ``cert_file``/``key_file`` (mTLS); None when nothing is asked for."""
+    if ca_file is None and cert_file is None:
+        return None
+    context = ssl.create_default_context(cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file is not None:
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise GpugateError(f"cannot load the client certificate {cert_file}: {exc}") from exc
+    return context
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect within the request's origin; refuses one that leaves it."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        if _origin(newurl) != _origin(req.full_url):
+            scheme, host, port = _origin(newurl)
+            raise GpugateError(
+                f"the gateway redirected to another origin ({scheme}://{host}:{port}); not "
+                "following it with your credentials (use --gateway with that URL if you trust it)"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 class GatewayApi:
     """``request(method, path, body)`` against one gateway, JSON in and out; ``send`` for any
     other body (a YAML config). ``token``: the admin token; ``actor``: who acts, for the audit
@@ -37,11 +90,16 @@ class GatewayApi:
         token: str | None = None,
         actor: str | None = None,
         timeout_s: float = 30.0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._token = token
         self._actor = actor
         self._timeout_s = timeout_s
+        handlers: list[urllib.request.BaseHandler] = [_SameOriginRedirects()]
+        if tls is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=tls))
+        self._opener = urllib.request.build_opener(*handlers)
 
     def request(
         self,
@@ -69,7 +127,7 @@ class GatewayApi:
             sent["X-Gpugate-Actor"] = self._actor
         req = urllib.request.Request(self.base_url + path, data=data, headers=sent, method=method)  # noqa: S310 - the operator's own gateway URL
         try:
-            with urllib.request.urlopen(req, timeout=self._timeout_s) as resp:  # noqa: S310
+            with self._opener.open(req, timeout=self._timeout_s) as resp:
                 got = {name.lower(): value for name, value in resp.headers.items()}
                 return resp.status, got, resp.read()
         except urllib.error.HTTPError as exc:

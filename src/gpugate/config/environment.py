@@ -4,6 +4,14 @@ Required: every push runtime's ``push.secret_env``, every modal runtime's ``moda
 and ``modal.token_secret_env``, an upstream's ``api_key_env`` when given, and the S3 blob
 store's ``access_key_id_env`` / ``secret_access_key_env`` when given.
 ``admin_token_env`` is not required: unset, the admin API refuses everything.
+
+What a config *import* may name (issue #15 finding 5): the file is the operator's, so it may name
+any variable; an import (admin API, console) may name only the variables the process allows —
+those starting with ``import_env.prefix`` (``GPUGATE_SECRET_``), those in ``import_env.allow``,
+and those the file's own gateway document names — and never one a process key names (the admin
+token's, the blob store's keys). :func:`importable_environ` is that view of the environment;
+:func:`import_findings` checks a document against it with one message for a variable that is
+unset, empty or not allowed alike, so an import learns nothing about which variables exist.
 """
 
 from __future__ import annotations
@@ -12,6 +20,9 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from pydantic import Field
+
+from gpugate.config.fields import ConfigModel, EnvName
 from gpugate.config.paths import Finding, KeyPath
 from gpugate.config.validation import to_problems
 
@@ -21,6 +32,19 @@ if TYPE_CHECKING:
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MODAL_DEFAULTS = (("token_id_env", "MODAL_TOKEN_ID"), ("token_secret_env", "MODAL_TOKEN_SECRET"))
+IMPORT_PREFIX = "GPUGATE_SECRET_"  # a prefix of variable names
+
+
+class ImportEnvConfig(ConfigModel):
+    """Which environment variables a config import may name in a ``*_env`` key (a process
+    key: only the file sets it, an import cannot widen it)."""
+
+    prefix: EnvName | None = IMPORT_PREFIX
+    allow: list[EnvName] = Field(default_factory=list)
+
+    def allows(self, name: str) -> bool:
+        """Whether ``name`` passes the prefix or the allow-list (not yet the other rules)."""
+        return name in self.allow or (self.prefix is not None and name.startswith(self.prefix))
 
 
 def env_problems(config: GatewayConfig, environ: Mapping[str, str]) -> list[ConfigProblem]:
@@ -39,6 +63,57 @@ def env_findings(document: Mapping[str, Any], environ: Mapping[str, str]) -> lis
         elif not value:
             findings.append(Finding(path, f"environment variable {name} is set but empty"))
     return findings
+
+
+def importable_environ(config: GatewayConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables a config import may name, with their values (set and non-empty only):
+    ``import_env``'s prefix and allow-list, and the names the file's own gateway document uses
+    (``config`` is the file's config) — less every name a process key uses."""
+    policy = config.import_env
+    named_by_file = {name for _, name in named_env(config.gateway_document())}
+    process = {name for _, name in named_env(config.process_document())}
+    return {
+        name: value
+        for name, value in environ.items()
+        if value and name not in process and (policy.allows(name) or name in named_by_file)
+    }
+
+
+def import_findings(document: Mapping[str, Any], importable: Mapping[str, str]) -> list[Finding]:
+    """Each ``*_env`` variable ``document`` names that is not in ``importable``; the message
+    is the same whether it is unset, empty or not allowed."""
+    return [
+        Finding(
+            path,
+            f"environment variable {name} is not available to a config import: it must be "
+            "set, and allowed by the process (import_env.prefix, import_env.allow, or named by "
+            "the config file)",
+        )
+        for path, name in named_env(document)
+        if name not in importable
+    ]
+
+
+def named_env(document: Mapping[str, Any]) -> list[tuple[KeyPath, str]]:
+    """Every variable a document names: each ``*_env`` key anywhere in it, and the defaults
+    the schema fills in (a modal runtime's token variables), without duplicates."""
+    found: dict[KeyPath, str] = dict(required_env(document))
+
+    def walk(node: Any, path: KeyPath) -> None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                here = (*path, str(key))
+                if str(key).endswith("_env") and isinstance(value, str):
+                    if _ENV_NAME.fullmatch(value):
+                        found.setdefault(here, value)
+                else:
+                    walk(value, here)
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                walk(item, (*path, index))
+
+    walk(document, ())
+    return list(found.items())
 
 
 def required_env(document: Mapping[str, Any]) -> list[tuple[KeyPath, str]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import (
     AfterValidator,
@@ -28,6 +28,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HOST = re.compile(r"[^\s/\[\]]+")
 _IPV6 = re.compile(r"[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*(%\w+)?")
 _STORE_PREFIXES = ("sqlite:///", "postgresql://", "postgres://")
+# libpq's connection parameters that hold a secret (a URL's query may carry any of them)
+_SECRET_STORE_PARAMS = frozenset({"password", "sslpassword"})
 _MAX_PORT = 65535
 
 
@@ -90,6 +92,27 @@ def _store_url(value: str) -> str:
             f"expected a URL starting with sqlite:///, postgresql:// or postgres://, got {value!r}"
         )
     return value
+
+
+def redact_store_url(value: str) -> str:
+    """The store URL without any password, fit for a log line, a summary or a repr: the user
+    info's password and the query parameters that carry one (``password``, ``sslpassword``)
+    are dropped; everything else (user, host, port, database, other parameters) is kept."""
+    if "://" not in value or value.startswith("sqlite:"):
+        return value
+    parts = urlsplit(value)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{parts.username}@{host}" if parts.username else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    query = [
+        (name, kept)
+        for name, kept in parse_qsl(parts.query, keep_blank_values=True)
+        if name.lower() not in _SECRET_STORE_PARAMS
+    ]
+    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query), ""))
 
 
 def _url_path(value: str) -> str:

@@ -17,9 +17,11 @@ from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 from gpugate.config import summary
 from gpugate.config.blobs import BlobsConfig, S3Config
 from gpugate.config.cache import CacheConfig
+from gpugate.config.environment import ImportEnvConfig
 from gpugate.config.fields import (
     ConfigModel,
     EnvName,
+    HttpUrl,
     ListenAddress,
     PositiveSeconds,
     Seconds,
@@ -51,6 +53,7 @@ __all__ = [
     "ExporterConfig",
     "GatewayConfig",
     "GpuHealthConfig",
+    "ImportEnvConfig",
     "JobsConfig",
     "ModalConfig",
     "ModalRuntimeConfig",
@@ -90,10 +93,13 @@ class ServerConfig(ConfigModel):
     """The HTTP server's limits and log format."""
 
     shutdown_grace_s: Seconds = 30.0
+    drain_delay_s: Seconds = 0.0  # on SIGTERM: /readyz says 503 but requests are served this long
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1)
     idempotency_ttl_s: PositiveSeconds = 86400.0
     log_format: Literal["text", "json"] = "text"
     config_poll_s: PositiveSeconds = 2.0  # how often a replica looks for a new config/states
+    behind_tls_proxy: bool = False  # clients reach us through a TLS-terminating proxy
+    public_url: HttpUrl | None = None  # the gateway's address as clients know it
 
 
 def _implied_runtimes() -> list[RuntimeConfig]:
@@ -115,6 +121,7 @@ class GatewayConfig(ConfigModel):
     jobs: JobsConfig = JobsConfig()
     server: ServerConfig = ServerConfig()
     blobs: BlobsConfig = BlobsConfig()
+    import_env: ImportEnvConfig = ImportEnvConfig()
 
     _source_map: SourceMap = PrivateAttr(default_factory=SourceMap)
 

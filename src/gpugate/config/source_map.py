@@ -1,8 +1,11 @@
 """Where each key of a YAML document is: key path → 1-based line.
 
-:func:`read_yaml` composes the node tree once (``yaml.compose`` with the safe loader), builds the
-data from it with the safe constructor, and walks the same tree for the lines and for duplicate
-keys, which PyYAML would otherwise silently resolve to the last value.
+:func:`read_yaml` first reads the text as events and refuses a document past the limits of
+:mod:`.untrusted` (depth, and size with every alias expanded: an alias bomb is refused for the
+cost of its text). Then it composes the node tree once (``yaml.compose`` with the safe loader,
+libyaml's when installed), builds the data from it with the safe constructor, refuses values no
+JSON or store can hold (NaN, NUL, lone surrogates), and walks the same tree for the lines and
+for duplicate keys, which PyYAML would otherwise silently resolve to the last value.
 """
 
 from __future__ import annotations
@@ -14,13 +17,18 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from gpugate.config.paths import Finding, KeyPath
+from gpugate.config.paths import Finding, KeyPath, format_path
+from gpugate.config.untrusted import first_problem, yaml_events_problem
 from gpugate.errors import ConfigError, ConfigProblem
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+# libyaml's parser and composer when PyYAML was built with it (10-20x faster), else PyYAML's own.
+_LOADER: type[yaml.SafeLoader | yaml.CSafeLoader] = (
+    yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +69,14 @@ class YamlDocument:
 
 
 def read_yaml(text: str, *, source: str | None = None) -> YamlDocument:
-    """Parse ``text``; malformed YAML raises :class:`ConfigError` with one problem and its line."""
+    """Parse ``text``; malformed YAML, or YAML past a limit, raises :class:`ConfigError` with one
+    problem and its line."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        limit = yaml_events_problem(yaml.parse(text, Loader=_LOADER))
+        if limit is not None:
+            problem = ConfigProblem("", limit.message, limit.line)
+            raise ConfigError([problem], source=source)
+        node = yaml.compose(text, Loader=_LOADER)
         data = SafeConstructor().construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         raise ConfigError([_yaml_problem(exc)], source=source) from exc
@@ -72,7 +85,11 @@ def read_yaml(text: str, *, source: str | None = None) -> YamlDocument:
     if node is not None:
         lines[()] = node.start_mark.line + 1
         _walk(node, (), _Walk(lines, duplicates, SafeConstructor(), set()))
-    return YamlDocument(data, SourceMap(lines), tuple(duplicates))
+    source_map = SourceMap(lines)
+    if (bad := first_problem(data)) is not None:
+        problem = ConfigProblem(format_path(bad.path), bad.message, source_map.line(bad.path))
+        raise ConfigError([problem], source=source)
+    return YamlDocument(data, source_map, tuple(duplicates))
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> ConfigProblem:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gpugate.config.fields import redact_store_url
+
 if TYPE_CHECKING:
     from gpugate.config.gpu_health import GpuHealthConfig
     from gpugate.config.runtime import RuntimeConfig
@@ -20,7 +22,7 @@ def summary_lines(config: GatewayConfig) -> list[str]:
     )
     lines = [
         f"listen          {config.listen}",
-        f"store           {config.store}",
+        f"store           {redact_store_url(config.store)}",
         f"admin           {admin}",
         f"gpu health      {_gpu_health(config.gpu_health)}",
     ]

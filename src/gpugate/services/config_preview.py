@@ -9,6 +9,7 @@ so a change of formatting or of key order is no change, and defaults show where 
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -65,7 +66,9 @@ class ConfigPreview:
         document = stored.document if stored is not None else base.gateway_document()
         current_text = render_gateway_document(document, media="yaml")
         try:
-            proposed = parse_gateway_text(base, text, media=media_of(text), environ=self._environ)
+            proposed = await asyncio.to_thread(  # off the event loop
+                parse_gateway_text, base, text, media=media_of(text), environ=self._environ
+            )
         except ConfigError as exc:
             return Preview(version, current_text, problems=list(exc.problems))
         proposed_text = render_gateway_document(proposed.gateway_document(), media="yaml")

@@ -5,7 +5,8 @@ replica following the newest version without a restart (DESIGN §2).
   an invalid import stores nothing and applies nothing), stores it as the next version (the
   store audits it in the same transaction) and applies it here at once. A document equal to the
   current version changes nothing: no new version.
-* :meth:`ConfigVersions.rollback` stores an earlier version's document as a new version.
+* :meth:`ConfigVersions.rollback` stores an earlier version's document as a new version, checked
+  like an import against the variables an import may name (``environ``).
 * :meth:`ConfigVersions.tick` (every ``server.config_poll_s`` in :meth:`run`) applies the store's
   newest version when another replica stored it, so every replica follows within one poll.
 
@@ -15,10 +16,12 @@ views (registry, chain, runtimes), so no request ever sees half of a change.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpugate.config.environment import import_findings
 from gpugate.config.gateway_import import parse_gateway_text
 from gpugate.errors import ConfigError, GpugateError, UnknownConfigVersion
 
@@ -49,7 +52,7 @@ class ConfigVersions:
         store: Store,
         current: Callable[[], tuple[GatewayConfig, int]],
         apply: Callable[[GatewayConfig, int], None],
-        environ: Mapping[str, str],
+        environ: Mapping[str, str],  # the variables an import may name (importable_environ)
         clock: Clock,
         *,
         poll_s: float,
@@ -74,9 +77,11 @@ class ConfigVersions:
         return await self._store.list_configs(limit)
 
     async def import_text(self, text: str, *, media: Media, actor: str) -> Imported:
-        """Replace the gateway document with the one in ``text`` (validated first, atomic)."""
+        """Replace the gateway document with the one in ``text`` (validated first, atomic); the
+        text is parsed and validated in a worker thread, off the event loop."""
         base, _ = self._current()
-        config = parse_gateway_text(base, text, media=media, environ=self._environ)
+        parse = parse_gateway_text
+        config = await asyncio.to_thread(parse, base, text, media=media, environ=self._environ)
         return await self._save(config, actor=actor, note="import", always=False)
 
     async def rollback(self, version: int, *, actor: str) -> Imported:
@@ -85,8 +90,11 @@ class ConfigVersions:
         if stored is None:
             raise UnknownConfigVersion(f"no stored gateway config version {version}")
         base, _ = self._current()
+        found = import_findings(stored.document, self._environ)
         try:
-            config = base.with_gateway_document(stored.document, source=f"version {version}")
+            config = base.with_gateway_document(
+                stored.document, source=f"version {version}", found=found
+            )
         except ConfigError as exc:  # an old version that no longer validates (a newer schema)
             raise ConfigError(exc.problems, source=f"version {version}") from exc
         return await self._save(config, actor=actor, note=f"rollback to {version}", always=True)

@@ -173,13 +173,12 @@ class Dispatcher:
     async def tick(self) -> DispatchReport:
         """Claim one batch of due jobs and dispatch each; returns what happened."""
         cfg = self._config()
-        now = self._clock.now()
-        claim_now = now
+        due_by = None
         if self._freed:  # a slot freed: what waits for one is due now, not after its backoff
             self._freed = False
-            claim_now = now + timedelta(seconds=self._capacity_backoff_s)
+            due_by = self._clock.now() + timedelta(seconds=self._capacity_backoff_s)
         jobs = await self._store.claim_jobs(
-            limit=self._batch, lease_s=cfg.jobs.dispatcher_lease_s, now=claim_now
+            limit=self._batch, lease_s=cfg.jobs.dispatcher_lease_s, due_by=due_by
         )
         return await self._dispatch_all(jobs)
 

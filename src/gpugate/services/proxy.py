@@ -44,6 +44,9 @@ class Outbound:
     received_at: float  # clock.monotonic() when the request arrived
     model: str | None = None
     upstream_id: str | None = None
+    #: The request body parsed once by the data plane (a JSON object), or None when it was not
+    #: parsed (raw pass-through, a streamed body). Read it; never parse ``body`` again.
+    doc: dict[str, Any] | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -285,15 +285,23 @@ class JobStore(Protocol):
         ...
 
     async def claim_jobs(
-        self, *, limit: int, lease_s: float, now: datetime | None = None
+        self,
+        *,
+        limit: int,
+        lease_s: float,
+        now: datetime | None = None,
+        due_by: datetime | None = None,
     ) -> list[JobRecord]:
         """Lease up to ``limit`` claimable jobs to the dispatcher, oldest (lowest id) first.
 
-        Claimable: ``queued``, ``not_before`` null or reached, no live lease. Each claimed job
-        becomes ``dispatching`` with ``leased_by = "<slug>-dispatcher@<replica>"``, a fresh
-        ``lease_token`` and ``lease_expires_at = now + lease_s`` (event ``dispatching``).
-        Concurrent claimers (other replicas included) never get the same job; a claimer may get
-        fewer than ``limit`` while others hold rows. ``now`` defaults to the store's clock.
+        Claimable: ``queued``, ``not_before`` null or reached by ``due_by``, no live lease. Each
+        claimed job becomes ``dispatching`` with ``leased_by = "<slug>-dispatcher@<replica>"``,
+        a fresh ``lease_token`` and ``lease_expires_at = now + lease_s`` (event
+        ``dispatching`` at ``now``). Concurrent claimers (other replicas included) never get the
+        same job; a claimer may get fewer than ``limit`` while others hold rows. ``now``
+        defaults to the store's clock, ``due_by`` to ``now``: a claimer that looks ahead (a
+        slot freed, so jobs waiting for one are due early) still stamps the claim with the time
+        it happened.
         """
         ...
 

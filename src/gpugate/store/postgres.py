@@ -13,12 +13,12 @@ import logging
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from gpugate.config.fields import redact_store_url as redact_dsn
 from gpugate.errors import MigrationError, StoreError, StoreUnavailable
 from gpugate.store.base import (
     CONFIG_SAVED,
@@ -350,19 +350,6 @@ class PostgresStore(
             raise StoreUnavailable(f"PostgreSQL store {self._shown}: {_first_line(exc)}") from exc
         except psycopg.Error as exc:
             raise StoreError(f"PostgreSQL store {self._shown}: {_first_line(exc)}") from exc
-
-
-def redact_dsn(dsn: str) -> str:
-    """The DSN without its password, fit for a log line or an error message."""
-    parts = urlsplit(dsn)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{parts.username}@{host}" if parts.username else host
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    query = [(name, value) for name, value in parse_qsl(parts.query) if name != "password"]
-    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query), ""))
 
 
 async def _apply(conn: Connection, migration: Migration, now: datetime) -> str:

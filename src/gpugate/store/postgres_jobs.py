@@ -94,7 +94,7 @@ _CLAIM = f"""
 WITH picked AS (
     SELECT id FROM jobs
     WHERE state = 'queued'
-      AND (not_before IS NULL OR not_before <= %(now)s)
+      AND (not_before IS NULL OR not_before <= %(due_by)s)
       AND (lease_expires_at IS NULL OR lease_expires_at <= %(now)s)
       {{only}}
     ORDER BY id
@@ -202,14 +202,21 @@ class PostgresJobs(JobWrites):
         return JobPage(jobs[:limit], job_cursor(jobs[limit - 1].id))
 
     async def claim_jobs(
-        self, *, limit: int, lease_s: float, now: datetime | None = None
+        self,
+        *,
+        limit: int,
+        lease_s: float,
+        now: datetime | None = None,
+        due_by: datetime | None = None,
     ) -> list[JobRecord]:
         at = self._clock.now() if now is None else now
-        return await self._claim("", at, check_limit(limit), lease_s, {})
+        due = {"due_by": at if due_by is None else due_by}
+        return await self._claim("", at, check_limit(limit), lease_s, due)
 
     async def claim_job(self, slug: str, *, lease_s: float) -> JobRecord | None:
         only = "AND slug = %(slug)s"
-        claimed = await self._claim(only, self._clock.now(), 1, lease_s, {"slug": slug})
+        now = self._clock.now()
+        claimed = await self._claim(only, now, 1, lease_s, {"slug": slug, "due_by": now})
         return claimed[0] if claimed else None
 
     async def expired_leases(

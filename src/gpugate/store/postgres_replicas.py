@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, timedelta
 from typing import TYPE_CHECKING
 
-from gpugate.store.replicas import CLAIM_MARK, NamedReplica, Replica
+from gpugate.store.postgres_jobs import JOBS_CHANNEL
+from gpugate.store.replicas import CLAIM_MARK, NamedReplica, Replica, claim_holder
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
@@ -30,6 +32,11 @@ WHERE state = 'dispatching' AND lease_expires_at > %(now)s
       SELECT id FROM gateway_replicas WHERE last_seen < %(cutoff)s AND id <> %(id)s)
 RETURNING split_part(leased_by, '@', 2)"""
 _REPLICAS = "SELECT id, started_at, last_seen FROM gateway_replicas ORDER BY last_seen DESC"
+# A replica's claims (the jobs_lease index: every claim has an expiry).
+_CLAIMS = """
+SELECT slug, lease_token FROM jobs
+WHERE lease_expires_at IS NOT NULL AND state = 'dispatching' AND leased_by = slug || %(holder)s"""
+_WAKE = f"SELECT pg_notify('{JOBS_CHANNEL}', slug) FROM unnest(%(slugs)s::text[]) AS slug"  # noqa: S608 - a constant
 
 
 class PostgresReplicas(NamedReplica):
@@ -42,6 +49,8 @@ class PostgresReplicas(NamedReplica):
         def _transaction(
             self, *, single: bool = False
         ) -> AbstractAsyncContextManager[Connection]: ...
+
+        async def release(self, slug: str, token: str, *, actor: str = ...) -> bool: ...
 
     async def heartbeat(self) -> None:
         params = {"id": self._replica, "now": self._clock.now()}
@@ -60,3 +69,14 @@ class PostgresReplicas(NamedReplica):
         async with self._transaction(single=True) as conn:
             rows = await (await conn.execute(_REPLICAS)).fetchall()
         return [Replica(r[0], r[1].astimezone(UTC), r[2].astimezone(UTC)) for r in rows]
+
+    async def release_replica(self, replica_id: str) -> list[str]:
+        async with self._transaction(single=True) as conn:
+            cur = await conn.execute(_CLAIMS, {"holder": claim_holder(replica_id)})
+            claims = await cur.fetchall()
+        done = await asyncio.gather(*(self.release(slug, token) for slug, token in claims))
+        released = sorted(slug for (slug, _), ok in zip(claims, done, strict=True) if ok)
+        if released:
+            async with self._transaction(single=True) as conn:
+                await conn.execute(_WAKE, {"slugs": released})
+        return released

@@ -59,6 +59,14 @@ class ReplicaStore(Protocol):
         """Every replica heard of, most recently seen first."""
         ...
 
+    async def release_replica(self, replica_id: str) -> list[str]:
+        """Put every job that ``replica_id`` holds as a dispatcher claim back in the queue
+        now (event ``released``, as :meth:`JobStore.release`; no rescue is counted): what a
+        replica that stops on purpose hands back, so another takes those jobs at once rather
+        than after its silence is noticed. The slugs released, sorted; other replicas are woken
+        (PostgreSQL: ``NOTIFY``, as for a new job)."""
+        ...
+
 
 class NamedReplica:
     """The replica name a store was opened with, and the ``leased_by`` tail of its claims."""
@@ -71,4 +79,9 @@ class NamedReplica:
 
     @property
     def _holder(self) -> str:
-        return CLAIM_MARK + self._replica
+        return claim_holder(self._replica)
+
+
+def claim_holder(replica_id: str) -> str:
+    """What follows a job's slug in ``leased_by`` while ``replica_id`` holds it as a claim."""
+    return CLAIM_MARK + replica_id

@@ -49,7 +49,7 @@ COUNT_LEASED = f"""SELECT count(*) FROM jobs INDEXED BY jobs_claim WHERE {_LEASE
 _CLAIMABLE = f"""
 {_SELECT_JOB}
 WHERE state = 'queued'
-  AND (not_before IS NULL OR not_before <= :now)
+  AND (not_before IS NULL OR not_before <= :due_by)
   AND (lease_expires_at IS NULL OR lease_expires_at <= :now)"""
 _INSERT_JOB = f"""
 INSERT INTO jobs (slug, idempotency_key, model, class, operation, input, input_ref, runner, state,
@@ -129,18 +129,24 @@ class SqliteJobs(JobWrites):
         return JobPage(jobs[:limit], job_cursor(jobs[limit - 1].id))
 
     async def claim_jobs(
-        self, *, limit: int, lease_s: float, now: datetime | None = None
+        self,
+        *,
+        limit: int,
+        lease_s: float,
+        now: datetime | None = None,
+        due_by: datetime | None = None,
     ) -> list[JobRecord]:
         transitions.check_lease_s(lease_s)
         at = self._clock.now() if now is None else now
-        params = {"now": time_text(at), "limit": check_limit(limit)}
+        due = time_text(at if due_by is None else due_by)
+        params = {"now": time_text(at), "due_by": due, "limit": check_limit(limit)}
         sql = f"{_CLAIMABLE} ORDER BY id LIMIT :limit"
         return await self._write(partial(_claim, sql, params, at, lease_s, self._holder))
 
     async def claim_job(self, slug: str, *, lease_s: float) -> JobRecord | None:
         transitions.check_lease_s(lease_s)
         at = self._clock.now()
-        params = {"now": time_text(at), "slug": slug}
+        params = {"now": time_text(at), "due_by": time_text(at), "slug": slug}
         sql = f"{_CLAIMABLE} AND slug = :slug"
         claimed = await self._write(partial(_claim, sql, params, at, lease_s, self._holder))
         return claimed[0] if claimed else None

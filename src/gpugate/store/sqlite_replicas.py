@@ -4,10 +4,11 @@ of who opened it, and its reclaim finds another replica's claims only in a test)
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
-from gpugate.store.replicas import CLAIM_MARK, NamedReplica, Replica
+from gpugate.store.replicas import CLAIM_MARK, NamedReplica, Replica, claim_holder
 from gpugate.store.sqlite_codec import text_time, time_text
 
 if TYPE_CHECKING:
@@ -29,6 +30,9 @@ WHERE state = 'dispatching' AND lease_expires_at > :now AND instr(leased_by, :ma
       SELECT id FROM gateway_replicas WHERE last_seen < :cutoff AND id <> :id)
 RETURNING substr(leased_by, instr(leased_by, '@') + 1)"""
 _REPLICAS = "SELECT id, started_at, last_seen FROM gateway_replicas ORDER BY last_seen DESC"
+_CLAIMS = """
+SELECT slug, lease_token FROM jobs
+WHERE lease_expires_at IS NOT NULL AND state = 'dispatching' AND leased_by = slug || :holder"""
 
 
 class SqliteReplicas(NamedReplica):
@@ -41,6 +45,8 @@ class SqliteReplicas(NamedReplica):
         async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
 
         async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
+
+        async def release(self, slug: str, token: str, *, actor: str = ...) -> bool: ...
 
     async def heartbeat(self) -> None:
         params = {"id": self._replica, "now": time_text(self._clock.now())}
@@ -59,3 +65,9 @@ class SqliteReplicas(NamedReplica):
     async def replicas(self) -> list[Replica]:
         rows = await self._read(lambda conn: conn.execute(_REPLICAS).fetchall())
         return [Replica(r[0], text_time(r[1]), text_time(r[2])) for r in rows]
+
+    async def release_replica(self, replica_id: str) -> list[str]:
+        params = {"holder": claim_holder(replica_id)}
+        claims = await self._read(lambda conn: conn.execute(_CLAIMS, params).fetchall())
+        done = await asyncio.gather(*(self.release(slug, token) for slug, token in claims))
+        return sorted(slug for (slug, _), ok in zip(claims, done, strict=True) if ok)

@@ -27,6 +27,8 @@ from gpugate.web import (
 from gpugate.web.dataplane import DataPlane
 from gpugate.web.errors import error_response
 from gpugate.web.requestid import RequestIdMiddleware, RequestIds
+from gpugate.web.response_headers import SecurityHeaders
+from gpugate.web.shutdown import ShutdownGuard
 from gpugate.wiring import Gateway
 
 
@@ -66,4 +68,7 @@ def create_app(gateway: Gateway) -> ASGIApp:
     if gateway.batch_runner is not None:  # batch lines record our errors as clients see them
         gateway.batch_runner.present = batches.present
     ids = RequestIds()
-    return DataPlane(RequestIdMiddleware(app, ids), gateway, ids)
+    served = ShutdownGuard(
+        DataPlane(RequestIdMiddleware(app, ids), gateway, ids), gateway.lifecycle
+    )
+    return SecurityHeaders(served, behind_tls_proxy=gateway.config.server.behind_tls_proxy)

@@ -1,12 +1,20 @@
-"""Reading a request body within ``server.max_body_bytes``, for the JSON API routes."""
+"""Reading a request body within ``server.max_body_bytes``, and JSON that can never cause a 500.
+
+:func:`json_document` is the one way a JSON body becomes data, on every route (the data plane's
+routing fields included): malformed JSON, nesting past
+:data:`~gpugate.config.untrusted.MAX_DEPTH`, NaN or ±Infinity (``1e999`` too), and text no
+store can hold (a NUL character, a lone UTF-16 surrogate) are a 400 ``BAD_REQUEST`` naming the
+key path — the same answer on SQLite and PostgreSQL.
+"""
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
+from gpugate.config.paths import format_path
+from gpugate.config.untrusted import first_problem, parse_json
 from gpugate.errors import BadRequest, PayloadTooLarge
 
 if TYPE_CHECKING:
@@ -32,6 +40,19 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(raw)
 
 
+def json_document(raw: bytes | str) -> Any:
+    """``raw`` as JSON data, or :class:`BadRequest` saying what is wrong and where."""
+    try:
+        data = parse_json(raw)
+    except ValueError as exc:  # JSONDecodeError, bad UTF-8, or nesting past the limit
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    problem = first_problem(data)
+    if problem is not None:
+        where = format_path(problem.path) or "the request body"
+        raise BadRequest(f"{where}: {problem.message}")
+    return data
+
+
 async def json_body(request: Request, *, empty_ok: bool = False) -> dict[str, Any]:
     """The body as a JSON object, within ``server.max_body_bytes``; :class:`BadRequest` if it is
     not one. ``empty_ok``: an empty (or blank) body is ``{}``."""
@@ -39,10 +60,7 @@ async def json_body(request: Request, *, empty_ok: bool = False) -> dict[str, An
     raw = await read_body(request, gateway.config.server.max_body_bytes)
     if empty_ok and not raw.strip():
         return {}
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    body = json_document(raw)
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body

@@ -16,7 +16,6 @@ truncation is never silent.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge, UpstreamEr
 from gpugate.logs import request_id
 from gpugate.services.idempotency import StoredResponse, Ticket
 from gpugate.services.proxy import Outbound, Reply
+from gpugate.web.bodies import json_document
 from gpugate.web.errors import error_body, error_headers, status_of
 from gpugate.web.requestid import HEADER as REQUEST_ID
 from gpugate.web.requestid import RequestIds
@@ -112,11 +112,12 @@ class DataPlane:
         out: Outbound | None = None
         try:
             body = await _read_body(receive, seen.content_length, gw.config.server.max_body_bytes)
-            model, stream = _routing_fields(body)
+            doc = _parse_doc(body)
+            model, stream = _routing_fields(doc)
             cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
             headers = scope["headers"]
             path = _path_and_query(scope)
-            out = Outbound("POST", path, headers, body, cls, received_at, model=model)
+            out = Outbound("POST", path, headers, body, cls, received_at, model=model, doc=doc)
             ticket: Ticket | None = None
             if seen.idempotency_key is not None:
                 begun = await gw.idempotency.begin(seen.idempotency_key, "POST", path, body)
@@ -326,14 +327,19 @@ def _check_length(declared: int | None, limit: int) -> None:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds max_body_bytes ({limit})")
 
 
-def _routing_fields(body: bytes) -> tuple[str, bool]:
-    """``model`` and ``stream`` from a JSON body: all the routing needs."""
+def _parse_doc(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, parsed once for everyone on the path."""
     try:
-        doc = json.loads(body)
+        doc = json_document(body)
     except ValueError as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise BadRequest("the request body must be a JSON object")
+    return doc
+
+
+def _routing_fields(doc: dict[str, Any]) -> tuple[str, bool]:
+    """``model`` and ``stream`` from the parsed body: all the routing needs."""
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("the request body needs a `model` (a non-empty string)")

@@ -7,6 +7,7 @@ its own row (Starlette's exception handlers work the same way).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from typing import TypeVar
 
@@ -15,6 +16,8 @@ from starlette.responses import Response
 from gpugate import errors
 
 T = TypeVar("T")
+
+log = logging.getLogger("gpugate.web")
 
 STATUS: dict[type[errors.GpugateError], int] = {
     errors.GpugateError: 500,
@@ -72,8 +75,12 @@ def status_of(exc: errors.GpugateError) -> int:
 
 
 def error_body(exc: errors.GpugateError) -> bytes:
-    """``{"error": {"message", "type", "code"}}`` as OpenAI clients expect it."""
-    body = {"error": {"message": exc.message, "type": _lookup(_TYPES, exc), "code": exc.code}}
+    """``{"error": {"message", "type", "code"}}`` as OpenAI clients expect it; an internal
+    error's own message goes to the log, the client reads its public one."""
+    if exc.internal:
+        log.warning("%s (answered as %r): %s", exc.code, exc.public_message, exc.message)
+    message = exc.public_message
+    body = {"error": {"message": message, "type": _lookup(_TYPES, exc), "code": exc.code}}
     return json.dumps(body).encode()
 
 

@@ -17,6 +17,8 @@ from gpugate.worker.calls import FinalReport
 log = logging.getLogger("gpugate.worker.outbox")
 
 _CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_DIR_MODE = 0o700  # results may hold anything a job produced: only the worker's user reads them
+_FILE_MODE = 0o600
 
 
 class Outbox:
@@ -30,14 +32,21 @@ class Outbox:
         return self._dir
 
     def open(self) -> None:
-        """Create the directory (and its parents) if needed; only this user may read it."""
-        self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Create the directory (and its parents) if needed; only this user may read it
+        (``0700``, also when it existed already, and ``0600`` for the reports left in it)."""
+        self._dir.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
+        self._dir.chmod(_DIR_MODE)  # mkdir's mode is masked by the umask and ignores a dir there
+        for path in self._dir.iterdir():
+            if path.is_file() and not path.is_symlink():
+                path.chmod(_FILE_MODE)
 
     def keep(self, report: FinalReport) -> None:
         """Write ``report`` durably before anything is sent."""
         path = self._path(report.call_id)
         tmp = path.with_suffix(".tmp")
-        with tmp.open("wb") as out:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, _FILE_MODE)
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), _FILE_MODE)  # a .tmp left by a crash keeps its old mode
             out.write(report.to_json())
             out.flush()
             os.fsync(out.fileno())

@@ -56,6 +56,12 @@ def _safe_next(raw: str | None) -> str:
     return "/console"
 
 
+def _over_tls(request: Request, gateway: Gateway) -> bool:
+    """Whether the browser reached us over TLS: served with ``tls``, or behind a TLS proxy
+    the config declares (``server.behind_tls_proxy``); the session cookie is then Secure."""
+    return request.url.scheme == "https" or gateway.config.server.behind_tls_proxy
+
+
 def _login_redirect(request: Request) -> Response:
     here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     return RedirectResponse(f"/console/login?next={quote(here)}", status_code=303)
@@ -193,14 +199,18 @@ class Pages:
             path=session.COOKIE_PATH,
             httponly=True,
             samesite="strict",
-            secure=request.url.scheme == "https",
+            secure=_over_tls(request, gateway),
         )
         return response
 
     async def _logout(self, request: Request, gateway: Gateway, who: session.Session) -> Response:
         response = RedirectResponse("/console/login", status_code=303)
         response.delete_cookie(
-            session.COOKIE, path=session.COOKIE_PATH, httponly=True, samesite="strict"
+            session.COOKIE,
+            path=session.COOKIE_PATH,
+            httponly=True,
+            samesite="strict",
+            secure=_over_tls(request, gateway),
         )
         return response
 
@@ -275,7 +285,7 @@ class Pages:
         form: dict[str, str] = request.state.form
         text = form.get("document", "")
         preview = await ConfigPreview(
-            gateway.store, lambda: (gateway.config, gateway.config_version), gateway.environ
+            gateway.store, lambda: (gateway.config, gateway.config_version), gateway.import_environ
         ).preview(text)
         context = {
             **await views.config(gateway),

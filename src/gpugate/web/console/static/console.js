@@ -26,6 +26,17 @@
     });
   });
 
+  // Chart geometry comes as data attributes (the Content-Security-Policy allows no inline
+  // style attribute): set it through the CSSOM, on load and after each live refresh.
+  function geometry(root) {
+    root.querySelectorAll("[data-height-pct]").forEach(function (el) {
+      el.style.height = el.getAttribute("data-height-pct") + "%";
+    });
+    root.querySelectorAll("[data-bottom-pct]").forEach(function (el) {
+      el.style.bottom = el.getAttribute("data-bottom-pct") + "%";
+    });
+  }
+
   // Live regions: re-fetch this page's `live` block every few seconds while the tab is visible.
   function refresh(region) {
     if (document.hidden) return;
@@ -41,6 +52,7 @@
       .then(function (html) {
         if (html !== null && html !== undefined) {
           region.innerHTML = html;
+          geometry(region);
           region.setAttribute("data-refreshed", String(Date.now()));
         }
       })
@@ -48,6 +60,7 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    geometry(document);
     document.querySelectorAll("[data-refresh]").forEach(function (region) {
       var every = parseInt(region.getAttribute("data-refresh"), 10) || 3000;
       window.setInterval(function () { refresh(region); }, every);
