@@ -1,8 +1,10 @@
 """Micro-measures of the hot path's pure parts, each beside today's way in the same run:
 
-* the body's parse: the stdlib's ``json.loads`` (gpugate today) against ``orjson.loads`` and a
-  ``msgspec`` decoder of only ``model`` and ``stream``, on three chat bodies (the bench's
-  short one, an agent's turn with tools and history of ~8 KB, a long context of ~120 KB);
+* the body's parse: gpugate's own ``web.bodies.json_document`` (``json.loads``, then a walk of
+  every value for what no store can hold, measured in gpugate's venv), the stdlib's
+  ``json.loads`` alone, ``orjson.loads`` and a ``msgspec`` decoder of only ``model`` and
+  ``stream``, on three chat bodies (the bench's short one, an agent's turn with tools and
+  history of ~8 KB, a long context of ~120 KB);
 * a request's metrics (one counter, one histogram, labels cached as gpugate does):
   prometheus_client in memory (today), prometheus_client in multiprocess mode (each value an
   ``mmap``'d file, what ``/metrics`` across workers would need), and plain integers
@@ -19,6 +21,7 @@ Medians of repeated timed loops; µs or ns per call.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -94,17 +97,25 @@ def bodies() -> dict[str, bytes]:
     }
 
 
-def measure_parse() -> None:
+def gpugate_parse_times() -> dict[str, float]:
+    """Seconds per ``json_document`` of each body: gpugate's parse today (its venv only)."""
+    from gpugate.web.bodies import json_document
+
+    return {label: per_call(lambda b=body: json_document(b)) for label, body in bodies().items()}
+
+
+def measure_parse(gpugate: dict[str, float]) -> None:
     from hotpath import PARSERS
 
     parsers = {name: make() for name, make in PARSERS.items()}
-    print("== Parse model and stream from a chat body: µs per parse (ratio to json) ==")
-    header = f"{'body':>24}  " + "  ".join(f"{name:>15}" for name in parsers)
-    print(header)
+    print("== Parse model and stream from a chat body: µs per parse (ratio to gpugate's) ==")
+    names = ["gpugate", *parsers]
+    print(f"{'body':>24}  " + "  ".join(f"{name:>16}" for name in names))
     for label, body in bodies().items():
-        times = {name: per_call(lambda p=parse, b=body: p(b)) for name, parse in parsers.items()}
-        cells = [f"{t * 1e6:8.2f} ({t / times['json']:.2f})" for t in times.values()]
-        print(f"{label:>24}  " + "  ".join(f"{c:>15}" for c in cells))
+        times = {"gpugate": gpugate.get(label, math.nan)}
+        times |= {name: per_call(lambda p=parse, b=body: p(b)) for name, parse in parsers.items()}
+        cells = [f"{t * 1e6:8.2f} ({t / times['gpugate']:.2f})" for t in times.values()]
+        print(f"{label:>24}  " + "  ".join(f"{c:>16}" for c in cells))
 
 
 # -- metrics ------------------------------------------------------------------------------------
@@ -203,11 +214,12 @@ def main() -> int:
     from venvs import CANDIDATES, candidate_env
 
     here = Path(sys.prefix).resolve()
-    if here != CANDIDATES.path.resolve():
+    if here != CANDIDATES.path.resolve():  # gpugate's venv: its parse, then the rest there
+        env = {**candidate_env(), "GPUGATE_PARSE_S": json.dumps(gpugate_parse_times())}
         CANDIDATES.ensure()
         argv = [CANDIDATES.python, __file__, *sys.argv[1:]]
-        return subprocess.run(argv, env=candidate_env(), check=False).returncode
-    measure_parse()
+        return subprocess.run(argv, env=env, check=False).returncode
+    measure_parse(json.loads(os.environ.get("GPUGATE_PARSE_S", "{}")))
     measure_metrics()
     return 0
 

@@ -284,6 +284,11 @@ def main() -> int:
         f" {', '.join([*TARGETS, *PROTOTYPES])}",
     )
     parser.add_argument("--no-pin", action="store_true", help="let every process run on every core")
+    parser.add_argument(
+        "--workers",
+        action="store_true",
+        help="one process against two (SO_REUSEPORT), every process on every core",
+    )
     parser.add_argument("--model-server", nargs=4, help=argparse.SUPPRESS)  # a child process
     args = parser.parse_args()
     if args.model_server:
