@@ -40,7 +40,10 @@ from proxy import ensure_tools, ensure_venvs, raise_fd_limit
 RULES: list[tuple[str, re.Pattern[str]]] = [
     (name, re.compile(pattern))
     for name, pattern in (
-        ("parse the body (json)", r"\(json/|_routing_fields|orjson|msgspec|parse_json"),
+        (
+            "parse the body (json, the hardening walk)",
+            r"\(json/|_routing_fields|_parse_doc|orjson|msgspec|parse_json|gpugate/(config/untrusted|web/bodies)",
+        ),
         ("pick (core/picking)", r"gpugate/core/picking\.py"),
         ("admission (core/admission)", r"gpugate/core/admission\.py"),
         ("metrics (prometheus_client)", r"prometheus_client/|gpugate/metrics\.py|Metrics\.record"),
@@ -51,6 +54,7 @@ RULES: list[tuple[str, re.Pattern[str]]] = [
         ("aiohttp (other)", r"aiohttp/|multidict|yarl/"),
         ("raw upstream client (httptools)", r"hotpath_upstream\.py"),
         ("Starlette", r"starlette/"),
+        ("ASGI middleware: headers, shutdown", r"gpugate/web/(response_headers|shutdown)\.py"),
         ("ASGI server: uvicorn", r"uvicorn/"),
         ("data plane: web/dataplane.py", r"gpugate/web/dataplane\.py"),
         ("request path: services/proxy.py", r"gpugate/services/proxy\.py"),
