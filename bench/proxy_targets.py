@@ -241,8 +241,11 @@ class Processes:
         """Raise if any process has exited, with the end of its log."""
         for name, proc in self._procs.items():
             if (code := proc.poll()) is not None:
-                tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise BenchError(f"{name} exited with {code}:\n{tail}")
+                log = (self.workdir / f"{name}.log").read_text(errors="replace")
+                panics = [ln for ln in log.splitlines() if "panicked at" in ln][:3]  # Rust
+                raise BenchError(
+                    f"{name} exited with {code}:\n" + "\n".join([*panics, log[-2000:]])
+                )
 
     def stop(self) -> None:
         for proc in self._procs.values():
