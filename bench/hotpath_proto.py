@@ -50,6 +50,7 @@ from hotpath_upstream import Connection, Pool, RawConnection, UpstreamFailed
 
 ROUTES = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"})
 FIRST_BYTE_S = 60.0
+MAX_REQUEST_LINE = 8192
 _DROP = HOP_BY_HOP - {b"transfer-encoding"}  # the body's framing is relayed as it is
 _VALID_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 _IDS = (secrets.token_hex(6), itertools.count(1))
@@ -361,6 +362,9 @@ class HostedConnection(ClientConnection):
             buf = self.pending + data if self.pending else data
             line_end = buf.find(b"\r\n")
             if line_end < 0:
+                if len(buf) > MAX_REQUEST_LINE:  # nothing a client sends grows without bound
+                    self._answer(414, b'{"error":"request line too long"}', keep=False)
+                    return
                 self.pending = buf  # the request line is not complete yet
                 return
             self.pending = b""
