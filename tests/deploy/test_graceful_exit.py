@@ -42,7 +42,8 @@ async def test_a_draining_gateway_stops_the_loops_that_claim_work_and_keeps_the_
     async with build_gateway(config, environ={}) as gateway:
         before = _loops()
         gateway.lifecycle.drain()
-        await eventually(lambda: not _loops() & set(CLAIMING_LOOPS), what="claiming stopped")
+        stopped = {*CLAIMING_LOOPS, "stop-loops"}  # the stopper task itself ends last
+        await eventually(lambda: not _loops() & stopped, what="claiming stopped")
         after = _loops()
 
     assert set(CLAIMING_LOOPS) <= before
