@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass, field
@@ -24,7 +25,9 @@ from gpugate.clock import Clock, SystemClock
 from gpugate.config import GatewayConfig, ModalRuntimeConfig, PushRuntimeConfig, RuntimeConfig
 from gpugate.config.environment import importable_environ
 from gpugate.core.jobs import RuntimeView, runtime_views
+from gpugate.core.push_keys import PushKeys
 from gpugate.core.registry import Registry
+from gpugate.core.throttle import FailureThrottle
 from gpugate.errors import GpugateError
 from gpugate.metrics import Metrics
 from gpugate.services.azure_di import AzureDocumentIntelligence
@@ -96,6 +99,8 @@ class Gateway:
     guardrails: Guardrails | None = None
     stop_conditions: StopConditions | None = None
     import_environ: Mapping[str, str] = field(default_factory=dict)  # what an import may name
+    login_throttle: FailureThrottle = field(default_factory=FailureThrottle)  # wrong admin tokens
+    push_keys: PushKeys = field(default_factory=PushKeys)  # who sent a worker route's request
     lifecycle: Lifecycle = field(init=False)
 
     def __post_init__(self) -> None:
@@ -419,11 +424,11 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     await push_client.start()
     stack.push_async_callback(push_client.close)
     gateway.results = Results(gateway.blobs, gateway.config.blobs.inline_max_bytes)
-    reports = PushReports(store, {}, config, on_finished=call_ended, results=gateway.results)
+    reports = PushReports(store, config, on_finished=call_ended, results=gateway.results)
     gateway.push_reports = reports
 
     def new_runtime(entry: RuntimeConfig) -> Runtime | None:
-        runtime = _runtime_for(gateway, entry, push_client, reports)
+        runtime = _runtime_for(gateway, entry, push_client)
         if runtime is not None:
             stack.push_async_callback(runtime.close)
             if isinstance(runtime, UpstreamRuntime):
@@ -464,15 +469,14 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     return dispatcher, reaper
 
 
-def _runtime_for(
-    gateway: Gateway, entry: RuntimeConfig, push_client: PushClient, reports: PushReports
-) -> Runtime | None:
+def _runtime_for(gateway: Gateway, entry: RuntimeConfig, push_client: PushClient) -> Runtime | None:
     """The implementation of a configured runtime (None: a push runtime without its secret);
-    a push runtime's secret is registered with the worker routes' ``reports``."""
+    a push runtime's secret is registered with the worker routes' keys (``push_keys``)."""
     if isinstance(entry, PushRuntimeConfig):
         push = _push_runtime(gateway, entry, push_client)
         if push is not None:
-            reports.add_secret(entry.id, gateway.environ[entry.push.secret_env])
+            secret = gateway.environ[entry.push.secret_env]
+            gateway.push_keys.set(entry.id, secret, auth=entry.push.auth)
         return push
     if isinstance(entry, ModalRuntimeConfig):
         return _modal_runtime(gateway, entry)
@@ -531,6 +535,11 @@ def _push_runtime(
             entry.push.secret_env,
         )
         return None
+    try:
+        tls = _push_tls(config, entry)
+    except (OSError, ssl.SSLError) as exc:
+        log.warning("runtime %s: its TLS settings cannot be loaded (%s); not built", entry.id, exc)
+        return None
     host = config.host if config.host not in ("0.0.0.0", "::", "") else "127.0.0.1"  # noqa: S104
     host = f"[{host}]" if ":" in host else host
     budget = entry.budget
@@ -538,11 +547,24 @@ def _push_runtime(
         entry.id,
         str(entry.push.url),
         secret,
-        client,
+        client.for_runtime(auth=entry.push.auth, tls=tls),
         gateway.clock,
-        gateway_url=f"http://{host}:{config.port}",
+        gateway_url=f"{'https' if config.tls else 'http'}://{host}:{config.port}",
         cents_per_second=budget.cents_per_second if budget is not None else None,
     )
+
+
+def _push_tls(config: GatewayConfig, entry: PushRuntimeConfig) -> ssl.SSLContext | None:
+    """How the gateway reaches an ``https://`` worker: trusting ``push.ca_file`` (else the
+    system's CAs) and presenting the gateway's own ``tls`` certificate, for a worker that
+    requires a client certificate (``--tls-client-ca-file``)."""
+    if entry.push.ca_file is None and config.tls is None:
+        return None
+    context = ssl.create_default_context(cafile=entry.push.ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if config.tls is not None:
+        context.load_cert_chain(config.tls.cert_file, config.tls.key_file)
+    return context
 
 
 def _gpu_health(

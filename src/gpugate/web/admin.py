@@ -2,11 +2,14 @@
 
 Every route requires ``Authorization: Bearer <admin token>``, compared in constant time. Without
 an admin token configured (``admin_token_env`` unset or empty) the admin API refuses everything.
+A client that offers wrong tokens too often is refused for a while (429 ``TOO_MANY_ATTEMPTS``,
+the console login shares the same throttle: :func:`throttled_match`).
 """
 
 from __future__ import annotations
 
 import hmac
+import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,7 +21,8 @@ from starlette.routing import Route
 from gpugate.core import picking
 from gpugate.core.gpu.health import gpu_key_for
 from gpugate.core.registry import UpstreamState
-from gpugate.errors import BadRequest, Unauthorized
+from gpugate.core.throttle import client_key
+from gpugate.errors import BadRequest, TooManyAttempts, Unauthorized
 from gpugate.store import AuditEvent
 from gpugate.wiring import Gateway
 
@@ -38,6 +42,26 @@ def token_matches(offered: str, token: str) -> bool:
     return hmac.compare_digest(offered.encode(), token.encode())
 
 
+def throttled_match(request: Request, gateway: Gateway, offered: str, token: str) -> bool:
+    """Whether ``offered`` is the admin ``token``; :class:`TooManyAttempts` first when this
+    client has offered wrong ones too often (issue #15 finding 8: no brute force of the token
+    through the console or the admin API)."""
+    throttle = gateway.login_throttle
+    key = client_key(request.client.host if request.client is not None else None)
+    now = gateway.clock.monotonic()
+    wait = throttle.retry_after(key, now)
+    if wait is not None:
+        raise TooManyAttempts(
+            f"too many wrong admin tokens from this address; try again in {math.ceil(wait)} s",
+            retry_after_s=wait,
+        )
+    if token_matches(offered, token):
+        throttle.succeeded(key)
+        return True
+    throttle.failed(key, now)
+    return False
+
+
 def admin_actor(request: Request) -> str:
     """Who acts, for the audit log: ``admin``, or ``admin:<name>`` from ``X-Gpugate-Actor``."""
     name = request.headers.get(ACTOR_HEADER)
@@ -55,7 +79,9 @@ def _authorize(request: Request, gateway: Gateway) -> None:
             "the admin API is disabled: no admin token is configured (admin_token_env)"
         )
     scheme, _, offered = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token_matches(offered, token):
+    if scheme.lower() != "bearer" or not offered:
+        raise Unauthorized("missing or wrong admin token")
+    if not throttled_match(request, gateway, offered, token):
         raise Unauthorized("missing or wrong admin token")
 
 
