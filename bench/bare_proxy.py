@@ -45,13 +45,7 @@ class BareProxy:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-                self.session = aiohttp.ClientSession(
-                    connector=connector,
-                    auto_decompress=False,
-                    skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-                    timeout=aiohttp.ClientTimeout(total=None),
-                )
+                self.session = client_session()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self.session is not None:
@@ -86,6 +80,31 @@ class BareProxy:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def client_session() -> aiohttp.ClientSession:
+    """One pooled session, set up as gpugate's upstream client sets up its own."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        timeout=aiohttp.ClientTimeout(total=None),
+    )
+
+
+def uvicorn_config(app: Any, **more: Any) -> uvicorn.Config:
+    """uvicorn as gpugate runs it: uvloop, httptools, no access log, no extra headers."""
+    settings: dict[str, Any] = {
+        "loop": "uvloop",
+        "http": "httptools",
+        "lifespan": "on",
+        "access_log": False,
+        "log_level": "warning",
+        "server_header": False,
+        "date_header": False,
+        "backlog": 4096,
+    }
+    return uvicorn.Config(app, **{**settings, **more})
+
+
 def _listen(port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -99,17 +118,9 @@ def main() -> None:
     parser.add_argument("--route", action="append", required=True, help="PORT=UPSTREAM_URL")
     args = parser.parse_args()
     routes = {int(port): url.rstrip("/") for port, _, url in (r.partition("=") for r in args.route)}
-    config = uvicorn.Config(
-        BareProxy(routes),
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        access_log=False,
-        log_level="warning",
-        server_header=False,
-        date_header=False,
+    uvicorn.Server(uvicorn_config(BareProxy(routes))).run(
+        sockets=[_listen(port) for port in routes]
     )
-    uvicorn.Server(config).run(sockets=[_listen(port) for port in routes])
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
-"""The proxy benchmark: gpugate against nginx and a bare uvicorn + aiohttp proxy, on loopback.
+"""The proxy benchmark: gpugate against nginx, vLLM's Rust router and a bare uvicorn + aiohttp
+proxy, and (``--candidates``) the hot-path prototypes, one core each, on loopback.
 
 One run starts, each as its own process: a fake upstream (nginx answering canned OpenAI
-responses), an nginx ``proxy_pass`` in front of it, the bare proxy (``bench/bare_proxy.py``),
-gpugate, and two slow fake model servers (``gpugate.fleet``). It measures throughput (wrk),
-added latency at a fixed rate (an open-loop client), time to first byte under 256 slow streams
-and memory with 1,000 open streams, then prints the tables, the ratios and a Markdown summary
-for BENCHMARKS.md. The machine is noisy: the ratios, measured in the same run, are the point.
+responses), an nginx ``proxy_pass`` in front of it, ``vllm-router`` (from PyPI, installed into
+its own venv under ``~/.cache/gpugate-bench/``; round robin to the same upstream), the bare
+proxy (``bench/bare_proxy.py``), gpugate, the prototypes when asked, and two slow fake model
+servers (``gpugate.fleet``). Each proxy is pinned to a core of its own and the load generator
+and the fake upstreams to the others (``--no-pin`` to let them float); the output says how the
+cores were split. It measures throughput (wrk), latency added by paced bursts (64 requests
+written at once, ~500 req/s) and by an open loop at the same rate, time to first byte under 256
+slow streams and memory with 1,000 open streams, then prints the tables, the multiples of the
+router and of the bare proxy, the targets of issue #21 and a Markdown summary for
+BENCHMARKS.md. The machine is noisy: the ratios, measured in the same run, are the point.
 
-    python bench/proxy.py [--duration 5] [--quick]
+    python bench/proxy.py [--duration 5] [--quick] [--candidates] [--targets a,b,...] [--no-pin]
 
 Exit status 1 when a target answered with errors or a phase could not finish.
 
@@ -34,10 +40,12 @@ from pathlib import Path
 import uvloop
 from proxy_load import (
     BODIES,
+    BURST,
     MIXES,
     RATE,
     hold_streams,
     open_loop,
+    paced_bursts,
     pct,
     run_wrk,
     slow_streams,
@@ -45,6 +53,7 @@ from proxy_load import (
 from proxy_report import (
     Report,
     Settings,
+    bursts_table,
     held_table,
     latency_table,
     print_summary,
@@ -54,17 +63,22 @@ from proxy_report import (
 from proxy_targets import (
     CHAT,
     LONG,
-    PROXIES,
+    ONE_CORE,
+    PROTOTYPES,
     SLOW,
     TARGETS,
+    WORKERS_RUN,
     BenchError,
+    Cores,
     Processes,
     Setup,
+    Tools,
     cpu_s,
     rss_mb,
     serve_model,
     start_all,
 )
+from venvs import CANDIDATES, VLLM_ROUTER, VenvError, candidate_env
 
 # -- the phases ---------------------------------------------------------------------------------
 
@@ -73,8 +87,8 @@ def phase_throughput(setup: Setup, wrk: str, report: Report) -> None:
     duration = report.settings.duration
     print(f"\n== Throughput: wrk -t1 -c64 -d{duration}s --latency, POST ==", flush=True)
     for mix, (lane, path) in MIXES.items():
-        for target in TARGETS:
-            url, pid = setup.url(target, lane, path), setup.pids[target]
+        for target in setup.targets:
+            url, pid = setup.url(target, lane, path), setup.pid(target, lane)
             if report.settings.warmup:
                 run_wrk(wrk, url, BODIES[mix], 1, pid)
             load = run_wrk(wrk, url, BODIES[mix], duration, pid)
@@ -85,10 +99,29 @@ def phase_throughput(setup: Setup, wrk: str, report: Report) -> None:
     print(throughput_tables(report))
 
 
+def phase_bursts(setup: Setup, report: Report) -> None:
+    duration = report.settings.duration
+    print(
+        f"\n== Added latency: paced bursts, {BURST} chat requests written at once on {BURST}"
+        f" keep-alive connections every {BURST / RATE * 1000:g} ms ({RATE:g} req/s) for"
+        f" {duration} s ==",
+        flush=True,
+    )
+    for target in setup.targets:
+        url = setup.url(target, "json", CHAT)
+        b = uvloop.run(paced_bursts(url, BODIES["chat"], BURST, RATE, duration))
+        report.bursts[target] = b
+        if b.errors:
+            report.problems.append(f"bursts via {target}: {b.errors} failed requests")
+        if pct(b.late_ms, 99) > 5:
+            report.problems.append(f"bursts via {target}: the client could not keep the pace")
+    print(bursts_table(report))
+
+
 def phase_latency(setup: Setup, report: Report) -> None:
     duration = report.settings.duration
     print(f"\n== Added latency: open loop, chat at {RATE:g} req/s for {duration} s ==", flush=True)
-    for target in TARGETS:
+    for target in setup.targets:
         url = setup.url(target, "json", CHAT)
         r = report.latency[target] = uvloop.run(open_loop(url, BODIES["chat"], RATE, duration))
         if r.errors:
@@ -107,8 +140,8 @@ def phase_ttfb(setup: Setup, report: Report) -> None:
         f" one per {delay_ms:g} ms) for {s.duration} s ==",
         flush=True,
     )
-    for target in TARGETS:
-        url, pid = setup.url(target, "slow", CHAT), setup.pids[target]
+    for target in setup.targets:
+        url, pid = setup.url(target, "slow", CHAT), setup.pid(target, "slow")
         cpu, wall = cpu_s(pid), time.monotonic()
         r = uvloop.run(slow_streams(url, BODIES["slow"], s.ttfb_clients, warmup_s, s.duration))
         report.ttfb_cpu[target] = (cpu_s(pid) - cpu) / (time.monotonic() - wall) * 100
@@ -119,8 +152,8 @@ def phase_ttfb(setup: Setup, report: Report) -> None:
 
 
 def read_rss(setup: Setup, report: Report, moment: str) -> None:
-    for target in PROXIES:
-        report.rss.setdefault(target, {})[moment] = rss_mb(setup.pids[target])
+    for target in setup.proxies:  # the router's: its chat lane's process
+        report.rss.setdefault(target, {})[moment] = rss_mb(setup.pid(target))
 
 
 def phase_held(setup: Setup, report: Report) -> None:
@@ -131,8 +164,8 @@ def phase_held(setup: Setup, report: Report) -> None:
         flush=True,
     )
     stats_url = setup.url("direct", "long", "/_stats")
-    for target in PROXIES:
-        url, pid = setup.url(target, "long", CHAT), setup.pids[target]
+    for target in setup.proxies:
+        url, pid = setup.url(target, "long", CHAT), setup.pid(target, "long")
         held = uvloop.run(hold_streams(url, BODIES["long"], count, partial(rss_mb, pid), stats_url))
         report.held[target], report.rss[target]["streams"] = held, held.rss_mb
         if held.opened != count:
@@ -167,9 +200,12 @@ def ensure_tools() -> tuple[str, str]:
     return wrk, nginx
 
 
-def machine(wrk: str, nginx: str) -> dict[str, str]:
+def machine(wrk: str, nginx: str, tools: Tools) -> dict[str, str]:
     nginx_v = subprocess.run([nginx, "-v"], capture_output=True, text=True, check=False)
     wrk_v = subprocess.run([wrk, "-v"], capture_output=True, text=True, check=False)
+    more = {}
+    if tools.vllm_router is not None:
+        more["vllm-router"] = VLLM_ROUTER.pins[0].partition("==")[2]
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "nproc": str(len(os.sched_getaffinity(0))),
@@ -177,6 +213,7 @@ def machine(wrk: str, nginx: str) -> dict[str, str]:
         "nginx": nginx_v.stderr.strip().removeprefix("nginx version: nginx/"),
         "wrk": (wrk_v.stdout.splitlines() or ["wrk ?"])[0].split(" Copyright")[0],
         "kernel": platform.release(),
+        **more,
     }
 
 
@@ -188,16 +225,29 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
-def run(settings: Settings) -> int:
+def ensure_venvs(targets: tuple[str, ...]) -> Tools:
+    """The router's and the prototypes' venvs, made when this run needs them."""
+    router = VLLM_ROUTER.ensure().bin("vllm-router") if "vllm-router" in targets else None
+    if any(t in PROTOTYPES for t in targets):
+        return Tools(router, CANDIDATES.ensure().python, candidate_env())
+    return Tools(router, None, None)
+
+
+def run(settings: Settings, targets: tuple[str, ...], cores: Cores) -> int:
     wrk, nginx = ensure_tools()
+    tools = ensure_venvs(targets)
     raise_fd_limit()
-    report = Report(machine(wrk, nginx), settings)
+    report = Report(machine(wrk, nginx, tools), settings, cores=cores.describe())
     print("== Machine ==\n" + "  ".join(f"{k}: {v}" for k, v in report.machine.items()))
+    print(f"cores: {report.cores}")
+    os.sched_setaffinity(0, cores.load)  # this process, wrk and the fake upstreams
     with tempfile.TemporaryDirectory(prefix="gpugate-bench-") as tmp, Processes(Path(tmp)) as procs:
-        setup = start_all(procs, nginx)
+        setup = start_all(procs, nginx, targets, cores, tools)
+        report.targets, report.proxies = setup.targets, setup.proxies
         read_rss(setup, report, "idle")
         phase_throughput(setup, wrk, report)
         read_rss(setup, report, "loaded")
+        phase_bursts(setup, report)
         phase_latency(setup, report)
         phase_ttfb(setup, report)
         phase_held(setup, report)
@@ -209,10 +259,36 @@ def run(settings: Settings) -> int:
     return 0
 
 
+def choose_targets(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.targets:
+        chosen = [t.strip() for t in args.targets.split(",") if t.strip()]
+        unknown = [t for t in chosen if t not in (*TARGETS, *PROTOTYPES)]
+        if unknown:
+            raise SystemExit(f"bench: unknown targets: {', '.join(unknown)}")
+        return ("direct", *(t for t in (*TARGETS, *PROTOTYPES) if t in chosen and t != "direct"))
+    if args.workers:
+        return ("direct", *WORKERS_RUN)
+    return (*TARGETS, *ONE_CORE) if args.candidates else TARGETS
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=5, help="seconds per measured run (5)")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 s runs, fewer streams")
+    parser.add_argument(
+        "--candidates", action="store_true", help="measure the hot-path prototypes too"
+    )
+    parser.add_argument(
+        "--targets",
+        help=f"comma-separated targets (direct is always measured); any of:"
+        f" {', '.join([*TARGETS, *PROTOTYPES])}",
+    )
+    parser.add_argument("--no-pin", action="store_true", help="let every process run on every core")
+    parser.add_argument(
+        "--workers",
+        action="store_true",
+        help="one process against two (SO_REUSEPORT), every process on every core",
+    )
     parser.add_argument("--model-server", nargs=4, help=argparse.SUPPRESS)  # a child process
     args = parser.parse_args()
     if args.model_server:
@@ -224,8 +300,9 @@ def main() -> int:
     else:
         settings = Settings(duration=args.duration, warmup=True, ttfb_clients=256, held=1000)
     try:
-        return run(settings)
-    except BenchError as exc:
+        pin = not (args.no_pin or args.workers)
+        return run(settings, choose_targets(args), Cores.split(pin=pin))
+    except (BenchError, VenvError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,8 +1,9 @@
 """The proxy benchmark's load: what is sent, and the clients that send it and time the answers.
 
-wrk for throughput (its output parsed into a :class:`Load`), and three Python clients on
-aiohttp: an open loop at a fixed rate for added latency, slow streams for time to first byte,
-and long streams held open at once for memory.
+wrk for throughput (its output parsed into a :class:`Load`); paced bursts on raw keep-alive
+connections (``httptools``, so the client's own cost is the same few µs for every target); and
+three Python clients on aiohttp: an open loop at a fixed rate for added latency, slow streams
+for time to first byte, and long streams held open at once for memory.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
+import httptools
 from proxy_targets import CHAT, EMBEDDINGS, HERE, SLOW, BenchError, cpu_s, dumps
 
 MIXES = {"chat": ("json", CHAT), "embeddings": ("json", EMBEDDINGS), "sse": ("sse", CHAT)}
 JSON_HEADERS = {"Content-Type": "application/json"}
-RATE = 500.0  # requests/s of the added-latency client
+RATE = 500.0  # requests/s of the added-latency clients
+BURST = 64  # connections of the paced-burst client: each burst is one request on each
 
 
 # -- what is sent -------------------------------------------------------------------------------
@@ -162,6 +165,103 @@ async def open_loop(url: str, body: bytes, rate: float, duration: float) -> Open
                 tasks.append(asyncio.create_task(_timed(session, url, body, result)))
             result.sent_rps = (count - 1) / max(loop.time() - start, 1e-9)
             await asyncio.gather(*tasks)
+    return result
+
+
+@dataclass
+class Bursts:
+    """Bursts of one request per connection, all written at once, at a fixed pace."""
+
+    latency_ms: list[float] = field(default_factory=list)  # from the burst's start to the end
+    late_ms: list[float] = field(default_factory=list)  # how late each burst began
+    bursts: int = 0
+    busy: int = 0  # connections still busy with the previous burst's answer (none sent)
+    errors: int = 0
+
+
+class _BurstConn(asyncio.Protocol):
+    """One keep-alive connection of the burst client; one request at a time."""
+
+    def __init__(self, into: Bursts) -> None:
+        self.into = into
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.sent_at: float | None = None  # None: idle
+        self.counted = True
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.into.errors += 1
+            if self.transport is not None:
+                self.transport.close()
+
+    def on_message_complete(self) -> None:
+        if self.sent_at is not None and self.counted:
+            if self.parser.get_status_code() == 200:
+                self.into.latency_ms.append((time.perf_counter() - self.sent_at) * 1000)
+            else:
+                self.into.errors += 1
+        self.sent_at = None
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002
+        if self.sent_at is not None:
+            self.into.errors += 1
+        self.transport, self.sent_at = None, None
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+
+async def paced_bursts(url: str, body: bytes, conns: int, rate: float, duration: float) -> Bursts:
+    """Every ``conns / rate`` s, write one request on each of ``conns`` connections at once
+    (the last answer of a burst waits for the other ``conns - 1``); 0.5 s of warm-up first."""
+    loop = asyncio.get_running_loop()
+    host, _, rest = url.removeprefix("http://").partition("/")
+    name, _, port = host.partition(":")
+    request = (
+        f"POST /{rest} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    result = Bursts()
+    clients = []
+    for _ in range(conns):
+        _, client = await loop.create_connection(lambda: _BurstConn(result), name, int(port))
+        clients.append(client)
+    interval = conns / rate
+    warmup = max(1, round(0.5 / interval))
+    count = warmup + max(2, round(duration / interval))
+    start = time.perf_counter() + 0.01
+    try:
+        for k in range(count):
+            due = start + k * interval
+            if (wait := due - time.perf_counter()) > 0:
+                await asyncio.sleep(wait)
+            began = time.perf_counter()
+            counted = k >= warmup
+            if counted:
+                result.late_ms.append((began - due) * 1000)
+                result.bursts += 1
+            for client in clients:
+                if client.transport is None:
+                    result.errors += counted
+                elif client.sent_at is not None:
+                    result.busy += counted
+                else:
+                    client.sent_at, client.counted = began, counted
+                    client.transport.write(request)
+        deadline = time.perf_counter() + 10
+        while any(c.sent_at is not None for c in clients) and time.perf_counter() < deadline:
+            await asyncio.sleep(0.005)
+        result.errors += sum(c.sent_at is not None for c in clients)
+    finally:
+        for client in clients:
+            if client.transport is not None:
+                client.transport.close()
     return result
 
 

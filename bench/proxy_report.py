@@ -4,11 +4,11 @@ Markdown summary for BENCHMARKS.md."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from proxy_load import RATE, Held, Load, OpenLoop, Streams, pct
-from proxy_targets import PROXIES, TARGETS
+from proxy_load import BURST, RATE, Bursts, Held, Load, OpenLoop, Streams, pct
+
+PEER, BARE = "vllm-router", "bare"
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,30 @@ class Report:
 
     machine: dict[str, str]
     settings: Settings
+    targets: tuple[str, ...] = ()
+    proxies: tuple[str, ...] = ()
+    cores: str = ""
     loads: dict[str, dict[str, Load]] = field(default_factory=dict)  # mix -> target -> run
+    bursts: dict[str, Bursts] = field(default_factory=dict)
     latency: dict[str, OpenLoop] = field(default_factory=dict)
     ttfb: dict[str, Streams] = field(default_factory=dict)
     ttfb_cpu: dict[str, float] = field(default_factory=dict)  # target -> CPU % during TTFB
     rss: dict[str, dict[str, float]] = field(default_factory=dict)  # target -> moment -> MB
     held: dict[str, Held] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+
+    def ratio(self, mix: str, target: str, base: str) -> float:
+        loads = self.loads.get(mix, {})
+        if target not in loads or base not in loads:
+            return math.nan
+        return loads[target].rps / loads[base].rps
+
+    def added(self, target: str, q: float, *, bursts: bool = True) -> float:
+        """Latency added over direct at the ``q``-th percentile (paced bursts or open loop)."""
+        runs: dict[str, Bursts] | dict[str, OpenLoop] = self.bursts if bursts else self.latency
+        if target not in runs or "direct" not in runs:
+            return math.nan
+        return pct(runs[target].latency_ms, q) - pct(runs["direct"].latency_ms, q)
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -44,32 +61,51 @@ def fmt(value: float, digits: int = 0) -> str:
     return "—" if math.isnan(value) else f"{value:,.{digits}f}"
 
 
+def _x(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:.2f}x"
+
+
 # -- the tables of each phase -------------------------------------------------------------------
 
 
 def throughput_tables(r: Report) -> str:
-    """Each wrk run, then gpugate's req/s as a fraction of each other target's."""
+    """Each wrk run, then each proxy's req/s as a multiple of the router's and the bare one's."""
     rows = []
     for mix, loads in r.loads.items():
         for target, load in loads.items():
             rows.append([mix, target, fmt(load.rps), fmt(load.p50_ms, 2), fmt(load.p99_ms, 2)])
             rows[-1] += [fmt(load.cpu_us), str(load.non_2xx), str(load.socket_errors)]
     headers = ["mix", "target", "req/s", "p50 ms", "p99 ms", "CPU µs/req", "non-2xx", "sock err"]
-    ratios = [
-        [mix, *(f"{loads['gpugate'].rps / loads[t].rps:.3f}" for t in ("direct", "nginx", "bare"))]
-        for mix, loads in r.loads.items()
+    mixes = list(r.loads)
+    ratio_rows = [
+        [t, *(_x(r.ratio(mix, t, base)) for mix in mixes for base in (PEER, BARE))]
+        for t in r.targets
+        if t not in ("direct", PEER)
     ]
-    ratio_headers = ["mix", "gpugate/direct", "gpugate/nginx", "gpugate/bare"]
-    return table(headers, rows) + "\n\n" + table(ratio_headers, ratios)
+    ratio_headers = ["target", *(f"{mix} /{base}" for mix in mixes for base in ("router", BARE))]
+    return table(headers, rows) + "\n\n" + table(ratio_headers, ratio_rows)
+
+
+def bursts_table(r: Report) -> str:
+    """The paced bursts per target and the latency each added over direct."""
+    rows = []
+    for target, b in r.bursts.items():
+        added = ["" if target == "direct" else f"{r.added(target, q):+.2f}" for q in (50, 99)]
+        rows.append(
+            [target, str(len(b.latency_ms)), str(b.bursts), fmt(pct(b.late_ms, 99), 2)]
+            + [fmt(pct(b.latency_ms, q), 2) for q in (50, 99, 100)]
+            + [*added, str(b.busy), str(b.errors)]
+        )
+    headers = ["target", "n", "bursts", "late p99", "p50 ms", "p99 ms", "max ms", "+p50", "+p99"]
+    return table([*headers, "busy", "errors"], rows)
 
 
 def latency_table(r: Report) -> str:
     """The open loop per target, the latency it added over direct, and gpugate's own overhead."""
-    base = r.latency["direct"].latency_ms
     rows = []
     for target, lat in r.latency.items():
         added = [
-            "" if target == "direct" else f"{pct(lat.latency_ms, q) - pct(base, q):+.2f}"
+            "" if target == "direct" else f"{r.added(target, q, bursts=False):+.2f}"
             for q in (50, 99)
         ]
         rows.append(
@@ -78,9 +114,12 @@ def latency_table(r: Report) -> str:
             + [*added, str(lat.errors)]
         )
     headers = ["target", "n", "sent/s", "late p99", "p50 ms", "p99 ms", "+p50", "+p99", "errors"]
-    gw = r.latency["gpugate"].overhead_ms
-    overhead = f"median {fmt(pct(gw, 50), 3)}, p99 {fmt(pct(gw, 99), 3)}"
-    return table(headers, rows) + f"\ngpugate X-Gateway-Overhead-Ms: {overhead}"
+    text = table(headers, rows)
+    if "gpugate" in r.latency:
+        gw = r.latency["gpugate"].overhead_ms
+        overhead = f"median {fmt(pct(gw, 50), 3)}, p99 {fmt(pct(gw, 99), 3)}"
+        text += f"\ngpugate X-Gateway-Overhead-Ms: {overhead}"
+    return text
 
 
 def ttfb_table(r: Report) -> str:
@@ -100,7 +139,7 @@ def ttfb_table(r: Report) -> str:
 def held_table(r: Report) -> str:
     """Each proxy's memory idle, after load and with the long streams open."""
     count, rows = r.settings.held, []
-    for target in PROXIES:
+    for target in r.proxies:
         rss, held = r.rss[target], r.held[target]
         rows.append([target, *(fmt(rss[m], 1) for m in ("idle", "loaded", "streams"))])
         rows[-1] += [f"{held.opened}/{count}", fmt(held.open_s, 2), str(held.left_open)]
@@ -108,28 +147,24 @@ def held_table(r: Report) -> str:
     return table([*headers, "upstream streams left 5 s after close"], rows)
 
 
-# -- the summary --------------------------------------------------------------------------------
+# -- the targets of issue #21 -------------------------------------------------------------------
 
 
-def verdicts(r: Report) -> list[tuple[str, str, bool]]:
-    """Each target: what it asks, what was measured, met or not."""
-    chat, s = r.loads["chat"], r.settings
-    gw = chat["gpugate"].rps
-    direct = r.latency["direct"].latency_ms
-    added = [pct(r.latency["gpugate"].latency_ms, q) - pct(direct, q) for q in (50, 99)]
-    streams = r.loads["sse"]["gpugate"].rps
-    ttfb = pct(r.ttfb["gpugate"].ttfb_ms, 99)
-    rss = r.rss["gpugate"]["streams"]
-    vs_bare, vs_nginx = gw / chat["bare"].rps, gw / chat["nginx"].rps
+def verdicts(r: Report, target: str) -> list[tuple[str, str, bool]]:
+    """Each target of #21 for ``target``: what it asks, what was measured, met or not."""
+    chat, sse = r.ratio("chat", target, PEER), r.ratio("sse", target, PEER)
+    p99, peer_p99 = r.added(target, 99), r.added(PEER, 99)
+    rss = r.rss.get(target, {}).get("streams", math.nan)
+    held = r.settings.held
     return [
-        ("≥ 6,000 req/s non-streaming chat at 64 conns", f"{gw:,.0f}", gw >= 6000),
-        ("≥ 0.5 x the bare proxy (chat)", f"{vs_bare:.2f} x", vs_bare >= 0.5),
-        ("≥ 0.1 x nginx (chat)", f"{vs_nginx:.2f} x", vs_nginx >= 0.1),
-        (f"added latency p50 ≤ 1 ms at {RATE:g} req/s", f"{added[0]:+.2f} ms", added[0] <= 1),
-        (f"added latency p99 ≤ 3 ms at {RATE:g} req/s", f"{added[1]:+.2f} ms", added[1] <= 3),
-        ("≥ 4,000 fast streams/s", f"{streams:,.0f}", streams >= 4000),
-        (f"TTFB p99 ≤ 10 ms with {s.ttfb_clients} slow streams", f"{ttfb:.2f} ms", ttfb <= 10),
-        (f"RSS ≤ 100 MB with {s.held:,} open streams", f"{rss:.1f} MB", rss <= 100),
+        ("chat req/s ≥ 0.5x vllm-router", _x(chat), chat >= 0.5),
+        (
+            f"added p99, bursts of {BURST} at {RATE:g} req/s ≤ router's + 1 ms",
+            f"{p99:+.2f} vs {peer_p99:+.2f} ms",
+            p99 <= peer_p99 + 1,
+        ),
+        ("SSE streams/s ≥ 1x vllm-router", _x(sse), sse >= 1),
+        (f"RSS ≤ 100 MB with {held:,} open streams", f"{rss:.1f} MB", rss <= 100),
     ]
 
 
@@ -143,37 +178,50 @@ def _pair(values: list[float], digits: int = 2) -> str:
 
 
 def summary_rows(r: Report) -> list[list[str]]:
-    """The rows of the summary table: a measure, then each target, then gpugate's ratios."""
+    """One row per target: what it did, and its multiples of the router and the bare proxy."""
     rows = []
-    for mix, label in (
-        ("chat", "chat req/s"),
-        ("embeddings", "embeddings req/s"),
-        ("sse", "SSE streams/s"),
-    ):
-        loads = r.loads[mix]
-        ratios = [f"{loads['gpugate'].rps / loads[t].rps:.3f}" for t in ("direct", "nginx", "bare")]
-        rows.append([f"{label} @64 conns", *(fmt(loads[t].rps) for t in TARGETS), *ratios])
-    chat, direct = r.loads["chat"], r.latency["direct"].latency_ms
-
-    def per_target(
-        label: str, cell: Callable[[str], str], targets: tuple[str, ...] = TARGETS
-    ) -> None:
-        rows.append([label, *(["—"] * (4 - len(targets))), *map(cell, targets), "", "", ""])
-
-    per_target("chat p50 / p99 ms @64", lambda t: _pair([chat[t].p50_ms, chat[t].p99_ms]))
-    per_target("chat CPU µs/req (target process)", lambda t: fmt(chat[t].cpu_us))
-    latency = {t: [pct(r.latency[t].latency_ms, q) for q in (50, 99)] for t in TARGETS}
-    per_target(f"latency p50 / p99 ms @{RATE:g} req/s", lambda t: _pair(latency[t]))
-    added = {t: [latency[t][i] - pct(direct, q) for i, q in enumerate((50, 99))] for t in TARGETS}
-    per_target("added p50 / p99 ms", lambda t: _pair(added[t]), ("nginx", "bare", "gpugate"))
-    ttfb = {t: [pct(r.ttfb[t].ttfb_ms, q) for q in (50, 99)] for t in TARGETS}
-    per_target(
-        f"TTFB p50 / p99 ms, {r.settings.ttfb_clients} slow streams", lambda t: _pair(ttfb[t])
-    )
-    rss = {t: [r.rss[t][m] for m in ("idle", "loaded", "streams")] for t in PROXIES}
-    label = f"RSS MB idle / after load / {r.settings.held:,} streams"
-    per_target(label, lambda t: _pair(rss[t], 1), ("nginx", "bare", "gpugate"))
+    for t in r.targets:
+        loads = {mix: r.loads.get(mix, {}).get(t) for mix in ("chat", "embeddings", "sse")}
+        rps = {mix: load.rps if load else math.nan for mix, load in loads.items()}
+        cpu = loads["chat"].cpu_us if loads["chat"] else math.nan
+        peer = t in ("direct", PEER)
+        rss = r.rss.get(t, {})
+        ttfb = r.ttfb.get(t)
+        rows.append(
+            [
+                t,
+                fmt(rps["chat"]),
+                "" if peer else _x(r.ratio("chat", t, PEER)),
+                "" if t in ("direct", BARE) else _x(r.ratio("chat", t, BARE)),
+                fmt(rps["sse"]),
+                "" if peer else _x(r.ratio("sse", t, PEER)),
+                fmt(rps["embeddings"]),
+                fmt(cpu),
+                "—" if t == "direct" else _pair([r.added(t, 50), r.added(t, 99)]),
+                "—" if t == "direct" else _pair([r.added(t, q, bursts=False) for q in (50, 99)]),
+                fmt(pct(ttfb.ttfb_ms, 99), 2) if ttfb else "—",
+                _pair([rss.get(m, math.nan) for m in ("idle", "loaded", "streams")], 1)
+                if rss
+                else "—",
+            ]
+        )
     return rows
+
+
+SUMMARY_HEADERS = [
+    "target",
+    "chat req/s",
+    "x router",
+    "x bare",
+    "SSE streams/s",
+    "x router",
+    "embeddings req/s",
+    "chat CPU µs/req",
+    f"added p50 / p99 ms, bursts of {BURST} at {RATE:g}/s",
+    f"added p50 / p99 ms, open loop {RATE:g}/s",
+    "TTFB p99 ms, slow streams",
+    "RSS MB idle / loaded / streams",
+]
 
 
 def print_summary(r: Report) -> None:
@@ -181,14 +229,23 @@ def print_summary(r: Report) -> None:
     print("\n== Summary (Markdown, for BENCHMARKS.md) ==\n")
     print(
         f"{m['date']} · {m['nproc']} cores · Python {m['python']} · nginx {m['nginx']} ·"
-        f" {m['wrk']} · {r.settings.duration} s per run, loopback, one process per target\n"
+        f" {m['wrk']} · vllm-router {m.get('vllm-router', '—')} · {r.settings.duration} s"
+        f" per run, loopback · cores: {r.cores}\n"
     )
-    headers = ["", *TARGETS, "gpugate/direct", "gpugate/nginx", "gpugate/bare"]
-    print(_md(headers, summary_rows(r)))
-    print()
-    print(_md(["target", "measured", ""], [[a, b, "✓" if ok else "✗"] for a, b, ok in verdicts(r)]))
-    overhead = r.latency["gpugate"].overhead_ms
-    print(
-        f"\ngpugate's own `X-Gateway-Overhead-Ms` at {RATE:g} req/s: median"
-        f" {fmt(pct(overhead, 50), 3)} ms, p99 {fmt(pct(overhead, 99), 3)} ms."
-    )
+    print(_md(SUMMARY_HEADERS, summary_rows(r)))
+    judged = [t for t in r.targets if t not in ("direct", "nginx", PEER, BARE)]
+    if PEER in r.targets and judged:
+        print("\nThe targets of issue #21, against vllm-router in this run:\n")
+        marks = {t: verdicts(r, t) for t in judged}
+        asks = [ask for ask, _, _ in marks[judged[0]]]
+        rows = [
+            [ask, *(f"{marks[t][i][1]} {'✓' if marks[t][i][2] else '✗'}" for t in judged)]
+            for i, ask in enumerate(asks)
+        ]
+        print(_md(["target of #21", *judged], rows))
+    if "gpugate" in r.latency:
+        overhead = r.latency["gpugate"].overhead_ms
+        print(
+            f"\ngpugate's own `X-Gateway-Overhead-Ms` at {RATE:g} req/s: median"
+            f" {fmt(pct(overhead, 50), 3)} ms, p99 {fmt(pct(overhead, 99), 3)} ms."
+        )

@@ -1,9 +1,12 @@
 """The proxy benchmark's targets: the processes it measures, their configuration and their ports.
 
 A fake upstream (nginx answering canned OpenAI responses from memory), an nginx ``proxy_pass``
-in front of it, the bare proxy (``bench/bare_proxy.py``), gpugate, and two slow fake model
-servers (``gpugate.fleet``), each its own process on free loopback ports. Also what a process
-costs: its resident memory and CPU time, read from ``/proc``.
+in front of it, vLLM's Rust router (``vllm-router`` from PyPI, in its own venv), the bare proxy
+(``bench/bare_proxy.py``), gpugate, the hot-path prototypes when asked (``hotpath_*.py``, in the
+candidates' venv), and two slow fake model servers (``gpugate.fleet``), each its own process on
+free loopback ports. Also how the cores are split (:class:`Cores`: each proxy on a core of its
+own, the load and the upstreams on the rest) and what a process costs: its resident memory and
+CPU time, read from ``/proc``.
 """
 
 from __future__ import annotations
@@ -27,9 +30,40 @@ from typing import Self
 import uvloop
 
 HERE = Path(__file__).resolve().parent
-TARGETS = ("direct", "nginx", "bare", "gpugate")
-PROXIES = ("gpugate", "nginx", "bare")  # bare last: it relays on after its client has gone
-LANES = ("json", "sse", "slow", "long")  # an upstream each; nginx and bare route by port
+TARGETS = ("direct", "nginx", "vllm-router", "bare", "gpugate")
+LANES = ("json", "sse", "slow", "long")  # an upstream each; nginx, the router and bare by port
+# The hot-path prototypes (docs in bench/README.md): name -> script and its arguments.
+PROTOTYPES: dict[str, tuple[str, ...]] = {
+    "p-asgi-aiohttp": ("hotpath_apps.py", "--server", "uvicorn", "--client", "aiohttp"),
+    "p-asgi-pyreqwest": ("hotpath_apps.py", "--server", "uvicorn", "--client", "pyreqwest"),
+    "p-asgi-raw": ("hotpath_apps.py", "--server", "uvicorn", "--client", "raw"),
+    "p-rsgi-aiohttp": ("hotpath_apps.py", "--server", "granian", "--client", "aiohttp"),
+    "p-rsgi-raw": ("hotpath_apps.py", "--server", "granian", "--client", "raw"),
+    "p-proto": ("hotpath_proto.py",),
+    "p-proto-fast": ("hotpath_proto.py", "--parse", "msgspec", "--metrics", "cheap"),
+    "p-proto-uvicorn": (
+        "hotpath_proto.py",
+        "--uvicorn",
+        "--parse",
+        "msgspec",
+        "--metrics",
+        "cheap",
+    ),
+    # two processes, each its own SO_REUSEPORT socket: for `proxy.py --workers` (unpinned)
+    "p-proto-x2": ("hotpath_proto.py", "--workers", "2"),
+    "p-proto-fast-x2": (
+        "hotpath_proto.py",
+        "--parse",
+        "msgspec",
+        "--metrics",
+        "cheap",
+        "--workers",
+        "2",
+    ),
+}
+ONE_CORE = tuple(name for name in PROTOTYPES if not name.endswith("-x2"))  # --candidates
+WORKERS_RUN = ("vllm-router", "gpugate", "p-proto", "p-proto-x2", "p-proto-fast", "p-proto-fast-x2")
+BY_PORT = ("nginx", "vllm-router", "bare")  # a listening port per lane; the rest route by model
 MODELS = {  # gpugate routes by model: model -> lane
     "json-model": "json",
     "emb-model": "json",
@@ -195,10 +229,10 @@ class Processes:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def start(self, name: str, argv: list[str]) -> int:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
         with (self.workdir / f"{name}.log").open("wb") as log:
             proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
             )
         self._procs[name] = proc
         return proc.pid
@@ -207,8 +241,11 @@ class Processes:
         """Raise if any process has exited, with the end of its log."""
         for name, proc in self._procs.items():
             if (code := proc.poll()) is not None:
-                tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise BenchError(f"{name} exited with {code}:\n{tail}")
+                log = (self.workdir / f"{name}.log").read_text(errors="replace")
+                panics = [ln for ln in log.splitlines() if "panicked at" in ln][:3]  # Rust
+                raise BenchError(
+                    f"{name} exited with {code}:\n" + "\n".join([*panics, log[-2000:]])
+                )
 
     def stop(self) -> None:
         for proc in self._procs.values():
@@ -238,6 +275,45 @@ def wait_http(procs: Processes, url: str, timeout_s: float = 30.0) -> None:
             pass
         time.sleep(0.05)
     raise BenchError(f"nothing answered 200 at {url} within {timeout_s:g} s")
+
+
+# -- cores --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cores:
+    """Which CPUs the proxies get and which the load (wrk, the Python clients, the fake
+    upstreams): each proxy alone on its core, when there are at least two."""
+
+    proxy: frozenset[int]
+    load: frozenset[int]
+
+    @classmethod
+    def split(cls, *, pin: bool) -> Cores:
+        cpus = sorted(os.sched_getaffinity(0))
+        if not pin or len(cpus) < 2:
+            return cls(frozenset(cpus), frozenset(cpus))
+        return cls(frozenset(cpus[-1:]), frozenset(cpus[:-1]))
+
+    @property
+    def pinned(self) -> bool:
+        return self.proxy != self.load
+
+    def describe(self) -> str:
+        if not self.pinned:
+            return f"not pinned: every process may run on CPUs {_cpus(self.load)}"
+        return (
+            f"each proxy pinned to CPU {_cpus(self.proxy)} (taskset), alone while measured;"
+            f" the load (wrk, the Python clients) and the fake upstreams on CPU {_cpus(self.load)}"
+        )
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` run on the proxy's CPUs."""
+        return ["taskset", "-c", _cpus(self.proxy), *argv] if self.pinned else argv
+
+
+def _cpus(cpus: frozenset[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
 
 
 def _proc_field(pid: int, name: str) -> int:
@@ -282,48 +358,115 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class Setup:
-    """The ports of every target per lane, and the process of each target."""
+    """The targets of this run, their ports per lane and their processes per lane."""
 
+    targets: tuple[str, ...]
     ports: dict[str, dict[str, int]]  # target -> lane -> port
-    pids: dict[str, int]  # target -> pid (for direct: the fake upstream nginx)
+    pids: dict[str, dict[str, int]]  # target -> lane -> pid (for direct: the fake upstream)
+    cores: Cores
 
     def url(self, target: str, lane: str, path: str) -> str:
         return f"http://127.0.0.1:{self.ports[target][lane]}{path}"
 
+    def pid(self, target: str, lane: str = "json") -> int:
+        """The process serving ``target``'s ``lane`` (one per lane for the router)."""
+        return self.pids[target][lane]
 
-def start_all(procs: Processes, nginx: str) -> Setup:
-    """Start every process, each on free ports, and wait until each answers."""
-    ports = {t: {lane: free_port() for lane in LANES} for t in ("direct", "nginx", "bare")}
-    ports["gpugate"] = dict.fromkeys(LANES, free_port())
+    @property
+    def proxies(self) -> tuple[str, ...]:
+        """The targets that proxy, bare last (it relays on after its client has gone)."""
+        ordered = [t for t in self.targets if t not in ("direct", "bare")]
+        return (*ordered, "bare") if "bare" in self.targets else tuple(ordered)
+
+
+def start_all(
+    procs: Processes, nginx: str, targets: tuple[str, ...], cores: Cores, tools: Tools
+) -> Setup:
+    """Start every process, each on free ports, and wait until each answers. The fake
+    upstreams start on the load's CPUs; each proxy on the proxies' CPUs."""
+    ports = {t: {lane: free_port() for lane in LANES} for t in ("direct", *BY_PORT)}
+    for target in targets:
+        if target not in ports:
+            ports[target] = dict.fromkeys(LANES, free_port())
     up, workdir = ports["direct"], procs.workdir
-    pids = {
-        "direct": _start_nginx(procs, nginx, "upstream", fake_upstream_http(up["json"], up["sse"]))
-    }
+    upstream = fake_upstream_http(up["json"], up["sse"])
+    pids = {"direct": dict.fromkeys(LANES, _start_nginx(procs, nginx, "upstream", upstream))}
     for lane, (model, (delay, chunks)) in MODEL_SERVERS.items():
         argv = [sys.executable, str(HERE / "proxy.py"), "--model-server", model, str(up[lane])]
         procs.start(lane, [*argv, str(delay), str(chunks)])
-    routes = {ports["nginx"][lane]: up[lane] for lane in LANES}
-    pids["nginx"] = _start_nginx(procs, nginx, "nginx", nginx_proxy_http(routes))
-    bare_routes = [f"--route={ports['bare'][lane]}=http://127.0.0.1:{up[lane]}" for lane in LANES]
-    pids["bare"] = procs.start("bare", [sys.executable, str(HERE / "bare_proxy.py"), *bare_routes])
-    (workdir / "gateway.yaml").write_text(gateway_yaml(workdir, ports["gpugate"]["json"], up))
-    serve = ["serve", "--config", str(workdir / "gateway.yaml"), "--log-level", "WARNING"]
-    pids["gpugate"] = procs.start("gpugate", [sys.executable, "-m", "gpugate", *serve])
-    setup = Setup(ports, pids)
-    for target in ("direct", "nginx", "bare"):
-        for lane in LANES:
-            wait_http(procs, setup.url(target, lane, "/health"))
-    wait_http(procs, setup.url("gpugate", "json", "/readyz"))
+    for target in targets:
+        if target == "nginx":
+            routes = {ports["nginx"][lane]: up[lane] for lane in LANES}
+            pid = _start_nginx(procs, nginx, "nginx", nginx_proxy_http(routes), cores)
+            pids["nginx"] = dict.fromkeys(LANES, pid)
+        elif target == "vllm-router":
+            pids[target] = {
+                lane: procs.start(
+                    f"vllm-router-{lane}", cores.wrap(router_argv(tools, port, up[lane]))
+                )
+                for lane, port in ports[target].items()
+            }
+        elif target == "bare":
+            bare = [f"--route={ports['bare'][lane]}=http://127.0.0.1:{up[lane]}" for lane in LANES]
+            argv = [sys.executable, str(HERE / "bare_proxy.py"), *bare]
+            pids["bare"] = dict.fromkeys(LANES, procs.start("bare", cores.wrap(argv)))
+        elif target == "gpugate":
+            (workdir / "gateway.yaml").write_text(
+                gateway_yaml(workdir, ports["gpugate"]["json"], up)
+            )
+            serve = ["serve", "--config", str(workdir / "gateway.yaml"), "--log-level", "WARNING"]
+            argv = [sys.executable, "-m", "gpugate", *serve]
+            pids["gpugate"] = dict.fromkeys(LANES, procs.start("gpugate", cores.wrap(argv)))
+        elif target in PROTOTYPES:
+            argv = prototype_argv(tools, target, ports[target]["json"], up)
+            pid = procs.start(target, cores.wrap(argv), env=tools.candidate_env)
+            pids[target] = dict.fromkeys(LANES, pid)
+    setup = Setup(targets, ports, pids, cores)
+    for target in ("direct", *targets):
+        for lane in LANES if target in ("direct", *BY_PORT) else ("json",):
+            health = "/readyz" if target == "gpugate" else "/health"
+            wait_http(procs, setup.url(target, lane, health), timeout_s=60)
     return setup
 
 
-def _start_nginx(procs: Processes, nginx: str, name: str, http: str) -> int:
+@dataclass(frozen=True)
+class Tools:
+    """Where the programs outside gpugate's venv are: the router and the prototypes' python."""
+
+    vllm_router: str | None
+    candidates_python: str | None
+    candidate_env: dict[str, str] | None
+
+
+def router_argv(tools: Tools, port: int, upstream_port: int) -> list[str]:
+    """vllm-router in front of one upstream, round robin (it forwards every request to its
+    workers whatever the model: one router per lane)."""
+    assert tools.vllm_router is not None
+    return [
+        tools.vllm_router,
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--worker-urls", f"http://127.0.0.1:{upstream_port}", "--policy", "round_robin"),
+        *("--worker-startup-check-interval", "1", "--prometheus-port", str(free_port())),
+        *("--log-level", "warning"),
+    ]
+
+
+def prototype_argv(tools: Tools, name: str, port: int, up: dict[str, int]) -> list[str]:
+    """A hot-path prototype on ``port``, routing each model to its lane's upstream."""
+    assert tools.candidates_python is not None
+    script, *args = PROTOTYPES[name]
+    routes = [f"--route={model}=127.0.0.1:{up[lane]}" for model, lane in MODELS.items()]
+    return [tools.candidates_python, str(HERE / script), "--port", str(port), *routes, *args]
+
+
+def _start_nginx(
+    procs: Processes, nginx: str, name: str, http: str, cores: Cores | None = None
+) -> int:
     conf = procs.workdir / f"{name}.conf"
     conf.write_text(nginx_conf(procs.workdir, name, http))
     error_log = procs.workdir / f"{name}-error.log"
-    return procs.start(
-        name, [nginx, "-c", str(conf), "-p", str(procs.workdir), "-e", str(error_log)]
-    )
+    argv = [nginx, "-c", str(conf), "-p", str(procs.workdir), "-e", str(error_log)]
+    return procs.start(name, cores.wrap(argv) if cores else argv)
 
 
 def serve_model(model: str, port: int, delay_s: float, chunks: int) -> None:

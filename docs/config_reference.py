@@ -218,6 +218,11 @@ MEANING: dict[str, str] = {
     "runtimes[].push": "where the push worker listens",
     "runtimes[].push.url": "the worker's `/calls` URL (`POST` submits, `GET /{call_id}` polls)",
     "runtimes[].push.secret_env": "the variable holding the secret shared with the worker",
+    "runtimes[].push.auth": "`signed`: every push-protocol message is HMAC-signed both ways with "
+    "keys derived from the secret, which never travels; `bearer`: compatibility with a worker "
+    "that only sends the secret as a bearer token (docs/security.md)",
+    "runtimes[].push.ca_file": "the CA bundle (PEM) that signed an `https://` worker's "
+    "certificate; null: the system's CAs",
     "runtimes[].modal": "which Modal function runs the jobs",
     "runtimes[].modal.app": "the Modal app's name",
     "runtimes[].modal.function": "the function's name in the app",
@@ -272,6 +277,14 @@ MEANING: dict[str, str] = {
     "blobs.inline_max_bytes": "results up to this size stay in the job row; larger ones go to "
     "the blob store",
     "blobs.presign_s": "how long presigned URLs handed to a runtime live",
+    "tls": "serve HTTPS on `listen` (and `admin_listen`); null: plain HTTP (put a TLS proxy in "
+    "front, docs/security.md)",
+    "tls.cert_file": "the server's certificate chain (PEM)",
+    "tls.key_file": "its private key (PEM)",
+    "tls.client_ca_file": "a CA bundle (PEM): every client must present a certificate it signed "
+    "(mTLS); null: no client certificate is asked for",
+    "admin_listen": "`HOST:PORT` (another port than `listen`): `/admin` and `/console` are "
+    "served there only, and answer 404 on `listen`; null: everything on `listen`",
     "import_env": "which environment variables a config import (admin API, console) may name "
     "in a `*_env` key; the file may name any (docs/security.md)",
     "import_env.prefix": "an import may name any variable starting with this; null: none by prefix",

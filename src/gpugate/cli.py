@@ -57,8 +57,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_format or config.server.log_format, args.log_level)
     host, port = (config.host, config.port) if args.listen is None else _split_listen(args.listen)
     sock = bind(host, port)
-    print(f"gpugate {__version__} listening on http://{host}:{sock.getsockname()[1]}", flush=True)
-    clean = _run(serve_gateway(config, sock))
+    admin = config.admin_address
+    admin_sock = bind(*admin) if admin is not None else None
+    scheme = "https" if config.tls is not None else "http"
+    where = f"{scheme}://{host}:{sock.getsockname()[1]}"
+    if admin_sock is not None:
+        where += f", admin plane on {scheme}://{admin[0] if admin else host}:"
+        where += str(admin_sock.getsockname()[1])
+    print(f"gpugate {__version__} listening on {where}", flush=True)
+    clean = _run(serve_gateway(config, sock, admin_sock=admin_sock))
     return 0 if clean else 1
 
 
@@ -288,6 +295,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         state_dir=state_dir,
         concurrency=args.concurrency,
         idle_exit_s=args.idle_exit_s,
+        auth=args.auth,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file or args.tls_cert_file,
+        tls_client_ca_file=args.tls_client_ca_file,
+        gateway_ca_file=args.gateway_ca_file,
     )
     result = _run(serve_worker(settings, host, port))
     assert isinstance(result, int)
@@ -344,6 +356,21 @@ def _add_worker_command(sub: Any) -> None:
         help="where finished results wait for the gateway "
         "(default $XDG_STATE_HOME/gpugate/worker-RUNTIME, else ~/.local/state/...)",
     )
+    p.add_argument(
+        "--auth",
+        choices=["signed", "bearer"],
+        default="signed",
+        help="signed (default): HMAC-sign every message with keys derived from the secret, which "
+        "never travels; bearer: for a gateway that only speaks the wave-1 protocol",
+    )
+    tls = (
+        ("--tls-cert-file", "serve /calls over HTTPS with this chain (PEM); also the client cert"),
+        ("--tls-key-file", "its private key (PEM), if not in --tls-cert-file"),
+        ("--tls-client-ca-file", "require the gateway to present a certificate this CA signed"),
+        ("--gateway-ca-file", "the CA that signed an https:// gateway's certificate"),
+    )  # fmt: skip
+    for flag, what in tls:
+        p.add_argument(flag, type=Path, help=what)
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(func=cmd_worker)
 

@@ -21,6 +21,7 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── MethodNotAllowed           METHOD_NOT_ALLOWED: the route takes other methods
     │   ├── Unauthorized               UNAUTHORIZED
     │   ├── CsrfRejected               CSRF_REJECTED: a console action without its session's token
+    │   ├── TooManyAttempts            TOO_MANY_ATTEMPTS: too many wrong credentials from a client
     │   ├── UnknownModel               UNKNOWN_MODEL
     │   ├── UnknownUpstream            UNKNOWN_UPSTREAM
     │   ├── ExternalUpstreamForbidden  EXTERNAL_UPSTREAM_FORBIDDEN
@@ -197,6 +198,12 @@ class CsrfRejected(ClientError):
     """A console action came without the CSRF token of its session."""
 
     code = "CSRF_REJECTED"
+
+
+class TooManyAttempts(ClientError):
+    """Too many wrong credentials from this client: wait before trying again."""
+
+    code = "TOO_MANY_ATTEMPTS"
 
 
 class UnknownModel(ClientError):

@@ -6,6 +6,12 @@ to notice); then uvicorn stops accepting and lets in-flight requests and streams
 ``server.shutdown_grace_s``; what is left then is answered (503 JSON, or ``event: error`` on a
 stream: :mod:`gpugate.web.shutdown`); then the app's lifespan shutdown and the gateway's exit
 stop every loop and hand the dispatcher claims back. A second signal stops accepting at once.
+
+TLS (``tls``, :func:`server_tls`) is one server-side context, built before anything else starts
+(a wrong file is one error naming its key): TLS 1.2 or newer, Python's default cipher choice,
+and with ``client_ca_file`` a client certificate required (mTLS). ``admin_listen`` is a second
+socket of the same server; :class:`~gpugate.web.listeners.ListenerSplit` keeps the admin plane
+on it and off the main one.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import gc
 import logging
 import signal
 import socket
+import ssl
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from types import FrameType
@@ -24,10 +31,11 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from gpugate.clock import SystemClock
-from gpugate.config import GatewayConfig
-from gpugate.errors import ListenError
+from gpugate.config import GatewayConfig, TlsConfig
+from gpugate.errors import ConfigError, ConfigProblem, ListenError
 from gpugate.services.readiness import Lifecycle
 from gpugate.web.app import create_app
+from gpugate.web.listeners import ListenerSplit
 from gpugate.wiring import build_gateway
 
 log = logging.getLogger("gpugate.server")
@@ -62,6 +70,32 @@ def _absorb_reraised_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
 
 
+def server_tls(tls: TlsConfig | None) -> ssl.SSLContext | None:
+    """The server's TLS context for ``tls`` (None: plain HTTP); :class:`ConfigError` naming
+    the key whose file cannot be loaded."""
+    if tls is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["http/1.1"])
+    try:
+        context.load_cert_chain(tls.cert_file, tls.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise _tls_problem("tls.cert_file", "the certificate and key", exc) from exc
+    if tls.client_ca_file is not None:
+        try:
+            context.load_verify_locations(cafile=tls.client_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise _tls_problem("tls.client_ca_file", "the client CA bundle", exc) from exc
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def _tls_problem(key: str, what: str, exc: OSError | ssl.SSLError) -> ConfigError:
+    reason = exc.strerror or getattr(exc, "reason", None) or str(exc)
+    return ConfigError([ConfigProblem(key, f"cannot load {what}: {reason}")])
+
+
 CUT_MARGIN_S = 2.0
 """Uvicorn's own cancellation of what is left comes this long after the grace: a backstop, as
 :mod:`gpugate.web.shutdown` answers those requests at the end of the grace."""
@@ -71,9 +105,15 @@ class DrainingServer(uvicorn.Server):
     """Uvicorn whose first exit signal drains first (see the module docstring)."""
 
     def __init__(
-        self, app: ASGIApp, *, grace_s: float, drain_delay_s: float, lifecycle: Lifecycle
+        self,
+        app: ASGIApp,
+        *,
+        grace_s: float,
+        drain_delay_s: float,
+        lifecycle: Lifecycle,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(_uvicorn_config(app, grace_s + CUT_MARGIN_S))
+        super().__init__(_with_tls(_uvicorn_config(app, grace_s + CUT_MARGIN_S), tls))
         self._grace_s = grace_s
         self._drain_delay_s = drain_delay_s
         self._lifecycle = lifecycle
@@ -117,9 +157,19 @@ class DrainingServer(uvicorn.Server):
         self._lifecycle.cut()
 
 
-def make_server(app: ASGIApp, grace_s: float) -> uvicorn.Server:
-    """A uvicorn server for ``app`` with gpugate's settings (serve it with pre-bound sockets)."""
-    return uvicorn.Server(_uvicorn_config(app, grace_s))
+def make_server(
+    app: ASGIApp, grace_s: float, *, tls: ssl.SSLContext | None = None
+) -> uvicorn.Server:
+    """A uvicorn server for ``app`` with gpugate's settings (serve it with pre-bound sockets),
+    speaking TLS with ``tls``."""
+    return uvicorn.Server(_with_tls(_uvicorn_config(app, grace_s), tls))
+
+
+def _with_tls(config: uvicorn.Config, tls: ssl.SSLContext | None) -> uvicorn.Config:
+    if tls is not None:
+        config.load()
+        config.ssl = tls  # ours, not uvicorn's default cipher string
+    return config
 
 
 def _uvicorn_config(app: ASGIApp, grace_s: float) -> uvicorn.Config:
@@ -138,7 +188,7 @@ def _uvicorn_config(app: ASGIApp, grace_s: float) -> uvicorn.Config:
     )
 
 
-async def serve(
+async def serve(  # noqa: PLR0913 - the app and its socket, then keyword-only settings
     app: ASGIApp,
     sock: socket.socket,
     *,
@@ -146,6 +196,8 @@ async def serve(
     drain_delay_s: float = 0.0,
     lifecycle: Lifecycle | None = None,
     on_started: Callable[[], Awaitable[None]] | None = None,
+    admin_sock: socket.socket | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> bool:
     """Serve until a signal (drained first); True when startup and shutdown were clean."""
     _absorb_reraised_sigterm()
@@ -154,8 +206,10 @@ async def serve(
         grace_s=grace_s,
         drain_delay_s=drain_delay_s,
         lifecycle=lifecycle or Lifecycle(SystemClock()),
+        tls=tls,
     )
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+    sockets = [sock] if admin_sock is None else [sock, admin_sock]
+    task = asyncio.create_task(server.serve(sockets=sockets))
     if on_started is not None:
         while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn has no event
             await asyncio.sleep(0.01)
@@ -165,16 +219,25 @@ async def serve(
     return server.started
 
 
+def gateway_app(app: ASGIApp, admin_sock: socket.socket | None) -> ASGIApp:
+    """``app`` as served: with an admin socket, the admin plane only there."""
+    if admin_sock is None:
+        return app
+    return ListenerSplit(app, admin_sock.getsockname()[1])
+
+
 async def serve_gateway(
     config: GatewayConfig,
     sock: socket.socket,
     *,
     environ: Mapping[str, str] | None = None,
     on_started: Callable[[], Awaitable[None]] | None = None,
+    admin_sock: socket.socket | None = None,
 ) -> bool:
     """Build the gateway, serve it until a signal, then stop it: the whole life of ``serve``."""
+    tls = server_tls(config.tls)  # before anything starts: a wrong file is one clear error
     async with build_gateway(config, environ=environ) as gateway:
-        app = create_app(gateway)
+        app = gateway_app(create_app(gateway), admin_sock)
         # Everything built so far lives as long as the process: move it out of the collector's
         # sight, so a full collection under load scans only what requests allocate.
         gc.collect()
@@ -186,4 +249,6 @@ async def serve_gateway(
             drain_delay_s=config.server.drain_delay_s,
             lifecycle=gateway.lifecycle,
             on_started=on_started,
+            admin_sock=admin_sock,
+            tls=tls,
         )

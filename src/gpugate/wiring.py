@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass, field
@@ -24,7 +25,9 @@ from gpugate.clock import Clock, SystemClock
 from gpugate.config import GatewayConfig, ModalRuntimeConfig, PushRuntimeConfig, RuntimeConfig
 from gpugate.config.environment import importable_environ
 from gpugate.core.jobs import RuntimeView, runtime_views
+from gpugate.core.push_keys import PushKeys
 from gpugate.core.registry import Registry
+from gpugate.core.throttle import FailureThrottle
 from gpugate.errors import GpugateError
 from gpugate.metrics import Metrics
 from gpugate.services.azure_di import AzureDocumentIntelligence
@@ -96,6 +99,8 @@ class Gateway:
     guardrails: Guardrails | None = None
     stop_conditions: StopConditions | None = None
     import_environ: Mapping[str, str] = field(default_factory=dict)  # what an import may name
+    login_throttle: FailureThrottle = field(default_factory=FailureThrottle)  # wrong admin tokens
+    push_keys: PushKeys = field(default_factory=PushKeys)  # who sent a worker route's request
     lifecycle: Lifecycle = field(init=False)
 
     def __post_init__(self) -> None:
@@ -304,7 +309,7 @@ def _start_loops(
     loops = _Loops()
     stack.push_async_callback(loops.stop)
     stack.push_async_callback(_hand_back, gateway, loops)  # unwound first: before loops.stop
-    gateway.lifecycle.on("draining", lambda: loops.stop_soon(CLAIMING_LOOPS))
+    gateway.lifecycle.on("draining", lambda: _stop_claiming(gateway, loops))
     loops.start("prober", gateway.prober.run())
     loops.start("config-versions", gateway.config_versions.run())
     loops.start("runtime-states", gateway.runtime_ops.run())
@@ -335,14 +340,26 @@ def _start_loops(
 CLAIMING_LOOPS = ("dispatcher", "job-wakeups", "batches")
 """The loops that take new work from the store: a draining replica stops them first, so the
 other replicas take the queue while it finishes what it holds."""
+_LETS_FINISH = ("dispatcher",)  # told to stop and awaited: a cancel mid-walk loses a call
+
+
+def _stop_claiming(gateway: Gateway, loops: _Loops) -> None:
+    """The drain began: the dispatcher finishes the job it walks and claims no more; the
+    other claiming loops are cancelled."""
+    if gateway.dispatcher is not None:
+        gateway.dispatcher.stop()
+    loops.stop_soon(tuple(name for name in CLAIMING_LOOPS if name not in _LETS_FINISH))
 
 
 async def _hand_back(gateway: Gateway, loops: _Loops) -> None:
     """On the way out: claim nothing more; after a signal, let this process's own calls (the
     ``upstream`` runtime's) finish within what is left of the grace; then put the dispatcher
     claims still held back in the queue for the other replicas (not after a 30 s silence)."""
-    await loops.stop_named(CLAIMING_LOOPS)
     lifecycle = gateway.lifecycle
+    if gateway.dispatcher is not None:
+        gateway.dispatcher.stop()
+    await loops.finish(_LETS_FINISH, within_s=max(1.0, lifecycle.remaining_s()))
+    await loops.stop_named(CLAIMING_LOOPS)
     if lifecycle.deadline is not None:
         while _own_calls(gateway) and lifecycle.remaining_s() > 0:
             await gateway.clock.sleep(min(0.05, lifecycle.remaining_s()))
@@ -419,11 +436,11 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     await push_client.start()
     stack.push_async_callback(push_client.close)
     gateway.results = Results(gateway.blobs, gateway.config.blobs.inline_max_bytes)
-    reports = PushReports(store, {}, config, on_finished=call_ended, results=gateway.results)
+    reports = PushReports(store, config, on_finished=call_ended, results=gateway.results)
     gateway.push_reports = reports
 
     def new_runtime(entry: RuntimeConfig) -> Runtime | None:
-        runtime = _runtime_for(gateway, entry, push_client, reports)
+        runtime = _runtime_for(gateway, entry, push_client)
         if runtime is not None:
             stack.push_async_callback(runtime.close)
             if isinstance(runtime, UpstreamRuntime):
@@ -464,15 +481,14 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     return dispatcher, reaper
 
 
-def _runtime_for(
-    gateway: Gateway, entry: RuntimeConfig, push_client: PushClient, reports: PushReports
-) -> Runtime | None:
+def _runtime_for(gateway: Gateway, entry: RuntimeConfig, push_client: PushClient) -> Runtime | None:
     """The implementation of a configured runtime (None: a push runtime without its secret);
-    a push runtime's secret is registered with the worker routes' ``reports``."""
+    a push runtime's secret is registered with the worker routes' keys (``push_keys``)."""
     if isinstance(entry, PushRuntimeConfig):
         push = _push_runtime(gateway, entry, push_client)
         if push is not None:
-            reports.add_secret(entry.id, gateway.environ[entry.push.secret_env])
+            secret = gateway.environ[entry.push.secret_env]
+            gateway.push_keys.set(entry.id, secret, auth=entry.push.auth)
         return push
     if isinstance(entry, ModalRuntimeConfig):
         return _modal_runtime(gateway, entry)
@@ -531,6 +547,11 @@ def _push_runtime(
             entry.push.secret_env,
         )
         return None
+    try:
+        tls = _push_tls(config, entry)
+    except (OSError, ssl.SSLError) as exc:
+        log.warning("runtime %s: its TLS settings cannot be loaded (%s); not built", entry.id, exc)
+        return None
     host = config.host if config.host not in ("0.0.0.0", "::", "") else "127.0.0.1"  # noqa: S104
     host = f"[{host}]" if ":" in host else host
     budget = entry.budget
@@ -538,11 +559,24 @@ def _push_runtime(
         entry.id,
         str(entry.push.url),
         secret,
-        client,
+        client.for_runtime(auth=entry.push.auth, tls=tls),
         gateway.clock,
-        gateway_url=f"http://{host}:{config.port}",
+        gateway_url=f"{'https' if config.tls else 'http'}://{host}:{config.port}",
         cents_per_second=budget.cents_per_second if budget is not None else None,
     )
+
+
+def _push_tls(config: GatewayConfig, entry: PushRuntimeConfig) -> ssl.SSLContext | None:
+    """How the gateway reaches an ``https://`` worker: trusting ``push.ca_file`` (else the
+    system's CAs) and presenting the gateway's own ``tls`` certificate, for a worker that
+    requires a client certificate (``--tls-client-ca-file``)."""
+    if entry.push.ca_file is None and config.tls is None:
+        return None
+    context = ssl.create_default_context(cafile=entry.push.ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if config.tls is not None:
+        context.load_cert_chain(config.tls.cert_file, config.tls.key_file)
+    return context
 
 
 def _gpu_health(
@@ -591,6 +625,13 @@ class _Loops:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def finish(self, names: tuple[str, ...], *, within_s: float) -> None:
+        """Wait (bounded) for the named loops to return by themselves; cancel what is left."""
+        tasks = [self._tasks[name] for name in names if name in self._tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=within_s)
+        await self.stop_named(names)
 
     def stop_soon(self, names: tuple[str, ...]) -> None:
         """:meth:`stop_named` from synchronous code: the stopping task is owned here."""

@@ -84,21 +84,37 @@ def test_the_build_installs_from_the_wheelhouse_without_an_index() -> None:
     assert "SOURCE_DATE_EPOCH" in run  # file times are the commit's
 
 
+def pins(path: Path) -> dict[str, str]:
+    """name -> version of a ``name==version`` file (names normalised)."""
+    found = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            found[name.lower().replace("_", "-")] = version
+    return found
+
+
 def test_the_lock_pins_every_runtime_dependency_of_the_package() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = {
         re.split(r"[\[<>=;! ]", dep, maxsplit=1)[0].lower().replace("_", "-")
         for dep in project["dependencies"]
     }
-    pinned = {
-        line.split("==")[0].lower().replace("_", "-")
-        for line in LOCK.read_text().splitlines()
-        if line and not line.startswith("#")
-    }
-    unpinned = [line for line in LOCK.read_text().splitlines() if line and "==" not in line]
+    locked = pins(LOCK)
 
-    assert set() == wanted - pinned
-    assert [] == [line for line in unpinned if not line.startswith("#")]
+    assert set() == wanted - set(locked)
+    assert [] == [name for name, version in locked.items() if not version]
+
+
+def test_the_image_runs_the_versions_ci_tests() -> None:
+    """The lock agrees with constraints.txt (what CI installs), so the image ships what the
+    suite ran against."""
+    tested = pins(ROOT / "constraints.txt")
+    assert {} == {
+        name: (version, tested.get(name))
+        for name, version in pins(LOCK).items()
+        if tested.get(name) != version
+    }
 
 
 @pytest.mark.parametrize(

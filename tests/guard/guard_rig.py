@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gpugate.config import GatewayConfig
 from harness import make_config, upstream
+from push.fake_worker import signs_answers
 
 TOKEN = "guard-admin-token"
 ENV = {"GPUGATE_ADMIN_TOKEN": TOKEN, "HOME1_SECRET": "secret-of-home-1"}
@@ -61,7 +62,7 @@ class FakeWorker:
 
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[FakeWorker]:
-        app = web.Application()
+        app = web.Application(middlewares=[signs_answers(ENV["HOME1_SECRET"])])
         app.router.add_post("/calls", self._submit)
         app.router.add_get("/calls/{call_id}", self._status)
         app.router.add_delete("/calls/{call_id}", self._cancel)

@@ -196,3 +196,19 @@ async def test_a_call_that_ends_after_its_job_was_cancelled_changes_nothing(dsn:
         job = await r.job("j1")
     assert ("cancelled", None) == (job.state, job.result)
     assert 0 == r.local.completed
+
+
+async def test_a_stopped_dispatcher_returns_from_its_loop_and_claims_nothing_more(
+    dsn: str,
+) -> None:
+    async with rig(dsn) as r, running(r) as task:
+        r.dispatcher.stop()
+        await asyncio.wait_for(task, timeout=5)  # returns by itself: not cancelled
+        await r.submit("j1", key="k1")
+        r.dispatcher.wake("j1")  # nobody acts on it now
+        report = await r.dispatcher.drain()
+        job = await r.job("j1")
+
+    assert task.done()
+    assert not task.cancelled()
+    assert (0, "queued") == (report.claimed, job.state)

@@ -114,14 +114,15 @@ def test_every_operation_has_a_summary_answers_and_a_security_requirement(
     assert [] == lacking
 
 
-def test_operator_routes_need_the_admin_token_and_worker_routes_a_runtime_secret(
+def test_operator_routes_need_the_admin_token_and_worker_routes_a_runtimes_signature_or_secret(
     schema: dict[str, Any],
 ) -> None:
     security = {(path, method): op["security"] for path, method, op in operations(schema)}
 
     assert all([{"admin": []}] == security[route] for route in OPERATOR_ROUTES)
-    assert [{"worker": []}] == security["/v1/jobs/{slug}/claimed", "post"]
-    assert [{"worker": []}] == security["/v1/jobs/{slug}", "patch"]
+    worker = [{"workerSignature": []}, {"worker": []}]
+    assert worker == security["/v1/jobs/{slug}/claimed", "post"]
+    assert worker == security["/v1/jobs/{slug}", "patch"]
     assert [] == security["/healthz", "get"]
 
 

@@ -4,10 +4,12 @@ running implementation in place."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ops_rig import ENV
 
+from gpugate import push_signature
 from gpugate.services.runtimes.push import PushRuntime
 from harness import make_config, serving, upstream
 
@@ -41,9 +43,12 @@ async def test_a_changed_push_block_rebuilds_the_runtime_and_a_live_setting_does
         after_live_change = gateway.runtimes["home-1"]
         gateway.apply_config(config(moved, max_concurrency=5), gateway.config_version + 1)
         rebuilt = gateway.runtimes["home-1"]
-        reports = gateway.push_reports
-        assert reports is not None
-        accepted = reports.authenticate("Bearer s2")
+        key = push_signature.derive_key("s2", push_signature.WORKER_TO_GATEWAY)
+        report = {"method": "POST", "target": "/v1/jobs/j/lease", "body": b"", "lease_token": "t"}
+        signature = push_signature.sign_request(
+            key, push_signature.WORKER_TO_GATEWAY, now=time.time(), **report
+        )
+        accepted, _ = gateway.push_keys.authenticate(signature, None, now=time.time(), **report)
 
     assert original is after_live_change
     assert isinstance(rebuilt, PushRuntime)

@@ -1,14 +1,45 @@
 """A fake push worker on a free loopback port: answers what the test scripts, records what it
-was sent. It stands for ``gpugate worker`` where a test pins the gateway's side alone."""
+was sent. It stands for ``gpugate worker`` where a test pins the gateway's side alone.
+
+Given the runtime's ``secret`` it signs its answers to signed requests, as a real worker does
+(:func:`signs_answers`); without one it is a wave-1 worker that speaks only bearer."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
 from aiohttp import web
+
+from gpugate import push_signature
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def signs_answers(secret: str) -> Any:
+    """An aiohttp middleware that signs each answer to a signed request with ``secret``'s
+    worker-to-gateway key, bound to that request's nonce (the push protocol's answers)."""
+    key = push_signature.derive_key(secret, push_signature.WORKER_TO_GATEWAY)
+
+    @web.middleware
+    async def sign(request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await handler(request)
+        header = request.headers.get(push_signature.HEADER)
+        if header and isinstance(response, web.Response):
+            body = response.body if isinstance(response.body, bytes) else b""
+            response.headers[push_signature.HEADER] = push_signature.sign_response(
+                key,
+                push_signature.WORKER_TO_GATEWAY,
+                request_nonce=push_signature.request_nonce(header),
+                status=response.status,
+                body=body,
+            )
+        return response
+
+    return sign
 
 
 @dataclass
@@ -26,6 +57,7 @@ class Received:
     path: str
     authorization: str | None
     body: Any
+    signature: str | None = None
 
 
 @dataclass
@@ -37,10 +69,11 @@ class FakeWorker:
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
     received: list[Received] = field(default_factory=list)
     url: str = ""
+    secret: str | None = None  # set: answers are signed (a worker of a push.auth: signed runtime)
     _runner: web.AppRunner | None = None
 
     async def __aenter__(self) -> Self:
-        app = web.Application()
+        app = web.Application(middlewares=[signs_answers(self.secret)] if self.secret else [])
         app.router.add_route("*", "/calls", self._handle)
         app.router.add_route("*", "/calls/{call_id}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
@@ -61,7 +94,13 @@ class FakeWorker:
         raw = await request.read()
         body = json.loads(raw) if raw else None
         self.received.append(
-            Received(request.method, request.path, request.headers.get("Authorization"), body)
+            Received(
+                request.method,
+                request.path,
+                request.headers.get("Authorization"),
+                body,
+                request.headers.get(push_signature.HEADER),
+            )
         )
         scripted = self.answers.get((request.method, request.path))
         if scripted is not None:

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
+from gpugate import push_signature
 from gpugate.config import GatewayConfig
 from gpugate.store import JobRecord, NewJob, Store
 from gpugate.worker import Worker, WorkerSettings
@@ -81,11 +85,36 @@ async def leased(
     return fresh
 
 
-def worker_headers(secret: str, token: str | None) -> dict[str, str]:
-    headers = {"Authorization": f"Bearer {secret}"}
+def signed(
+    secret: str,
+    direction: str,
+    method: str,
+    url: str,
+    data: bytes,
+    token: str | None = None,
+) -> dict[str, str]:
+    """The headers of a signed push-protocol request (what the worker or the gateway sends)."""
+    key = push_signature.derive_key(secret, direction)
+    signature = push_signature.sign_request(
+        key,
+        direction,
+        method=method,
+        target=URL(url).raw_path_qs,
+        body=data,
+        lease_token=token,
+        now=time.time(),
+    )
+    headers = {push_signature.HEADER: signature, "Content-Type": "application/json"}
     if token is not None:
         headers["X-Lease-Token"] = token
     return headers
+
+
+def worker_headers(
+    secret: str, token: str | None, method: str, url: str, data: bytes
+) -> dict[str, str]:
+    """A worker's report headers, signed with ``secret``'s worker-to-gateway key."""
+    return signed(secret, push_signature.WORKER_TO_GATEWAY, method, url, data, token)
 
 
 async def send(
@@ -97,8 +126,10 @@ async def send(
     token: str | None,
     body: dict[str, Any] | None = None,
 ) -> tuple[int, Any]:
-    """One worker report; (status, JSON body)."""
-    async with http.request(method, url, json=body, headers=worker_headers(secret, token)) as resp:
+    """One signed worker report; (status, JSON body)."""
+    data = b"" if body is None else json.dumps(body).encode()
+    headers = worker_headers(secret, token, method, url, data)
+    async with http.request(method, url, data=data or None, headers=headers) as resp:
         return resp.status, await resp.json()
 
 
@@ -159,9 +190,17 @@ async def push_call(
         "gateway_url": "unused",
         "deadline": None,
     }
-    headers = {"Authorization": f"Bearer {secret or SECRETS['HOME1_SECRET']}"}
-    async with http.post(worker_url, json=body, headers=headers) as resp:
+    data = json.dumps(body).encode()
+    key = secret or SECRETS["HOME1_SECRET"]
+    headers = signed(key, push_signature.GATEWAY_TO_WORKER, "POST", worker_url, data)
+    async with http.post(worker_url, data=data, headers=headers) as resp:
         return resp.status, await resp.json()
+
+
+def gateway_headers(method: str, url: str, secret: str = "") -> dict[str, str]:
+    """The headers of the gateway's bodiless request (a status poll, a cancel) to a worker."""
+    key = secret or SECRETS["HOME1_SECRET"]
+    return signed(key, push_signature.GATEWAY_TO_WORKER, method, url, b"")
 
 
 async def until_state(store: Store, slug: str, state: str, *, within_s: float = 10.0) -> JobRecord:

@@ -13,6 +13,7 @@ from push_rig import (
     CHAT,
     SECRETS,
     free_port,
+    gateway_headers,
     held_gateway,
     leased,
     push_call,
@@ -168,7 +169,6 @@ async def test_the_status_route_answers_a_running_call_and_delete_cancels_it(
     sqlite_dsn: str, tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
     port = free_port()
-    headers = {"Authorization": f"Bearer {SECRETS['HOME1_SECRET']}"}
     async with ModelServer(["qwen"], name="q0") as fake:
         fake.update(hang=True)
         async with (
@@ -181,11 +181,11 @@ async def test_the_status_route_answers_a_running_call_and_delete_cancels_it(
             call_url = f"{url}/{accepted['call_id']}"
             await until_state(gw.gateway.store, "j1", "running")
             await eventually(lambda: fake.stats.open_requests == 1, what="the model works")
-            async with http.get(call_url, headers=headers) as resp:
+            async with http.get(call_url, headers=gateway_headers("GET", call_url)) as resp:
                 running = (resp.status, (await resp.json())["state"])
-            async with http.delete(call_url, headers=headers) as resp:
+            async with http.delete(call_url, headers=gateway_headers("DELETE", call_url)) as resp:
                 cancelled = resp.status
-            async with http.get(call_url, headers=headers) as resp:
+            async with http.get(call_url, headers=gateway_headers("GET", call_url)) as resp:
                 after = (resp.status, (await resp.json())["state"])
             await eventually(lambda: fake.stats.open_requests == 0, what="the request closed")
 

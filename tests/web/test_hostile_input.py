@@ -28,7 +28,9 @@ async def gw(dsn: str) -> AsyncIterator[RunningGateway]:
         "id": "home",
         "kind": "push",
         "models": ["m"],
-        "push": {"url": "http://127.0.0.1:9/calls", "secret_env": "HOME_SECRET"},
+        # bearer: the worker routes check bodies after authenticating, and a bearer secret
+        # keeps these hand-made requests plain (the signed protocol: tests/security)
+        "push": {"url": "http://127.0.0.1:9/calls", "secret_env": "HOME_SECRET", "auth": "bearer"},
     }
     config = make_config(
         dsn,

@@ -29,6 +29,7 @@ from gpugate.config.schema import (
     S3Config,
     ServerConfig,
     StopConditions,
+    TlsConfig,
     UpstreamConfig,
     UpstreamRuntimeConfig,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "ServerConfig",
     "SourceMap",
     "StopConditions",
+    "TlsConfig",
     "UpstreamConfig",
     "UpstreamRuntimeConfig",
     "config_from_document",

@@ -51,6 +51,7 @@ def rule_findings(doc: Mapping[str, Any], *, default_implied: bool = False) -> l
     upstreams = doc.get("upstreams")
     runtimes = doc.get("runtimes")
     findings = _gpu_health_findings(doc.get("gpu_health"))
+    findings += _admin_listen_findings(doc.get("listen"), doc.get("admin_listen"))
     if isinstance(upstreams, list):
         findings += _upstream_findings(upstreams)
         findings += _gpu_id_findings(upstreams, doc.get("gpu_health"))
@@ -61,6 +62,17 @@ def rule_findings(doc: Mapping[str, Any], *, default_implied: bool = False) -> l
             default = None if default_implied else doc.get("default_runtime")
             findings += _chain_findings(doc.get("fallback_chain"), default, defined)
     return findings
+
+
+def _admin_listen_findings(listen: Any, admin_listen: Any) -> list[Finding]:
+    """``admin_listen`` needs a port of its own: requests are told apart by the port they came
+    in on."""
+    if not (isinstance(listen, str) and isinstance(admin_listen, str)):
+        return []
+    port, admin_port = listen.rpartition(":")[2], admin_listen.rpartition(":")[2]
+    if port != admin_port or port == "0":
+        return []
+    return [Finding(("admin_listen",), f"needs another port than listen ({listen})")]
 
 
 def _ids(items: list[Any]) -> list[str]:

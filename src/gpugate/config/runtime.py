@@ -35,10 +35,19 @@ class BudgetConfig(ConfigModel):
 
 
 class PushConfig(ConfigModel):
-    """Where a push worker listens, and the variable holding the secret it shares with us."""
+    """Where a push worker listens, and the variable holding the secret it shares with us.
+
+    ``auth: signed`` (the default): every message is HMAC-signed with keys derived from the
+    secret, both ways, and the secret itself never travels; ``bearer``: the compatibility mode
+    for a worker that only speaks the wave-1 protocol (the secret as a bearer token, answers not
+    authenticated; docs/security.md). ``ca_file``: the CA bundle that signed an ``https://``
+    worker's certificate (else the system's CAs).
+    """
 
     url: HttpUrl
     secret_env: EnvName
+    auth: Literal["signed", "bearer"] = "signed"
+    ca_file: Name | None = None
 
 
 class ModalConfig(ConfigModel):

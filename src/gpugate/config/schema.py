@@ -2,7 +2,8 @@
 
 The blocks live in their own modules (:mod:`.gpu_health`, :mod:`.upstream`, :mod:`.runtime`)
 and are re-exported here. The process keys (``listen``, ``store``, ``admin_token_env``,
-``gpu_health``, ``jobs``, ``server``) come from the file only; the *gateway document*
+``gpu_health``, ``jobs``, ``server``, ``tls``, ``admin_listen``, ``import_env``, ...) come from
+the file only; the *gateway document*
 (``upstreams``, ``runtimes``, ``fallback_chain``, ``default_runtime``, ``stop_conditions``)
 lives in the store as versions and is replaced with :meth:`GatewayConfig.with_gateway_document`.
 """
@@ -41,6 +42,7 @@ from gpugate.config.runtime import (
     UpstreamRuntimeConfig,
 )
 from gpugate.config.source_map import SourceMap
+from gpugate.config.tls import TlsConfig
 from gpugate.config.upstream import UpstreamConfig
 from gpugate.config.validation import RULES_CHECKED, validate_document
 from gpugate.errors import ConfigError, ConfigProblem
@@ -63,6 +65,7 @@ __all__ = [
     "S3Config",
     "ServerConfig",
     "StopConditions",
+    "TlsConfig",
     "UpstreamConfig",
     "UpstreamRuntimeConfig",
 ]
@@ -122,6 +125,8 @@ class GatewayConfig(ConfigModel):
     server: ServerConfig = ServerConfig()
     blobs: BlobsConfig = BlobsConfig()
     import_env: ImportEnvConfig = ImportEnvConfig()
+    tls: TlsConfig | None = None  # HTTPS on listen and admin_listen; client_ca_file: mTLS
+    admin_listen: ListenAddress | None = None  # /admin and /console on their own listener
 
     _source_map: SourceMap = PrivateAttr(default_factory=SourceMap)
 
@@ -167,6 +172,11 @@ class GatewayConfig(ConfigModel):
     def port(self) -> int:
         """The port part of ``listen``."""
         return split_listen(self.listen)[1]
+
+    @property
+    def admin_address(self) -> tuple[str, int] | None:
+        """``admin_listen`` as (host, port), or None when the admin plane is on ``listen``."""
+        return None if self.admin_listen is None else split_listen(self.admin_listen)
 
     def upstream(self, upstream_id: str) -> UpstreamConfig:
         """The upstream with this id; :class:`KeyError` naming the defined ones if none."""

@@ -18,10 +18,16 @@ the client never learns the resource's address nor needs its key.
   ``gpu_ids``, so it is never saturated.
 * Policy: ``X-Allow-External: false`` (the request may not leave the building) refuses it with
   ``403 EXTERNAL_UPSTREAM_FORBIDDEN``, analyze and polls alike.
+* Where ``Operation-Location`` points (:func:`gateway_base`): ``server.public_url`` when it is
+  set; otherwise the address the client used, but only when its ``Host`` is a loopback name or
+  the ``listen`` host — any other ``Host`` is refused with ``400`` before anything is sent
+  upstream, so a forged ``Host`` cannot point a client's polls (and the key it sends with them)
+  at another server (issue #15 finding 8).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +67,37 @@ def allow_external(value: str | None) -> bool:
     if value.lower() == "false":
         return False
     raise BadRequest(f"X-Allow-External must be true or false; got {value!r}")
+
+
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
+_WILDCARDS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 - listen addresses, compared only
+
+
+def _loopback(host: str) -> bool:
+    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def gateway_base(
+    public_url: str | None, listen_host: str, request_base: str, host_header: str | None
+) -> str:
+    """The base URL ``Operation-Location`` is built on: ``public_url``; else ``request_base``
+    (the scheme and ``Host`` the client used) when that ``Host`` names this machine's loopback
+    or the ``listen`` host; else :class:`BadRequest` naming ``server.public_url``."""
+    if public_url is not None:
+        return public_url
+    host = (urlsplit(f"//{host_header}").hostname or "") if host_header else ""
+    if host and (_loopback(host) or (listen_host not in _WILDCARDS and host == listen_host)):
+        return request_base
+    raise BadRequest(
+        f"Host {host_header!r} is not this gateway's address as configured: the Azure DI "
+        "facade builds Operation-Location from server.public_url (set it to the URL clients "
+        "use) or from a loopback or listen-host Host"
+    )
 
 
 def rewrite_location(location: str, upstream_url: str, gateway_base: str) -> str:

@@ -153,6 +153,7 @@ class Dispatcher:
         self._pending: dict[str, None] = {}
         self._freed = False
         self._due: float | None = None  # monotonic time the earliest deferral here comes due
+        self._stopping = False
         self.totals = DispatchReport()
 
     # -- waking ----------------------------------------------------------------------------
@@ -466,13 +467,21 @@ class Dispatcher:
     # -- the loop --------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Dispatch on every wake-up, on every deferral coming due, and every ``sweep_s``."""
-        while True:
+        """Dispatch on every wake-up, on every deferral coming due, and every ``sweep_s``;
+        return once :meth:`stop` was called and the pass under way is done."""
+        while not self._stopping:
             try:
                 await self.drain()
             except StoreError:
                 log.exception("dispatcher: the store failed; trying again at the next sweep")
-            await self._wait()
+            if not self._stopping:
+                await self._wait()
+
+    def stop(self) -> None:
+        """Claim nothing more: :meth:`run` returns after the job it is walking (a draining
+        replica; cancelling it instead could leave a recorded call that never starts)."""
+        self._stopping = True
+        self._event.set()
 
     async def drain(self) -> DispatchReport:
         """Dispatch the job named by a lone wake-up, then due batches until the queue is dry
@@ -484,6 +493,9 @@ class Dispatcher:
         creates that keep arriving.
         """
         self._event.clear()
+        if self._stopping:
+            self._pending.clear()
+            return DispatchReport()
         if self._due is not None and self._clock.monotonic() >= self._due:
             self._due = None
         report = DispatchReport()
@@ -491,6 +503,8 @@ class Dispatcher:
             report += await self.dispatch_one(next(iter(self._pending)))
         self._pending.clear()
         for _ in range(self._max_batches):
+            if self._stopping:  # stopped while this pass ran
+                break
             batch = await self.tick()
             report += batch
             if batch.claimed < self._batch:

@@ -2,7 +2,9 @@
 
 Every route requires ``Authorization: Bearer <admin token>``, compared in constant time
 (:func:`gpugate.web.api.authorize_admin`). Without an admin token configured
-(``admin_token_env`` unset or empty) the admin API refuses everything.
+(``admin_token_env`` unset or empty) the admin API refuses everything. A client that offers
+wrong tokens too often is refused for a while (429 ``TOO_MANY_ATTEMPTS``; the console login
+shares the same throttle: :func:`~gpugate.web.api.throttled_match`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from gpugate.core.gpu.health import gpu_key_for
 from gpugate.core.registry import UpstreamState
 from gpugate.errors import BadRequest
 from gpugate.store import AuditEvent
-from gpugate.web.api import operation, route, token_matches
+from gpugate.web.api import operation, route, throttled_match
 from gpugate.web.schemas.admin import (
     AdminHeaders,
     EndpointView,
@@ -31,8 +33,8 @@ from gpugate.web.schemas.admin import (
 from gpugate.web.schemas.operation import Answer, Security
 from gpugate.wiring import Gateway
 
-__all__ = ["clear_gpu_fault", "gpus_view", "routes", "token_matches", "upstream_view"]
-__all__ += ["valid_actor_name"]  # the console's login checks names and tokens the same way
+__all__ = ["clear_gpu_fault", "gpus_view", "routes", "upstream_view"]
+__all__ += ["throttled_match", "valid_actor_name"]  # the console's login checks them the same way
 
 TAGS = ("admin",)
 admin = partial(operation, Security.ADMIN, tags=TAGS)  # every operation here

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import inspect
+import math
 import typing
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -28,7 +29,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gpugate.errors import BadRequest, Unauthorized
+from gpugate.core.throttle import client_key
+from gpugate.errors import BadRequest, TooManyAttempts, Unauthorized
 from gpugate.web.bodies import json_body
 from gpugate.web.schemas.common import View, validation_message
 from gpugate.web.schemas.operation import Answer, RawBody, Security, Spec
@@ -44,6 +46,26 @@ def token_matches(offered: str, token: str) -> bool:
     return hmac.compare_digest(offered.encode(), token.encode())
 
 
+def throttled_match(request: Request, gateway: Gateway, offered: str, token: str) -> bool:
+    """Whether ``offered`` is the admin ``token``; :class:`TooManyAttempts` first when this
+    client has offered wrong ones too often (issue #15 finding 8: no brute force of the token
+    through the console or the admin API)."""
+    throttle = gateway.login_throttle
+    key = client_key(request.client.host if request.client is not None else None)
+    now = gateway.clock.monotonic()
+    wait = throttle.retry_after(key, now)
+    if wait is not None:
+        raise TooManyAttempts(
+            f"too many wrong admin tokens from this address; try again in {math.ceil(wait)} s",
+            retry_after_s=wait,
+        )
+    if token_matches(offered, token):
+        throttle.succeeded(key)
+        return True
+    throttle.failed(key, now)
+    return False
+
+
 def authorize_admin(request: Request, gateway: Gateway) -> None:
     """:class:`Unauthorized` unless the request carries ``Authorization: Bearer <admin token>``;
     without an admin token configured the admin API refuses everything."""
@@ -53,7 +75,9 @@ def authorize_admin(request: Request, gateway: Gateway) -> None:
             "the admin API is disabled: no admin token is configured (admin_token_env)"
         )
     scheme, _, offered = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token_matches(offered, token):
+    if scheme.lower() != "bearer" or not offered:
+        raise Unauthorized("missing or wrong admin token")
+    if not throttled_match(request, gateway, offered, token):
         raise Unauthorized("missing or wrong admin token")
 
 

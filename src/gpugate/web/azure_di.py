@@ -14,6 +14,7 @@ from gpugate.services.azure_di import (
     AzureDocumentIntelligence,
     DiRequest,
     allow_external,
+    gateway_base,
     rewrite_location,
 )
 from gpugate.services.proxy import Outbound, Reply
@@ -34,16 +35,22 @@ async def forward(request: Request) -> Response:
       passed through, go to the `azure-di` upstream listing `{model}` with its key in
       `Ocp-Apim-Subscription-Key`. The 202's `Operation-Location` is rewritten to the gateway.
       Never shed (no GPU of ours). Header `X-Allow-External: false` refuses the request.
+      Operation-Location is built on server.public_url, or on the client's Host when that is a
+      loopback name or the listen host (any other Host: 400).
     responses:
       202: {description: "analyze accepted: Operation-Location, Retry-After"}
       200: {description: "the analysis: status notStarted, running, succeeded or failed"}
-      400: {description: BAD_REQUEST (not an analyze or poll path)}
+      400: {description: BAD_REQUEST (not an analyze or poll path, or an unknown Host)}
       403: {description: EXTERNAL_UPSTREAM_FORBIDDEN (X-Allow-External false)}
       404: {description: UNKNOWN_MODEL}
     """
     gateway: Gateway = request.app.state.gateway
     facade = gateway.azure_di
     assert facade is not None
+    config = gateway.config
+    base_url = gateway_base(
+        config.server.public_url, config.host, str(request.base_url), request.headers.get("host")
+    )
     cls = parse_request_class(
         request.headers.get("x-request-class"), default=RequestClass.INTERACTIVE
     )
@@ -59,7 +66,7 @@ async def forward(request: Request) -> Response:
         cls,
     )
     out = facade.outbound(di, external_allowed=allow_external(request.headers.get(ALLOW_EXTERNAL)))
-    return await _relay(facade, out, str(request.base_url))
+    return await _relay(facade, out, base_url)
 
 
 async def _relay(facade: AzureDocumentIntelligence, out: Outbound, base_url: str) -> Response:

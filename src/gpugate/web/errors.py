@@ -31,6 +31,7 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.MethodNotAllowed: 405,
     errors.Unauthorized: 401,
     errors.CsrfRejected: 403,
+    errors.TooManyAttempts: 429,
     errors.UnknownModel: 404,
     errors.UnknownUpstream: 404,
     errors.JobNotFound: 404,

@@ -38,7 +38,13 @@ SCHEMES: dict[str, dict[str, str]] = {
     "worker": {
         "type": "http",
         "scheme": "bearer",
-        "description": "the secret of the push runtime holding the job's lease (push.secret_env)",
+        "description": "push.auth bearer: the secret of the push runtime holding the job's lease",
+    },
+    "workerSignature": {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-Gpugate-Signature",
+        "description": "push.auth signed (the default): the request signed with the runtime's key",
     },
     "clientKey": {
         "type": "http",
@@ -53,7 +59,7 @@ SECURITY: dict[Security, list[dict[str, list[str]]]] = {
     Security.NONE: [],
     Security.CLIENT: [{}, {"clientKey": []}, {"clientApiKey": []}, {"clientXApiKey": []}],
     Security.ADMIN: [{"admin": []}],
-    Security.WORKER: [{"worker": []}],
+    Security.WORKER: [{"workerSignature": []}, {"worker": []}],
     Security.CONSOLE: [{"consoleSession": []}],
 }
 PAGE = {"type": "string", "description": "an HTML page saying what went wrong"}

@@ -6,6 +6,13 @@ gives no answer that settles them — it is down, restarting, overloaded (429, 5
 at the first that does: 2xx (taken) or any other 4xx (refused for good: a stale lease, another
 runtime's job, an unknown job). A worker therefore survives a gateway restart without losing a
 report.
+
+Signed (the default): each report is signed with the worker-to-gateway key derived from the
+secret (:mod:`gpugate.push_signature`), lease token included, and the gateway's answer must be
+signed for that very request with the gateway-to-worker key — an answer that is not (forged, or
+from something else listening there) counts as no answer, and the report is sent again. With
+``auth="bearer"`` (a wave-1 gateway) the secret goes as a bearer token and answers are taken as
+they come.
 """
 
 from __future__ import annotations
@@ -13,13 +20,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
+from gpugate import push_signature
 from gpugate.worker.calls import FinalReport, Push, answered, failed
 
 log = logging.getLogger("gpugate.worker.links")
@@ -63,7 +73,7 @@ class Links:
     """The gateway at ``gateway_url`` (reports carry ``secret``) and the model server at
     ``upstream_url``."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the three addresses, then keyword-only knobs
         self,
         gateway_url: str,
         secret: str,
@@ -73,9 +83,16 @@ class Links:
         backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
         max_call_s: float = 3600.0,
+        auth: str = "signed",
+        gateway_tls: ssl.SSLContext | None = None,
+        runtime_id: str | None = None,
     ) -> None:
         self._gateway = gateway_url.rstrip("/")
         self._secret = secret
+        self._auth = auth
+        self._gateway_tls = gateway_tls
+        self._runtime_id = runtime_id  # the key hint of signed reports
+        self._from_gateway = push_signature.derive_key(secret, push_signature.GATEWAY_TO_WORKER)
         self._upstream = upstream_url.rstrip("/")
         self._report_timeout = aiohttp.ClientTimeout(total=report_timeout_s)
         self._backoff_s = backoff_s
@@ -98,19 +115,46 @@ class Links:
     ) -> Answer:
         """One attempt at a report."""
         assert self._session is not None, "Links.start() was not awaited"
-        headers = {"Authorization": f"Bearer {self._secret}", LEASE_HEADER: token}
+        target = URL(self._gateway + path)
+        data = b"" if body is None else json.dumps(body).encode()
+        headers, nonce = push_signature.credentials(
+            self._secret,
+            push_signature.WORKER_TO_GATEWAY,
+            self._auth,
+            method=method,
+            target=target.raw_path_qs,
+            body=data,
+            lease_token=token,
+            key_id=self._runtime_id,
+        )
+        headers[LEASE_HEADER] = token
+        if body is not None:
+            headers["Content-Type"] = "application/json"
         try:
             async with self._session.request(
                 method,
-                self._gateway + path,
-                json=body,
+                target,
+                data=data or None,
                 headers=headers,
                 timeout=self._report_timeout,
+                ssl=self._gateway_tls if self._gateway_tls is not None else True,
             ) as resp:
                 raw = await resp.read()
+                if nonce is not None and not self._authentic(resp, raw, nonce):
+                    return Answer(0, error=f"the gateway's {resp.status} answer is not signed")
                 return Answer(resp.status, _json_or_none(raw))
         except (TimeoutError, aiohttp.ClientError) as exc:
             return Answer(0, error=f"{type(exc).__name__}: {exc}")
+
+    def _authentic(self, resp: aiohttp.ClientResponse, raw: bytes, nonce: str) -> bool:
+        return push_signature.response_valid(
+            self._from_gateway,
+            push_signature.GATEWAY_TO_WORKER,
+            resp.headers.get(push_signature.HEADER),
+            request_nonce=nonce,
+            status=resp.status,
+            body=raw,
+        )
 
     async def deliver(
         self, method: str, path: str, token: str, body: dict[str, Any] | None = None

@@ -1,5 +1,9 @@
 """The push worker's HTTP face (``/calls``, DESIGN §3 push protocol) and its process.
 
+Every ``/calls`` request must carry the gateway's signature (or with ``--auth bearer`` the
+runtime's secret as a bearer token), else 401; a replayed one is 401 too. Every answer to a
+signed request is signed for it (:func:`_signed`), so the gateway can believe it.
+
 * ``POST /calls`` — a push: ``202 {"call_id"}``; 401 without the runtime's secret, 400 for a
   body it cannot run, 429 (``Retry-After``) when every ``--concurrency`` slot is taken;
 * ``GET /calls/{call_id}`` — ``{"state": queued|running|completed|failed, ...}`` with the
@@ -7,7 +11,9 @@
 * ``DELETE /calls/{call_id}`` — cancel: 204, or 404 for an unknown call;
 * ``GET /healthz`` — liveness, without the secret.
 
-:func:`serve_worker` runs the whole process until SIGTERM/SIGINT or ``--idle-exit-s``.
+:func:`serve_worker` runs the whole process until SIGTERM/SIGINT or ``--idle-exit-s``, over TLS
+with ``--tls-cert-file``/``--tls-key-file`` (and ``--tls-client-ca-file``: the gateway must
+present a certificate that CA signed).
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ import contextlib
 import json
 import logging
 import signal
-from collections.abc import AsyncIterator
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from gpugate.push_signature import HEADER, BadSignature
 from gpugate.worker.calls import Push
 from gpugate.worker.links import Links
 from gpugate.worker.outbox import Outbox
@@ -39,17 +47,30 @@ def _error(status: int, code: str, message: str, **headers: str) -> web.Response
     return web.json_response(body, status=status, headers=headers or None)
 
 
-def _authorized(request: web.Request) -> Worker | web.Response:
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _signed(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """Admit only the gateway's requests to ``/calls``; sign every answer to a signed one."""
+    if not request.path.startswith("/calls"):
+        return await handler(request)
     worker = request.app[_WORKER]
-    if not worker.authorized(request.headers.get("Authorization")):
-        return _error(401, "UNAUTHORIZED", "missing or wrong runtime secret")
-    return worker
+    body = await request.read()
+    try:
+        nonce = worker.admit(request.method, request.raw_path, body, request.headers)
+    except BadSignature as exc:
+        log.warning("refused %s %s: %s", request.method, request.path, exc)
+        return _error(401, "UNAUTHORIZED", f"not the gateway's request: {exc}")
+    response = await handler(request)
+    if nonce is not None and isinstance(response, web.Response):
+        raw = response.body if isinstance(response.body, bytes) else b""
+        response.headers[HEADER] = worker.sign_answer(nonce, response.status, raw)
+    return response
 
 
 async def _push(request: web.Request) -> web.Response:
-    worker = _authorized(request)
-    if isinstance(worker, web.Response):
-        return worker
+    worker = request.app[_WORKER]
     try:
         push = Push.parse(json.loads(await request.read()))
     except ValueError as exc:  # PushRejected, or the body is not JSON
@@ -63,9 +84,7 @@ async def _push(request: web.Request) -> web.Response:
 
 
 async def _status(request: web.Request) -> web.Response:
-    worker = _authorized(request)
-    if isinstance(worker, web.Response):
-        return worker
+    worker = request.app[_WORKER]
     view = worker.status(request.match_info["call_id"])
     if view is None:
         return web.json_response({"state": "unknown"}, status=404)
@@ -73,9 +92,7 @@ async def _status(request: web.Request) -> web.Response:
 
 
 async def _cancel(request: web.Request) -> web.Response:
-    worker = _authorized(request)
-    if isinstance(worker, web.Response):
-        return worker
+    worker = request.app[_WORKER]
     if not worker.cancel(request.match_info["call_id"]):
         return web.json_response({"state": "unknown"}, status=404)
     return web.Response(status=204)
@@ -90,13 +107,36 @@ async def _healthz(request: web.Request) -> web.Response:
 
 def make_app(worker: Worker) -> web.Application:
     """The ``/calls`` routes over ``worker``."""
-    app = web.Application(client_max_size=_MAX_BODY)
+    app = web.Application(client_max_size=_MAX_BODY, middlewares=[_signed])
     app[_WORKER] = worker
     app.router.add_post("/calls", _push)
     app.router.add_get("/calls/{call_id}", _status)
     app.router.add_delete("/calls/{call_id}", _cancel)
     app.router.add_get("/healthz", _healthz)
     return app
+
+
+def worker_tls(settings: WorkerSettings) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """The TLS context ``/calls`` is served with (None: plain HTTP) and the one reports to an
+    ``https://`` gateway use (None: the system's CAs): it trusts ``--gateway-ca-file`` and
+    presents the worker's own certificate to a gateway that requires one."""
+    served = None
+    if settings.tls_cert_file is not None:
+        served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        served.minimum_version = ssl.TLSVersion.TLSv1_2
+        served.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+        if settings.tls_client_ca_file is not None:
+            served.load_verify_locations(cafile=settings.tls_client_ca_file)
+            served.verify_mode = ssl.CERT_REQUIRED
+    outgoing = None
+    if settings.gateway_ca_file is not None or settings.tls_cert_file is not None:
+        outgoing = ssl.create_default_context(
+            cafile=str(settings.gateway_ca_file) if settings.gateway_ca_file else None
+        )
+        outgoing.minimum_version = ssl.TLSVersion.TLSv1_2
+        if settings.tls_cert_file is not None:
+            outgoing.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    return served, outgoing
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,17 +152,26 @@ async def running_worker(
     settings: WorkerSettings, host: str, port: int
 ) -> AsyncIterator[RunningWorker]:
     """The worker serving ``/calls`` on ``host:port`` (0: a free port) for the block."""
-    links = Links(settings.gateway_url, settings.secret, settings.upstream_url)
+    served, gateway_tls = worker_tls(settings)
+    links = Links(
+        settings.gateway_url,
+        settings.secret,
+        settings.upstream_url,
+        auth=settings.auth,
+        gateway_tls=gateway_tls,
+        runtime_id=settings.runtime_id,
+    )
     await links.start()
     worker = Worker(settings, links, Outbox(settings.state_dir))
     runner = web.AppRunner(make_app(worker), access_log=None)
     try:
         await worker.start()
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=served)
         await site.start()
         bound = runner.addresses[0][1]
-        url = f"http://{f'[{host}]' if ':' in host else host}:{bound}"
+        scheme = "https" if served is not None else "http"
+        url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{bound}"
         log.info(
             "gpugate worker %s listening on %s/calls, reporting to %s",
             settings.runtime_id,

@@ -25,10 +25,12 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpugate import push_signature
 from gpugate.worker.calls import Call, Push
 from gpugate.worker.links import Links
 from gpugate.worker.outbox import Outbox
@@ -55,6 +57,11 @@ class WorkerSettings:
     concurrency: int = 1
     idle_exit_s: float | None = None
     remember: int = 1024
+    auth: str = "signed"  # or "bearer": a wave-1 gateway (the secret as a bearer token)
+    tls_cert_file: Path | None = None  # serve /calls over TLS (and present it to an mTLS gateway)
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None  # require the gateway's client certificate
+    gateway_ca_file: Path | None = None  # trust this CA for an https:// gateway
 
 
 class Worker:
@@ -65,6 +72,11 @@ class Worker:
         self._links = links
         self._outbox = outbox
         self._secret = settings.secret.encode()
+        self._key = push_signature.derive_key(settings.secret, push_signature.GATEWAY_TO_WORKER)
+        self._answer_key = push_signature.derive_key(
+            settings.secret, push_signature.WORKER_TO_GATEWAY
+        )
+        self._nonces = push_signature.NonceCache()
         self._calls: OrderedDict[str, Call] = OrderedDict()
         self._by_lease: dict[tuple[str, str], str] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -115,11 +127,42 @@ class Worker:
 
     # -- the push protocol -----------------------------------------------------------------
 
-    def authorized(self, authorization: str | None) -> bool:
-        """``Authorization: Bearer <secret>``, compared in constant time."""
-        scheme, _, offered = (authorization or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            offered.strip().encode(), self._secret
+    def admit(
+        self, method: str, target: str, body: bytes, headers: Mapping[str, str]
+    ) -> str | None:
+        """Whether the gateway sent this request: its signature (the request's nonce, to sign
+        the answer with), or with ``auth="bearer"`` its bearer secret (None);
+        :class:`~gpugate.push_signature.BadSignature` otherwise, replays included."""
+        if self.settings.auth == "bearer":
+            scheme, _, offered = headers.get("Authorization", "").partition(" ")
+            if scheme.lower() == "bearer" and hmac.compare_digest(
+                offered.strip().encode(), self._secret
+            ):
+                return None
+            raise push_signature.BadSignature("missing or wrong runtime secret")
+        now = time.time()
+        _, signed = push_signature.verify_request(
+            [(self.settings.runtime_id, self._key)],
+            push_signature.GATEWAY_TO_WORKER,
+            headers.get(push_signature.HEADER),
+            method=method,
+            target=target,
+            body=body,
+            lease_token=None,
+            now=now,
+        )
+        if not self._nonces.admit(signed, now):
+            raise push_signature.BadSignature("a replayed request (its nonce was seen)")
+        return signed.nonce
+
+    def sign_answer(self, nonce: str, status: int, body: bytes) -> str:
+        """The signature of this worker's answer to the request with ``nonce``."""
+        return push_signature.sign_response(
+            self._answer_key,
+            push_signature.WORKER_TO_GATEWAY,
+            request_nonce=nonce,
+            status=status,
+            body=body,
         )
 
     def accept(self, push: Push) -> str:

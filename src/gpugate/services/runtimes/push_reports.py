@@ -1,14 +1,15 @@
 """The worker routes' use cases: a push worker drives its job (DESIGN §3, worker routes).
 
-A worker proves two things with every report: **who** it is — ``Authorization: Bearer
-<secret>``, the secret of a push runtime (compared in constant time) — and **which call** it
-runs — ``X-Lease-Token``, the token the job's lease was given with the call. A report is
-accepted only from the runtime holding the job's lease (the call's runtime once it is
-recorded; the job's runner while the dispatcher is still submitting it) and only with the
-current token; anything else is refused and changes nothing:
+A worker proves two things with every report: **who** it is — the push runtimes whose
+signature (or, for ``push.auth: bearer``, secret) the request carries, established by the web
+layer with :class:`~gpugate.core.push_keys.PushKeys` — and **which call** it runs —
+``X-Lease-Token``, the token the job's lease was given with the call. A report is accepted only
+from the runtime holding the job's lease (the call's runtime once it is recorded; the job's
+runner while the dispatcher is still submitting it) and only with the current token; anything
+else is refused and changes nothing:
 
-* no or an unknown secret → :class:`~gpugate.errors.Unauthorized` (401);
-* another runtime's secret → :class:`~gpugate.errors.WrongRuntime` (403);
+* no or an unknown signature or secret → :class:`~gpugate.errors.Unauthorized` (401, PushKeys);
+* another runtime's → :class:`~gpugate.errors.WrongRuntime` (403);
 * a stale token, or a job no longer leased → :class:`~gpugate.errors.LeaseTokenStale` (409).
 
 The reports: ``claimed`` (``dispatching → running``), ``lease`` (extend by ``jobs.quiet_s``),
@@ -30,7 +31,6 @@ from gpugate.errors import (
     BadRequest,
     JobNotFound,
     LeaseTokenStale,
-    Unauthorized,
     WrongRuntime,
 )
 from gpugate.services.results import Results
@@ -97,15 +97,14 @@ class Failure:
 class PushReports:
     """Checks and applies a push worker's reports; see the module docstring.
 
-    ``secrets`` maps each push runtime id to its secret. ``on_finished`` is called when a
-    report ends the call (completed, failed or back in the queue): wiring gives the dispatcher's
-    ``slot_freed``, so a job waiting for capacity runs at once.
+    ``on_finished`` is called when a report ends the call (completed, failed or back in the
+    queue): wiring gives the dispatcher's ``slot_freed``, so a job waiting for capacity runs at
+    once.
     """
 
     def __init__(
         self,
         store: JobStore,
-        secrets: Mapping[str, str],
         config: Callable[[], GatewayConfig],
         *,
         on_finished: Callable[[], None] | None = None,
@@ -113,30 +112,8 @@ class PushReports:
     ) -> None:
         self._store = store
         self._results = results or Results()  # Results(): every result inline
-        self._secrets = {rid: secret.encode() for rid, secret in secrets.items() if secret}
         self._config = config
         self.on_finished = on_finished
-
-    def add_secret(self, runtime_id: str, secret: str) -> None:
-        """Accept ``secret`` as push runtime ``runtime_id``'s (a runtime a new config adds)."""
-        if secret:
-            self._secrets[runtime_id] = secret.encode()
-
-    def authenticate(self, authorization: str | None) -> frozenset[str]:
-        """The push runtimes whose secret the ``Authorization`` header carries."""
-        scheme, _, offered = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not offered:
-            raise Unauthorized("a push worker authenticates with Authorization: Bearer <secret>")
-        offered_bytes = offered.strip().encode()
-        # Every secret is compared, so the time taken does not tell which one came close.
-        matches = {
-            rid
-            for rid, secret in self._secrets.items()
-            if hmac.compare_digest(offered_bytes, secret)
-        }
-        if not matches:
-            raise Unauthorized("the secret is not that of any push runtime")
-        return frozenset(matches)
 
     async def claimed(
         self, slug: str, runtimes: frozenset[str], token: str | None
@@ -265,7 +242,7 @@ class PushReports:
             self.on_finished()
 
     def __repr__(self) -> str:
-        return f"<PushReports runtimes={sorted(self._secrets)}>"
+        return f"<PushReports results={self._results!r}>"
 
 
 def _holder(job: JobRecord) -> str | None:

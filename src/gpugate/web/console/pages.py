@@ -16,15 +16,17 @@ from gpugate.errors import (
     ConfigError,
     CsrfRejected,
     GpugateError,
+    TooManyAttempts,
     Unauthorized,
 )
 from gpugate.services.config_preview import ConfigPreview, media_of
-from gpugate.web.admin import clear_gpu_fault, token_matches, valid_actor_name
+from gpugate.web.admin import clear_gpu_fault, throttled_match, valid_actor_name
 from gpugate.web.admin_config import exported
 from gpugate.web.admin_runtimes import MAX_REASON, VERBS
 from gpugate.web.bodies import read_body, refuse_unstorable
 from gpugate.web.console import session, views
-from gpugate.web.errors import status_of
+from gpugate.web.console.revocations import Revocations
+from gpugate.web.errors import error_headers, status_of
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -42,11 +44,6 @@ Page = Callable[["Request", "Gateway", session.Session], Awaitable[Response]]
 def _gateway(request: Request) -> Gateway:
     gateway: Gateway = request.app.state.gateway
     return gateway
-
-
-def _session(request: Request, gateway: Gateway) -> session.Session | None:
-    now = gateway.clock.now().timestamp()
-    return session.verify(gateway.admin_token, request.cookies.get(session.COOKIE), now)
 
 
 def _safe_next(raw: str | None) -> str:
@@ -89,6 +86,7 @@ class Pages:
 
     def __init__(self, templates: Templates) -> None:
         self._templates = templates
+        self._revocations = Revocations()
         self.overview = self._page(self._overview)
         self.runtimes = self._page(self._runtimes)
         self.runtime = self._page(self._runtime)
@@ -105,6 +103,16 @@ class Pages:
         self.rollback_config = self._action(self._rollback_config)
 
     # -- plumbing -----------------------------------------------------------------------------
+
+    async def _session(self, request: Request, gateway: Gateway) -> session.Session | None:
+        """The request's session: signed, unexpired, and not logged out on any replica."""
+        now = gateway.clock.now()
+        cookie = request.cookies.get(session.COOKIE)
+        who = session.verify(gateway.admin_token, cookie, now.timestamp())
+        if who is None:
+            return None
+        await self._revocations.refresh(gateway.store, now, gateway.clock.monotonic())
+        return None if self._revocations.revoked(who) else who
 
     def _html(
         self,
@@ -133,7 +141,7 @@ class Pages:
     def _page(self, handler: Page) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             gateway = _gateway(request)
-            who = _session(request, gateway)
+            who = await self._session(request, gateway)
             if who is None:
                 if request.query_params.get("fragment") == "1":
                     return Response("session expired", status_code=401)
@@ -150,7 +158,7 @@ class Pages:
     def _action(self, handler: Page) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             gateway = _gateway(request)
-            who = _session(request, gateway)
+            who = await self._session(request, gateway)
             if who is None:
                 raise Unauthorized("no console session: log in at /console/login")
             form = await _form(request, gateway)
@@ -181,16 +189,22 @@ class Pages:
         token, name = gateway.admin_token, form.get("name", "").strip()
         target = _safe_next(form.get("next"))
         offered = form.get("token", "")
-        problem = None
-        if token is None:
-            problem = "The console is off: no admin token is configured."
-        elif not token_matches(offered, token):
-            problem = "Wrong admin token."
-        elif name and not valid_actor_name(name):  # no name: the actor is "console"
-            problem = "A name is up to 64 letters, digits, '.', '_', '@' or '-'."
+        problem, status, wait = None, 401, None
+        try:
+            if token is None:
+                problem = "The console is off: no admin token is configured."
+            elif not throttled_match(request, gateway, offered, token):
+                problem = "Wrong admin token."
+            elif name and not valid_actor_name(name):  # no name: the actor is "console"
+                problem = "A name is up to 64 letters, digits, '.', '_', '@' or '-'."
+        except TooManyAttempts as exc:
+            problem, status, wait = exc.message, 429, exc
         if problem is not None:
             context = {"next": target, "problem": problem}
-            return self._html(request, "login.html", context, None, status=401)
+            page = self._html(request, "login.html", context, None, status=status)
+            if wait is not None:
+                page.headers.update(error_headers(wait))
+            return page
         assert token is not None  # a problem above otherwise
         now = gateway.clock.now().timestamp()
         response = RedirectResponse(target, status_code=303)
@@ -206,6 +220,7 @@ class Pages:
         return response
 
     async def _logout(self, request: Request, gateway: Gateway, who: session.Session) -> Response:
+        await self._revocations.revoke(gateway.store, who, who.actor)
         response = RedirectResponse("/console/login", status_code=303)
         response.delete_cookie(
             session.COOKIE,

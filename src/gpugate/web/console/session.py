@@ -2,10 +2,12 @@
 
 The cookie holds ``{"exp", "who", "nonce"}``, base64url-encoded, and an HMAC-SHA256 of it. The
 signing key is derived from the admin token (HMAC of a fixed label), so every replica accepts the
-sessions of every other one, and changing the admin token ends every session at once. Sessions
-are stateless: logging out clears the cookie in the browser; a copied cookie stays valid until
-it expires (``SESSION_S``). The CSRF token is the HMAC of the session's nonce under the same key:
-every console POST must carry it (form field ``csrf`` or header ``X-CSRF-Token``).
+sessions of every other one, and changing the admin token ends every session at once. Logging
+out revokes the session on the server too (:mod:`.revocations`: the session's id, a hash of its
+nonce, is recorded in the audit log, which every replica reads), so a copied cookie stops working
+at once on that replica and within ``REVOCATION_POLL_S`` on the others. The CSRF token is the
+HMAC of the session's nonce under the same key: every console POST must carry it (form field
+``csrf`` or header ``X-CSRF-Token``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Session:
     who: str
     expires: float
     csrf: str
+    sid: str  # the session's id: a hash of its nonce (what a logout revokes; not a secret)
 
     @property
     def actor(self) -> str:
@@ -82,7 +85,8 @@ def verify(admin_token: str | None, value: str | None, now: float) -> Session | 
         return None
     if expires <= now:
         return None
-    return Session(who=who, expires=expires, csrf=_csrf(key, nonce))
+    sid = hashlib.sha256(b"sid|" + nonce.encode()).hexdigest()[:32]
+    return Session(who=who, expires=expires, csrf=_csrf(key, nonce), sid=sid)
 
 
 def csrf_ok(session: Session, offered: str | None) -> bool:

@@ -129,6 +129,8 @@ _LOGIN = Spec(
         401: Answer("the login page again, saying what was wrong", media="text/html", schema=HTML),
     },
     body=RawBody({"application/x-www-form-urlencoded": LoginForm}),
+    errors={429: "TOO_MANY_ATTEMPTS: too many wrong tokens from this client (Retry-After)"},
+    error_media=_PAGES,
 )
 
 OPERATIONS = (

@@ -21,6 +21,12 @@ MESSAGE_LIMIT = 2000
 
 
 class WorkerHeaders(Query):
+    signature: str | None = Field(
+        None,
+        alias="X-Gpugate-Signature",
+        description="push.auth signed (the default): the HMAC over the method, path, lease token "
+        "and body digest with the runtime's worker-to-gateway key",
+    )
     lease_token: str | None = Field(
         None,
         alias="X-Lease-Token",

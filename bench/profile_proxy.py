@@ -1,0 +1,154 @@
+"""Where a proxy's CPU goes per non-streaming request: py-spy on it under wrk, as a budget.
+
+For each target (default: gpugate, then the protocol-level prototype), one core each as in
+``proxy.py``: a wrk run without the profiler measures the CPU per request; a second one under
+``py-spy record`` (200 Hz, the target's own stacks) says how it divides. Each sample goes to
+the first category whose rule matches its stack, looking from the innermost frame outwards
+(so ``json.loads`` called by the data plane counts as the body's parse, and a ``socket.send``
+inside aiohttp as the upstream client). The budget is the share of samples times the CPU per
+request measured without the profiler.
+
+    python bench/profile_proxy.py [--duration 5] [--targets gpugate,p-proto] [--out DIR]
+
+The raw stacks are kept in ``--out`` (``<target>.txt``, one line per distinct stack) for a
+closer look (e.g. with ``jobs_profile.summarise``). py-spy samples Python frames: the kernel's
+share of a socket write or read counts for the Python frame that made the call (uvicorn's, or
+aiohttp's, or the prototype's), and the event loop's own C code (epoll, reads, callbacks) shows
+as ``asyncio/runners.py``. Granian's targets are not profiled (its Python runs in a child).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from jobs_profile import recording
+from proxy_load import BODIES, run_wrk
+from proxy_report import table
+from proxy_targets import CHAT, PROTOTYPES, BenchError, Cores, Processes, Setup, start_all
+from venvs import CANDIDATES, VenvError
+
+from proxy import ensure_tools, ensure_venvs, raise_fd_limit
+
+# (category, pattern on "function (path)" of a frame); the first that matches the innermost
+# frame that matches anything decides.
+RULES: list[tuple[str, re.Pattern[str]]] = [
+    (name, re.compile(pattern))
+    for name, pattern in (
+        (
+            "parse the body (json, the hardening walk)",
+            r"\(json/|_routing_fields|_parse_doc|orjson|msgspec|parse_json|gpugate/(config/untrusted|web/bodies)",
+        ),
+        ("pick (core/picking)", r"gpugate/core/picking\.py"),
+        ("admission (core/admission)", r"gpugate/core/admission\.py"),
+        ("metrics (prometheus_client)", r"prometheus_client/|gpugate/metrics\.py|Metrics\.record"),
+        ("logging", r"\(logging/|gpugate/logs\.py|contextvars"),
+        ("idempotency, request ids", r"gpugate/services/idempotency|gpugate/web/requestid"),
+        ("aiohttp client: send", r"aiohttp/(client|connector|client_reqrep|helpers|cookiejar)\.py"),
+        ("aiohttp client: read the answer", r"aiohttp/(client_proto|streams|http_parser)\.py"),
+        ("aiohttp (other)", r"aiohttp/|multidict|yarl/"),
+        ("raw upstream client (httptools)", r"hotpath_upstream\.py"),
+        ("Starlette", r"starlette/"),
+        ("ASGI middleware: headers, shutdown", r"gpugate/web/(response_headers|shutdown)\.py"),
+        ("ASGI server: uvicorn", r"uvicorn/"),
+        ("data plane: web/dataplane.py", r"gpugate/web/dataplane\.py"),
+        ("request path: services/proxy.py", r"gpugate/services/proxy\.py"),
+        ("adapter: upstream_client.py", r"gpugate/adapters/upstream_client\.py"),
+        ("gpugate (other)", r"gpugate/"),
+        ("prototype: server and relay", r"hotpath_proto\.py|hotpath_apps\.py"),
+        ("prototype: hot path", r"hotpath\.py"),
+        ("asyncio tasks and futures", r"\(asyncio/(tasks|futures|locks|timeouts|events)\.py"),
+        ("event loop (uvloop: sockets, epoll, callbacks)", r"\(asyncio/runners\.py|uvloop"),
+    )
+]
+OTHER = "other"
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<path>[^()]*):\d+\)$")
+
+
+def categorise(stack: str) -> str:
+    """The category of one sample's stack (``frame;frame;...``, outermost first)."""
+    for frame in reversed(stack.split(";")):
+        match = _FRAME.match(frame)
+        text = f"{match['func']} ({match['path']})" if match else frame
+        for name, pattern in RULES:
+            if pattern.search(text):
+                return name
+    return OTHER
+
+
+def budget(raw: Path) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit() and "Thread._bootstrap" not in stack:  # the event loop only
+            counts[categorise(stack)] += int(count)
+    return counts
+
+
+def print_budget(target: str, counts: Counter[str], cpu_us: float, rps: float) -> None:
+    total = counts.total()
+    print(
+        f"\n== {target}: {cpu_us:,.0f} µs of CPU per request at {rps:,.0f} req/s"
+        f" (wrk -c64, no profiler); {total:,} samples under py-spy =="
+    )
+    rows = [
+        [name, f"{n / total:.1%}", f"{n / total * cpu_us:,.1f}"] for name, n in counts.most_common()
+    ]
+    print(table(["where", "share", "µs/request"], rows))
+
+
+def profile(setup: Setup, wrk: str, target: str, duration: int, out: Path) -> None:
+    """The CPU per request without the profiler, then the budget under it, printed."""
+    url, pid = setup.url(target, "json", CHAT), setup.pid(target)
+    run_wrk(wrk, url, BODIES["chat"], 1, pid)  # warm-up
+    plain = run_wrk(wrk, url, BODIES["chat"], duration, pid)
+    raw = out / f"{target}.txt"
+    with recording(CANDIDATES.bin("py-spy"), pid, raw):
+        run_wrk(wrk, url, BODIES["chat"], duration, pid)
+    if not raw.exists():
+        raise BenchError(f"py-spy wrote nothing for {target}: see {raw.with_suffix('.log')}")
+    print_budget(target, budget(raw), plain.cpu_us, plain.rps)
+
+
+def run(targets: tuple[str, ...], duration: int, out: Path) -> None:
+    wrk, nginx = ensure_tools()
+    tools = ensure_venvs(("p-proto", *targets))  # py-spy lives in the candidates' venv
+    raise_fd_limit()
+    cores = Cores.split(pin=True)
+    print(f"cores: {cores.describe()}")
+    os.sched_setaffinity(0, cores.load)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gpugate-bench-") as tmp, Processes(Path(tmp)) as procs:
+        setup = start_all(procs, nginx, ("direct", *targets), cores, tools)
+        for target in targets:
+            profile(setup, wrk, target, duration, out)
+        procs.check()
+    print(f"\nraw stacks: {out}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=int, default=5)
+    parser.add_argument("--targets", default="gpugate,p-proto")
+    parser.add_argument("--out", type=Path, help="keep the raw stacks here")
+    args = parser.parse_args()
+    targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+    profiled = ("gpugate", "bare", *(t for t in PROTOTYPES if "rsgi" not in t))
+    if unknown := [t for t in targets if t not in profiled]:
+        print(f"profile: cannot profile {', '.join(unknown)}; any of {', '.join(profiled)}")
+        return 2
+    try:
+        run(targets, args.duration, args.out or Path(tempfile.mkdtemp(prefix="gpugate-profile-")))
+    except (BenchError, VenvError) as exc:
+        print(f"profile: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
