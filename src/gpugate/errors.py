@@ -40,6 +40,7 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── QueueTimeout               QUEUE_TIMEOUT
     │   ├── QueueFull                  QUEUE_FULL
     │   ├── NoHealthyUpstream          NO_HEALTHY_UPSTREAM
+    │   ├── GatewayOverloaded          GATEWAY_OVERLOADED: the gateway ran out of file descriptors
     │   └── ShuttingDown               SHUTTING_DOWN: the replica stops; another will answer
     ├── UpstreamError                  the upstream failed us
     │   ├── UpstreamTimeout            UPSTREAM_TIMEOUT
@@ -271,6 +272,12 @@ class NoHealthyUpstream(Refused):
     """No healthy upstream serves this model right now."""
 
     code = "NO_HEALTHY_UPSTREAM"
+
+
+class GatewayOverloaded(Refused):
+    """The gateway is overloaded (it ran out of file descriptors); retry shortly."""
+
+    code = "GATEWAY_OVERLOADED"
 
 
 class UpstreamError(GpugateError):
