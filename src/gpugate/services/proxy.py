@@ -69,6 +69,11 @@ log = logging.getLogger("gpugate.proxy")
 
 #: The longest an endpoint is backed off for one ``Retry-After`` (a bogus huge value is capped).
 MAX_ENDPOINT_BACKOFF_S = 60.0
+#: A 429/503 without ``Retry-After`` backs its endpoint off 1 s, doubling per signal in a row up
+#: to 8 s: long enough that the next requests go elsewhere, short enough that a recovered
+#: endpoint gets traffic back well within 10 s.
+LOAD_BACKOFF_S = 1.0
+MAX_LOAD_BACKOFF_S = 8.0
 _EVENT_STREAM = b"text/event-stream"
 
 
@@ -309,9 +314,7 @@ class Proxy:
         rules; the reply to relay, or None when every try failed (``run`` keeps why)."""
         try:
             upstreams = self.candidates(out)
-        except NoHealthyUpstream as exc:
-            if not (hop or last):
-                raise
+        except NoHealthyUpstream as exc:  # the whole model is out: the next one, at once
             run.fail(Failure(Outcome.BUSY_ENDPOINT, error=exc), Reason.OUT_OF_ROTATION)
             return None
         if hop and not out.allow_external:
@@ -527,11 +530,10 @@ class Proxy:
             if name == b"retry-after":
                 retry_after = parse_retry_after(value, datetime.now(UTC))
                 break
-        retry = upstream.config.retry
         if is_load_signal(status):
             wait = None if retry_after is None else min(retry_after, MAX_ENDPOINT_BACKOFF_S)
             picking.record_load_signal(
-                endpoint, now, wait, base_s=retry.backoff_s, max_s=retry.max_backoff_s
+                endpoint, now, wait, base_s=LOAD_BACKOFF_S, max_s=MAX_LOAD_BACKOFF_S
             )
             outcome = Outcome.RATE_LIMITED if status == 429 else Outcome.BUSY
         else:
