@@ -245,6 +245,9 @@ MEANING: dict[str, str] = {
     "(then `LEASE_LOST`)",
     "jobs.dispatcher_lease_s": "the lease a dispatcher holds on a job while it submits",
     "jobs.max_attempts_per_runtime": "submits of one job to one runtime before the walk moves on",
+    "jobs.busy_deadline_s": "a job every runtime refuses as busy (a worker's 429) or at capacity "
+    "waits — deferred `RUNTIME_BUSY` with jittered backoff, no attempt spent — until this long "
+    "after it was created, then fails `BUSY_DEADLINE`",
     "server": "process settings",
     "server.shutdown_grace_s": "on SIGTERM, how long requests in flight may finish",
     "server.drain_delay_s": (

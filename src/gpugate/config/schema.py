@@ -90,6 +90,7 @@ class JobsConfig(ConfigModel):
     max_rescues: int = Field(3, ge=0)
     dispatcher_lease_s: PositiveSeconds = 600.0
     max_attempts_per_runtime: int = Field(2, ge=1)
+    busy_deadline_s: PositiveSeconds = 3600.0  # no room this long after creation: fail
 
 
 class ServerConfig(ConfigModel):
