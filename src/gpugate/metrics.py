@@ -170,6 +170,12 @@ class Metrics:
             ["runtime"],
             registry=r,
         )
+        self.loop_restarts = Counter(  # labels: the loop names wiring starts (a fixed set)
+            "gateway_loop_restarts",
+            "Background loops restarted by the supervisor after they raised, by loop",
+            ["loop"],
+            registry=r,
+        )
 
     def count_jobs(
         self,

@@ -521,6 +521,8 @@ class Dispatcher:
                 await self.drain()
             except StoreError:
                 log.exception("dispatcher: the store failed; trying again at the next sweep")
+            except Exception:  # one bad pass must not end the loop (issue #17): next sweep
+                log.exception("dispatcher: a pass broke; trying again at the next sweep")
             if not self._stopping:
                 await self._wait()
 
