@@ -200,6 +200,14 @@ MEANING: dict[str, str] = {
     "upstreams[].first_byte_timeout_s": "time to the response's first byte; null: `timeout_s`",
     "upstreams[].health_path": "the path the active health probe GETs every 5 s",
     "upstreams[].api_key_env": "the variable holding a bearer key sent to this upstream",
+    "upstreams[].raw": "the opt-in for `/u/{id}/...` on an `azure-di`, `external` or keyed "
+    "upstream (without it such an upstream answers 403 `RAW_FORBIDDEN` there); null: `/u/` "
+    "reaches only internal upstreams without a key (docs/security.md)",
+    "upstreams[].raw.methods": "the HTTP methods `/u/` may forward to it",
+    "upstreams[].raw.path_prefixes": "the raw paths (below the upstream's base URL) `/u/` may "
+    "forward, by prefix",
+    "upstreams[].raw.send_key": "add the upstream's key (`api_key_env`) to `/u/` requests; "
+    "false: the client's headers go as they are, never the gateway's key",
     "runtimes": "where jobs run; absent ⇒ one runtime `local` of kind `upstream`",
     "runtimes[].id": "the runtime's name (`runner`, `fallback_chain`, the console)",
     "runtimes[].kind": "`upstream`: through the gateway's own upstreams; `push`: a machine "

@@ -224,6 +224,12 @@ class ExternalUpstreamForbidden(ClientError):
     code = "EXTERNAL_UPSTREAM_FORBIDDEN"
 
 
+class RawForbidden(ClientError):
+    """This upstream is not reachable through /u/ for this method and path (its `raw:` opt-in)."""
+
+    code = "RAW_FORBIDDEN"
+
+
 class IdempotencyConflict(ClientError):
     """A request with this Idempotency-Key is still in flight."""
 

@@ -43,6 +43,7 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.WrongRuntime: 403,
     errors.LeaseTokenStale: 409,
     errors.ExternalUpstreamForbidden: 403,
+    errors.RawForbidden: 403,
     errors.IdempotencyConflict: 409,
     errors.IdempotencyKeyReused: 422,
     errors.Refused: 503,
