@@ -28,7 +28,7 @@ from gpugate.core.classes import RequestClass
 from gpugate.core.picking import EndpointState
 from gpugate.core.registry import Registry, UpstreamState
 from gpugate.errors import GpugateError, UpstreamError
-from gpugate.metrics import Metrics
+from gpugate.metrics import Metrics, bounded
 from gpugate.services.shed import ShedGate
 
 
@@ -316,7 +316,7 @@ class Proxy:
 
     def finished(self, out: Outbound, upstream: UpstreamState | None, code: str) -> None:
         """Record one finished request (the reply's, or a refusal before any reply)."""
-        model = out.model or ""
+        model = bounded(out.model or "", self.registry.configured)  # never the client's own
         key = (model, upstream.id if upstream else "", out.cls.value, code)
         counter = self._counted.get(key)
         if counter is None:
