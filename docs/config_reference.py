@@ -271,6 +271,18 @@ MEANING: dict[str, str] = {
     "server.public_url": "the gateway's base URL as clients know it (e.g. "
     "`https://gpu.example.com`): the Azure DI facade builds `Operation-Location` from it; null: "
     "only a loopback or the `listen` host is accepted as `Host` there (docs/security.md)",
+    "server.header_timeout_s": "a client must send its request line and headers within this "
+    "(from connecting, or a keep-alive request's first byte), else 408 `REQUEST_TIMEOUT` and "
+    "the connection is closed",
+    "server.max_header_bytes": "the request line and headers together, at most (431 "
+    "`HEADERS_TOO_LARGE`)",
+    "server.max_headers": "request headers, at most (431 `HEADERS_TOO_LARGE`)",
+    "server.body_timeout_s": "the longest silence between two pieces of a request body while "
+    "the gateway waits for it (408 `REQUEST_TIMEOUT`)",
+    "server.max_connections": "client connections this replica serves at once; a request on "
+    "one more gets 503 `TOO_MANY_CONNECTIONS` with `Retry-After` (keep it below the fd limit)",
+    "server.max_waiters": "`POST /v1/jobs?wait=` requests waiting at once; one more gets its "
+    "job at once (202, created and running) and polls `GET /v1/jobs/{slug}`",
     "blobs": "where large job results go",
     "blobs.kind": "`local` (a directory) or `s3` (S3-compatible; needed by `modal` runtimes)",
     "blobs.dir": "the directory of the `local` blob store",

@@ -425,7 +425,7 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
 
     dispatcher = Dispatcher(store, runtimes, views, config, clock, on_stop=stops.fire)
 
-    waiter = JobWaiter(store, clock)
+    waiter = JobWaiter(store, clock, max_waiters=gateway.config.server.max_waiters)
 
     def call_ended() -> None:  # a slot is free, spend to settle, sync-front waiters look
         dispatcher.slot_freed()

@@ -103,6 +103,13 @@ class ServerConfig(ConfigModel):
     config_poll_s: PositiveSeconds = 2.0  # how often a replica looks for a new config/states
     behind_tls_proxy: bool = False  # clients reach us through a TLS-terminating proxy
     public_url: HttpUrl | None = None  # the gateway's address as clients know it
+    # connection limits (issue #15 finding 3): web/connections.py
+    header_timeout_s: PositiveSeconds = 10.0
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+    max_headers: int = Field(100, ge=1)
+    body_timeout_s: PositiveSeconds = 30.0
+    max_connections: int = Field(2048, ge=1)
+    max_waiters: int = Field(512, ge=0)  # POST /v1/jobs?wait= waiting at once
 
 
 def _implied_runtimes() -> list[RuntimeConfig]:

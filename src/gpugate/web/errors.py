@@ -44,6 +44,8 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.LeaseTokenStale: 409,
     errors.ExternalUpstreamForbidden: 403,
     errors.RawForbidden: 403,
+    errors.HeadersTooLarge: 431,
+    errors.RequestTimeout: 408,
     errors.IdempotencyConflict: 409,
     errors.IdempotencyKeyReused: 422,
     errors.Refused: 503,
