@@ -134,6 +134,9 @@ class GatewayConfig(ConfigModel):
     import_env: ImportEnvConfig = ImportEnvConfig()
     tls: TlsConfig | None = None  # HTTPS on listen and admin_listen; client_ca_file: mTLS
     admin_listen: ListenAddress | None = None  # /admin and /console on their own listener
+    #: file: a config file that differs from the version it last seeded becomes the new active
+    #: version at start; store: the store's version wins (replicas managed by the admin API).
+    config_source: Literal["file", "store"] = "file"
 
     _source_map: SourceMap = PrivateAttr(default_factory=SourceMap)
 
