@@ -283,6 +283,16 @@ MEANING: dict[str, str] = {
     "one more gets 503 `TOO_MANY_CONNECTIONS` with `Retry-After` (keep it below the fd limit)",
     "server.max_waiters": "`POST /v1/jobs?wait=` requests waiting at once; one more gets its "
     "job at once (202, created and running) and polls `GET /v1/jobs/{slug}`",
+    "retention": "how long finished rows are kept; a purge loop on every replica deletes "
+    "older ones in small batches (docs/security.md)",
+    "retention.jobs_s": "finished (completed, failed, cancelled) jobs, with their events and "
+    "blobs, and settled ledger entries are deleted this long after they finished",
+    "retention.audit_s": "audit events are deleted this long after they were written",
+    "retention.batches_s": "ended batches, with their lines and files, are deleted this long "
+    "after they ended; uploaded files no batch names, this long after the upload",
+    "retention.every_s": "how often the purge runs (and once at start)",
+    "retention.batch_rows": "rows deleted per transaction; a pass runs at most 50 of them per "
+    "kind and leaves the rest to the next",
     "blobs": "where large job results go",
     "blobs.kind": "`local` (a directory) or `s3` (S3-compatible; needed by `modal` runtimes)",
     "blobs.dir": "the directory of the `local` blob store",

@@ -48,6 +48,7 @@ from gpugate.services.reaper import Reaper
 from gpugate.services.replicas import ReplicaHeartbeat
 from gpugate.services.result_cache import ResultCache
 from gpugate.services.results import Results
+from gpugate.services.retention import Retention
 from gpugate.services.runtime_ops import RuntimeOps
 from gpugate.services.runtimes.base import Runtime
 from gpugate.services.runtimes.modal import ModalRuntime
@@ -92,6 +93,7 @@ class Gateway:
     push_reports: PushReports | None = None  # the worker routes' judge
     gauges: RuntimeGauges | None = None
     results: Results | None = None  # where job results are kept (inline or blobs)
+    retention: Retention | None = None  # the purge of old rows (issue #15 finding 4)
     azure_di: AzureDocumentIntelligence | None = None
     sync_front: SyncFront | None = None
     batches: Batches | None = None
@@ -372,6 +374,10 @@ def _start_loops(
     )
     loops.start("job-gauges", gateway.gauges.run())
     loops.start("replica-heartbeat", ReplicaHeartbeat(gateway.store, gateway.clock).run())
+    gateway.retention = Retention(
+        gateway.store, gateway.blobs, gateway.clock, lambda: gateway.config.retention
+    )
+    loops.start("retention", gateway.retention.run())
     if run_job_loops:
         loops.start("dispatcher", dispatcher.run())
         loops.start("reaper", reaper.run())

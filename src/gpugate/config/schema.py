@@ -2,8 +2,8 @@
 
 The blocks live in their own modules (:mod:`.gpu_health`, :mod:`.upstream`, :mod:`.runtime`)
 and are re-exported here. The process keys (``listen``, ``store``, ``admin_token_env``,
-``gpu_health``, ``jobs``, ``server``, ``tls``, ``admin_listen``, ``import_env``, ...) come from
-the file only; the *gateway document*
+``gpu_health``, ``jobs``, ``server``, ``tls``, ``admin_listen``, ``import_env``,
+``retention``, ...) come from the file only; the *gateway document*
 (``upstreams``, ``runtimes``, ``fallback_chain``, ``default_runtime``, ``stop_conditions``)
 lives in the store as versions and is replaced with :meth:`GatewayConfig.with_gateway_document`.
 """
@@ -31,6 +31,7 @@ from gpugate.config.fields import (
 )
 from gpugate.config.gpu_health import ExporterConfig, GpuHealthConfig
 from gpugate.config.paths import Finding, describe, format_path, quoted_list
+from gpugate.config.retention import RetentionConfig
 from gpugate.config.rules import IMPLIED_RUNTIME_ID, resolve_implied, rule_findings
 from gpugate.config.runtime import (
     BudgetConfig,
@@ -61,6 +62,7 @@ __all__ = [
     "ModalRuntimeConfig",
     "PushConfig",
     "PushRuntimeConfig",
+    "RetentionConfig",
     "RuntimeConfig",
     "S3Config",
     "ServerConfig",
@@ -132,6 +134,7 @@ class GatewayConfig(ConfigModel):
     server: ServerConfig = ServerConfig()
     blobs: BlobsConfig = BlobsConfig()
     import_env: ImportEnvConfig = ImportEnvConfig()
+    retention: RetentionConfig = RetentionConfig()
     tls: TlsConfig | None = None  # HTTPS on listen and admin_listen; client_ca_file: mTLS
     admin_listen: ListenAddress | None = None  # /admin and /console on their own listener
     #: file: a config file that differs from the version it last seeded becomes the new active
