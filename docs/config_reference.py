@@ -200,6 +200,14 @@ MEANING: dict[str, str] = {
     "upstreams[].first_byte_timeout_s": "time to the response's first byte; null: `timeout_s`",
     "upstreams[].health_path": "the path the active health probe GETs every 5 s",
     "upstreams[].api_key_env": "the variable holding a bearer key sent to this upstream",
+    "upstreams[].raw": "the opt-in for `/u/{id}/...` on an `azure-di`, `external` or keyed "
+    "upstream (without it such an upstream answers 403 `RAW_FORBIDDEN` there); null: `/u/` "
+    "reaches only internal upstreams without a key (docs/security.md)",
+    "upstreams[].raw.methods": "the HTTP methods `/u/` may forward to it",
+    "upstreams[].raw.path_prefixes": "the raw paths (below the upstream's base URL) `/u/` may "
+    "forward, by prefix",
+    "upstreams[].raw.send_key": "add the upstream's key (`api_key_env`) to `/u/` requests; "
+    "false: the client's headers go as they are, never the gateway's key",
     "runtimes": "where jobs run; absent ⇒ one runtime `local` of kind `upstream`",
     "runtimes[].id": "the runtime's name (`runner`, `fallback_chain`, the console)",
     "runtimes[].kind": "`upstream`: through the gateway's own upstreams; `push`: a machine "
@@ -266,6 +274,28 @@ MEANING: dict[str, str] = {
     "server.public_url": "the gateway's base URL as clients know it (e.g. "
     "`https://gpu.example.com`): the Azure DI facade builds `Operation-Location` from it; null: "
     "only a loopback or the `listen` host is accepted as `Host` there (docs/security.md)",
+    "server.header_timeout_s": "a client must send its request line and headers within this "
+    "(from connecting, or a keep-alive request's first byte), else 408 `REQUEST_TIMEOUT` and "
+    "the connection is closed",
+    "server.max_header_bytes": "the request line and headers together, at most (431 "
+    "`HEADERS_TOO_LARGE`)",
+    "server.max_headers": "request headers, at most (431 `HEADERS_TOO_LARGE`)",
+    "server.body_timeout_s": "the longest silence between two pieces of a request body while "
+    "the gateway waits for it (408 `REQUEST_TIMEOUT`)",
+    "server.max_connections": "client connections this replica serves at once; a request on "
+    "one more gets 503 `TOO_MANY_CONNECTIONS` with `Retry-After` (keep it below the fd limit)",
+    "server.max_waiters": "`POST /v1/jobs?wait=` requests waiting at once; one more gets its "
+    "job at once (202, created and running) and polls `GET /v1/jobs/{slug}`",
+    "retention": "how long finished rows are kept; a purge loop on every replica deletes "
+    "older ones in small batches (docs/security.md)",
+    "retention.jobs_s": "finished (completed, failed, cancelled) jobs, with their events and "
+    "blobs, and settled ledger entries are deleted this long after they finished",
+    "retention.audit_s": "audit events are deleted this long after they were written",
+    "retention.batches_s": "ended batches, with their lines and files, are deleted this long "
+    "after they ended; uploaded files no batch names, this long after the upload",
+    "retention.every_s": "how often the purge runs (and once at start)",
+    "retention.batch_rows": "rows deleted per transaction; a pass runs at most 50 of them per "
+    "kind and leaves the rest to the next",
     "blobs": "where large job results go",
     "blobs.kind": "`local` (a directory) or `s3` (S3-compatible; needed by `modal` runtimes)",
     "blobs.dir": "the directory of the `local` blob store",

@@ -224,6 +224,24 @@ class ExternalUpstreamForbidden(ClientError):
     code = "EXTERNAL_UPSTREAM_FORBIDDEN"
 
 
+class HeadersTooLarge(ClientError):
+    """The request line and headers are larger, or more, than this gateway accepts."""
+
+    code = "HEADERS_TOO_LARGE"
+
+
+class RequestTimeout(ClientError):
+    """The client was too slow sending its request (headers or body)."""
+
+    code = "REQUEST_TIMEOUT"
+
+
+class RawForbidden(ClientError):
+    """This upstream is not reachable through /u/ for this method and path (its `raw:` opt-in)."""
+
+    code = "RAW_FORBIDDEN"
+
+
 class IdempotencyConflict(ClientError):
     """A request with this Idempotency-Key is still in flight."""
 
@@ -265,6 +283,12 @@ class ShuttingDown(Refused):
     answers)."""
 
     code = "SHUTTING_DOWN"
+
+
+class TooManyConnections(Refused):
+    """This replica holds as many client connections as it accepts (server.max_connections)."""
+
+    code = "TOO_MANY_CONNECTIONS"
 
 
 class NoHealthyUpstream(Refused):

@@ -20,6 +20,18 @@ from gpugate import __version__
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
+#: The one label value for anything a client names that the config does not (a model no
+#: upstream serves, ...): a client's input never becomes a label value (issue #15 finding 2).
+UNKNOWN = "_unknown"
+#: A label value that comes from outside (an upstream's status line, ...) is cut to this length.
+MAX_LABEL_CHARS = 64
+
+
+def bounded(value: str, known: Callable[[str], bool]) -> str:
+    """``value`` as a label value when ``known(value)`` (the config names it), else
+    :data:`UNKNOWN`; never longer than :data:`MAX_LABEL_CHARS`."""
+    return value[:MAX_LABEL_CHARS] if value == "" or known(value) else UNKNOWN
+
 
 class Metrics:
     """The gateway's metric families on a private registry."""

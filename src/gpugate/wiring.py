@@ -46,6 +46,7 @@ from gpugate.services.reaper import Reaper
 from gpugate.services.replicas import ReplicaHeartbeat
 from gpugate.services.result_cache import ResultCache
 from gpugate.services.results import Results
+from gpugate.services.retention import Retention
 from gpugate.services.runtime_ops import RuntimeOps
 from gpugate.services.runtimes.base import Runtime
 from gpugate.services.runtimes.modal import ModalRuntime
@@ -91,6 +92,7 @@ class Gateway:
     push_reports: PushReports | None = None  # the worker routes' judge
     gauges: RuntimeGauges | None = None
     results: Results | None = None  # where job results are kept (inline or blobs)
+    retention: Retention | None = None  # the purge of old rows (issue #15 finding 4)
     azure_di: AzureDocumentIntelligence | None = None
     sync_front: SyncFront | None = None
     batches: Batches | None = None
@@ -380,6 +382,10 @@ def _start_loops(
     )
     loops.start("job-gauges", gateway.gauges.run)
     loops.start("replica-heartbeat", ReplicaHeartbeat(gateway.store, gateway.clock).run)
+    gateway.retention = Retention(
+        gateway.store, gateway.blobs, gateway.clock, lambda: gateway.config.retention
+    )
+    loops.start("retention", gateway.retention.run)
     if run_job_loops:
         store = gateway.store
         loops.start("dispatcher", dispatcher.run)
@@ -476,7 +482,7 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
 
     dispatcher = Dispatcher(store, runtimes, views, config, clock, on_stop=stops.fire)
 
-    waiter = JobWaiter(store, clock)
+    waiter = JobWaiter(store, clock, max_waiters=gateway.config.server.max_waiters)
 
     def call_ended() -> None:  # a slot is free, spend to settle, sync-front waiters look
         dispatcher.slot_freed()
