@@ -41,6 +41,8 @@ from gpugate.services.idempotency import Idempotency
 from gpugate.services.job_gauges import RuntimeGauges
 from gpugate.services.job_waiter import JobWaiter
 from gpugate.services.jobs import Jobs
+from gpugate.services.keys import Keys
+from gpugate.services.limits import Quota, prices_of
 from gpugate.services.prober import Prober
 from gpugate.services.proxy import Proxy
 from gpugate.services.readiness import Lifecycle, Readiness, probe
@@ -57,6 +59,7 @@ from gpugate.services.runtimes.upstream import UpstreamRuntime
 from gpugate.services.shed import ShedGate
 from gpugate.services.stop_conditions import StopConditions
 from gpugate.services.sync_front import SyncFront
+from gpugate.services.usage import UsageMeter
 from gpugate.store import JobRecord, Store
 from gpugate.store.factory import open_store
 
@@ -101,6 +104,9 @@ class Gateway:
     import_environ: Mapping[str, str] = field(default_factory=dict)  # what an import may name
     login_throttle: FailureThrottle = field(default_factory=FailureThrottle)  # wrong admin tokens
     push_keys: PushKeys = field(default_factory=PushKeys)  # who sent a worker route's request
+    keys: Keys | None = None  # client keys (auth.mode: keys)
+    quota: Quota = field(init=False)  # their limits
+    usage: UsageMeter = field(init=False)  # their usage
     lifecycle: Lifecycle = field(init=False)
 
     def __post_init__(self) -> None:
@@ -272,6 +278,7 @@ async def build_gateway(
             monitor=monitor,
         )
         gateway.azure_di = AzureDocumentIntelligence(proxy, lambda: gateway.config, clock)
+        await _client_keys(gateway)
         dispatcher, reaper = await _jobs_engine(gateway, stack)
         gateway.import_environ = importable_environ(file_config, environ)
         gateway.config_versions = ConfigVersions(
@@ -291,6 +298,18 @@ async def build_gateway(
             yield gateway
         finally:
             gateway.stopping = True
+
+
+async def _client_keys(gateway: Gateway) -> None:
+    """Client keys, their limits and usage; the bootstrap keys of the environment stored."""
+
+    def config() -> GatewayConfig:
+        return gateway.config
+
+    gateway.keys = Keys(gateway.store, config, gateway.clock)
+    gateway.quota = Quota(gateway.store, gateway.clock, gateway.metrics, prices_of(config))
+    gateway.usage = UsageMeter(gateway.store, gateway.clock, gateway.metrics, config)
+    await gateway.keys.load_bootstrap(gateway.environ)
 
 
 def _start_loops(
@@ -330,6 +349,7 @@ def _start_loops(
     )
     loops.start("job-gauges", gateway.gauges.run())
     loops.start("replica-heartbeat", ReplicaHeartbeat(gateway.store, gateway.clock).run())
+    loops.start("key-usage", gateway.usage.run())
     if run_job_loops:
         loops.start("dispatcher", dispatcher.run())
         loops.start("reaper", reaper.run())

@@ -37,6 +37,7 @@ from gpugate.store.migrations import Migration, load_migrations, pending
 from gpugate.store.postgres_audit import audit_query, audit_record, insert_audit
 from gpugate.store.postgres_facade import PostgresFacade
 from gpugate.store.postgres_jobs import JOBS_CHANNEL, PostgresJobs
+from gpugate.store.postgres_keys import PostgresKeys
 from gpugate.store.postgres_ledger import PostgresLedger
 from gpugate.store.postgres_replicas import PostgresReplicas
 from gpugate.store.postgres_runtime_state import PostgresRuntimeState
@@ -105,7 +106,12 @@ log = logging.getLogger("gpugate.store")
 
 
 class PostgresStore(
-    PostgresJobs, PostgresRuntimeState, PostgresFacade, PostgresReplicas, PostgresLedger
+    PostgresJobs,
+    PostgresRuntimeState,
+    PostgresFacade,
+    PostgresReplicas,
+    PostgresLedger,
+    PostgresKeys,
 ):
     """The shared store: PostgreSQL through a psycopg connection pool.
 
