@@ -300,6 +300,11 @@ MEANING: dict[str, str] = {
     "(mTLS); null: no client certificate is asked for",
     "admin_listen": "`HOST:PORT` (another port than `listen`): `/admin` and `/console` are "
     "served there only, and answer 404 on `listen`; null: everything on `listen`",
+    "config_source": "`file`: at start, a config file whose gateway keys (◆) differ from the "
+    "version the file last stored becomes the new active version (audited, actor `file`), so "
+    "editing the file and restarting is how a single node is run, while changes made through the "
+    "admin API survive restarts of an unchanged file; `store`: the store's version always wins "
+    "(replicas whose config is managed through the admin API)",
     "import_env": "which environment variables a config import (admin API, console) may name "
     "in a `*_env` key; the file may name any (docs/security.md)",
     "import_env.prefix": "an import may name any variable starting with this; null: none by prefix",
@@ -330,7 +335,9 @@ def render() -> str:
         "in `_s`. Secrets are never in the file, only the names of the variables holding them",
         "(`*_env`). `gpugate check-config FILE` validates one. The *gateway* keys (marked ◆) live",
         "in the store as numbered versions after the first start and change by import or",
-        "rollback (admin API, console, `gpugate config`); the others always come from the file.",
+        "rollback (admin API, console, `gpugate config`); with `config_source: file` (the",
+        "default) a file edited since it last seeded the store becomes the new version at the",
+        "next start. The others always come from the file.",
         "",
         "`[]` in a path is an item of a list; a key with kinds applies to those runtime kinds.",
         "",

@@ -201,22 +201,52 @@ def _built_from_changed(old: RuntimeConfig, new: RuntimeConfig) -> bool:
     return False
 
 
+#: The actors of versions that came from the config file: the first seed, and later starts
+#: with an edited file (``config_source: file``).
+FILE_ACTORS = frozenset({"config-file", "file"})
+#: How far back a start looks for the version the file last seeded.
+_FILE_VERSION_LOOKBACK = 1000
+
+
 async def _load_config_version(
     store: Store, file_config: GatewayConfig
 ) -> tuple[GatewayConfig, int]:
-    """The file seeds the store on first start; from then on the store's version is in effect."""
-    current, seeded = await store.seed_config(file_config.gateway_document(), actor="config-file")
+    """The file seeds the store on first start. Later, with ``config_source: file`` (the
+    default), a file that differs from the version it last seeded becomes the new active
+    version (audited, actor ``file``): editing the file and restarting is how a single node is
+    run. With ``config_source: store``, or an unchanged file, the store's version is in effect
+    (so changes made through the admin API survive a restart)."""
+    document = file_config.gateway_document()
+    current, seeded = await store.seed_config(document, actor="config-file")
     if seeded:
         log.info("seeded gateway config version %d from the config file", current.version)
         return file_config, current.version
-    config = file_config.with_gateway_document(current.document)
-    if current.document != file_config.gateway_document():
-        log.warning(
-            "the store holds gateway config version %d, which differs from the config file; "
-            "the store's version is in effect (change it with `gpugate config import`)",
-            current.version,
+    if current.document == document:
+        return file_config, current.version
+    if file_config.config_source == "file" and await _file_changed(store, document):
+        saved = await store.save_config(document, actor="file", note="config file changed")
+        log.info(
+            "the config file changed since it last seeded the store: it is version %d now",
+            saved.version,
         )
-    return config, current.version
+        return file_config, saved.version
+    log.warning(
+        "the store holds gateway config version %d, which differs from the config file; "
+        "the store's version is in effect (%s)",
+        current.version,
+        "config_source: store"
+        if file_config.config_source == "store"
+        else "the file has not changed since it last seeded the store",
+    )
+    return file_config.with_gateway_document(current.document), current.version
+
+
+async def _file_changed(store: Store, document: dict[str, object]) -> bool:
+    """Whether ``document`` differs from the newest version the config file stored."""
+    for version in await store.list_configs(_FILE_VERSION_LOOKBACK):
+        if version.actor in FILE_ACTORS:
+            return version.document != document
+    return True  # the file's versions are older than the look-back: the file is the news
 
 
 def _secrets(config: GatewayConfig, environ: Mapping[str, str]) -> dict[str, str]:
@@ -294,6 +324,7 @@ async def build_gateway(
             store, gateway.batches, proxy, clock, takeover_at_start=store.backend == "sqlite"
         )
         _start_loops(gateway, stack, dispatcher, reaper, run_job_loops=run_job_loops)
+        _warn_without_admin_token(gateway)
         try:
             yield gateway
         finally:
@@ -310,6 +341,17 @@ async def _client_keys(gateway: Gateway) -> None:
     gateway.quota = Quota(gateway.store, gateway.clock, gateway.metrics, prices_of(config))
     gateway.usage = UsageMeter(gateway.store, gateway.clock, gateway.metrics, config)
     await gateway.keys.load_bootstrap(gateway.environ)
+
+
+def _warn_without_admin_token(gateway: Gateway) -> None:
+    """Say at start that the admin API and the console will refuse everyone (a silent 401 later
+    is how an operator would otherwise find out)."""
+    if gateway.admin_token is None:
+        name = gateway.config.admin_token_env
+        log.warning(
+            "no admin token: %s; the admin API and the console refuse every request",
+            f"the variable {name} is unset or empty" if name else "admin_token_env is null",
+        )
 
 
 def _start_loops(

@@ -130,6 +130,9 @@ class GatewayConfig(ConfigModel):
     tls: TlsConfig | None = None  # HTTPS on listen and admin_listen; client_ca_file: mTLS
     admin_listen: ListenAddress | None = None  # /admin and /console on their own listener
     auth: AuthConfig = AuthConfig()  # client keys on the data plane and job routes
+    #: file: a config file that differs from the version it last seeded becomes the new active
+    #: version at start; store: the store's version wins (replicas managed by the admin API).
+    config_source: Literal["file", "store"] = "file"
 
     _source_map: SourceMap = PrivateAttr(default_factory=SourceMap)
 
