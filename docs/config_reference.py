@@ -310,6 +310,21 @@ MEANING: dict[str, str] = {
     "blobs.inline_max_bytes": "results up to this size stay in the job row; larger ones go to "
     "the blob store",
     "blobs.presign_s": "how long presigned URLs handed to a runtime live",
+    "auth": "client identity on the data plane and the job routes (docs/keys.md)",
+    "auth.mode": "`open`: no client identity, anyone who reaches `listen` may call every "
+    "data-plane and job route (a demo, one user behind a firewall); `keys`: every such route "
+    "needs a client key (`Authorization: Bearer`, `api-key` or `x-api-key`), 401 otherwise",
+    "auth.bootstrap_keys_env": "the environment variable holding keys for automation: a JSON "
+    "list of `{name, tenant, key, ...}` (the fields of `POST /admin/keys`, `key` the secret, "
+    "`gk-` and 24+ characters), stored as `boot-<name>` at start; null: none",
+    "auth.key_cache_s": "how long a replica trusts a key it looked up: a revoked, rotated or "
+    "changed key takes effect on every other replica within this delay",
+    "auth.usage_flush_s": "how often a replica writes its usage counts to the store "
+    "(`/admin/usage` on another replica lags by up to this)",
+    "auth.key_label": "also count tokens per key prefix in `gateway_key_tokens_total` (one "
+    "series per key: only with few keys)",
+    "auth.max_keys_cached": "the most key lookups a replica keeps (wrong keys too); the oldest "
+    "go first",
     "tls": "serve HTTPS on `listen` (and `admin_listen`); null: plain HTTP (put a TLS proxy in "
     "front, docs/security.md)",
     "tls.cert_file": "the server's certificate chain (PEM)",

@@ -102,6 +102,26 @@ class Metrics:
             "Responses served from the idempotency store without an upstream call",
             registry=r,
         )
+        # client keys (issue #16): tenants and models are bounded by the store and the config;
+        # the key's prefix is a label only with auth.key_label (one series per key)
+        self.tokens = Counter(
+            "gateway_tokens_total",
+            "Tokens used through client keys, by tenant, model and kind (prompt, completion)",
+            ["tenant", "model", "kind"],
+            registry=r,
+        )
+        self.tokens_by_key = Counter(
+            "gateway_key_tokens_total",
+            "Tokens used per client key prefix (only with auth.key_label: true)",
+            ["key", "kind"],
+            registry=r,
+        )
+        self.key_refusals = Counter(
+            "gateway_key_refusals_total",
+            "Requests a client key's limit or rules refused, by code",
+            ["code"],
+            registry=r,
+        )
 
         gpu = ["host", "gpu", "instance"]
         self.gpu_util = Gauge("gateway_gpu_util_percent", "GPU utilisation (DCGM)", gpu, registry=r)

@@ -39,6 +39,8 @@ from gpugate.services.idempotency import Idempotency
 from gpugate.services.job_gauges import RuntimeGauges
 from gpugate.services.job_waiter import JobWaiter
 from gpugate.services.jobs import Jobs
+from gpugate.services.keys import Keys
+from gpugate.services.limits import Quota, prices_of
 from gpugate.services.prober import Prober
 from gpugate.services.proxy import Proxy
 from gpugate.services.readiness import Lifecycle, Readiness, probe
@@ -57,6 +59,7 @@ from gpugate.services.shed import ShedGate
 from gpugate.services.stop_conditions import StopConditions
 from gpugate.services.supervisor import Supervisor
 from gpugate.services.sync_front import SyncFront
+from gpugate.services.usage import UsageMeter
 from gpugate.store import JobRecord, Store
 from gpugate.store.factory import open_store
 
@@ -102,6 +105,9 @@ class Gateway:
     import_environ: Mapping[str, str] = field(default_factory=dict)  # what an import may name
     login_throttle: FailureThrottle = field(default_factory=FailureThrottle)  # wrong admin tokens
     push_keys: PushKeys = field(default_factory=PushKeys)  # who sent a worker route's request
+    keys: Keys | None = None  # client keys (auth.mode: keys)
+    quota: Quota = field(init=False)  # their limits
+    usage: UsageMeter = field(init=False)  # their usage
     lifecycle: Lifecycle = field(init=False)
     loops: Supervisor = field(init=False)  # owns every background loop; /readyz asks it
 
@@ -312,6 +318,7 @@ async def build_gateway(
             monitor=monitor,
         )
         gateway.azure_di = AzureDocumentIntelligence(proxy, lambda: gateway.config, clock)
+        await _client_keys(gateway)
         dispatcher, reaper = await _jobs_engine(gateway, stack)
         gateway.import_environ = importable_environ(file_config, environ)
         gateway.config_versions = ConfigVersions(
@@ -332,6 +339,18 @@ async def build_gateway(
             yield gateway
         finally:
             gateway.stopping = True
+
+
+async def _client_keys(gateway: Gateway) -> None:
+    """Client keys, their limits and usage; the bootstrap keys of the environment stored."""
+
+    def config() -> GatewayConfig:
+        return gateway.config
+
+    gateway.keys = Keys(gateway.store, config, gateway.clock)
+    gateway.quota = Quota(gateway.store, gateway.clock, gateway.metrics, prices_of(config))
+    gateway.usage = UsageMeter(gateway.store, gateway.clock, gateway.metrics, config)
+    await gateway.keys.load_bootstrap(gateway.environ)
 
 
 def _warn_without_admin_token(gateway: Gateway) -> None:
@@ -386,6 +405,7 @@ def _start_loops(
         gateway.store, gateway.blobs, gateway.clock, lambda: gateway.config.retention
     )
     loops.start("retention", gateway.retention.run)
+    loops.start("key-usage", gateway.usage.run)
     if run_job_loops:
         store = gateway.store
         loops.start("dispatcher", dispatcher.run)

@@ -16,6 +16,7 @@ from typing import Any, Literal, Self
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from gpugate.config import summary
+from gpugate.config.auth import AuthConfig
 from gpugate.config.blobs import BlobsConfig, S3Config
 from gpugate.config.cache import CacheConfig
 from gpugate.config.environment import ImportEnvConfig
@@ -50,6 +51,7 @@ from gpugate.errors import ConfigError, ConfigProblem
 
 __all__ = [
     "GATEWAY_KEYS",
+    "AuthConfig",
     "BlobsConfig",
     "BudgetConfig",
     "CacheConfig",
@@ -138,6 +140,7 @@ class GatewayConfig(ConfigModel):
     retention: RetentionConfig = RetentionConfig()
     tls: TlsConfig | None = None  # HTTPS on listen and admin_listen; client_ca_file: mTLS
     admin_listen: ListenAddress | None = None  # /admin and /console on their own listener
+    auth: AuthConfig = AuthConfig()  # client keys on the data plane and job routes
     #: file: a config file that differs from the version it last seeded becomes the new active
     #: version at start; store: the store's version wins (replicas managed by the admin API).
     config_source: Literal["file", "store"] = "file"
