@@ -145,7 +145,7 @@ def test_a_wrong_type_an_unknown_key_and_a_missing_runtime_are_reported_together
     allowed = (
         "id, url, urls, models, gpu_ids, max_inflight, queue_timeout_s, timeout_s, external,"
         " max_queue, connect_timeout_s, first_byte_timeout_s, health_path, api_key_env, kind,"
-        " cache"
+        " cache, engine, routing"
     )
     expected = [
         "upstreams[0].max_inflight: expected an integer, got 'lots' (line 11)",

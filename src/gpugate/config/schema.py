@@ -18,6 +18,7 @@ from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 from gpugate.config import summary
 from gpugate.config.blobs import BlobsConfig, S3Config
 from gpugate.config.cache import CacheConfig
+from gpugate.config.engine import EngineConfig, RoutingConfig
 from gpugate.config.environment import ImportEnvConfig
 from gpugate.config.fields import (
     ConfigModel,
@@ -52,6 +53,7 @@ __all__ = [
     "BlobsConfig",
     "BudgetConfig",
     "CacheConfig",
+    "EngineConfig",
     "ExporterConfig",
     "GatewayConfig",
     "GpuHealthConfig",
@@ -61,6 +63,7 @@ __all__ = [
     "ModalRuntimeConfig",
     "PushConfig",
     "PushRuntimeConfig",
+    "RoutingConfig",
     "RuntimeConfig",
     "S3Config",
     "ServerConfig",
