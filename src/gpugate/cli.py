@@ -166,6 +166,8 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
     query = {k: v for k, v in (("state", args.state), ("runner", args.runner)) if v}
     query["limit"] = str(args.limit)
     _, page = _api(args).request("GET", "/v1/jobs?" + urlencode(query))
+    if page["data"]:
+        print(f"{'SLUG':<26} {'STATE':<12} {'RUNNER':<14} {'MODEL':<16} ERROR")
     for job in page["data"]:
         error = (job["error"] or {}).get("code") or ""
         print(
@@ -191,6 +193,9 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
 def cmd_jobs_cancel(args: argparse.Namespace) -> int:
     _, job = _api(args).request("POST", f"/v1/jobs/{args.slug}/cancel")
     _print_json(job)
+    if job["state"] != "cancelled":  # a finished job is left as it is: say so, exit 1
+        print(f"job {job['slug']} is {job['state']}: nothing to cancel", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -317,10 +317,22 @@ async def build_gateway(
             store, gateway.batches, proxy, clock, takeover_at_start=store.backend == "sqlite"
         )
         _start_loops(gateway, stack, dispatcher, reaper, run_job_loops=run_job_loops)
+        _warn_without_admin_token(gateway)
         try:
             yield gateway
         finally:
             gateway.stopping = True
+
+
+def _warn_without_admin_token(gateway: Gateway) -> None:
+    """Say at start that the admin API and the console will refuse everyone (a silent 401 later
+    is how an operator would otherwise find out)."""
+    if gateway.admin_token is None:
+        name = gateway.config.admin_token_env
+        log.warning(
+            "no admin token: %s; the admin API and the console refuse every request",
+            f"the variable {name} is unset or empty" if name else "admin_token_env is null",
+        )
 
 
 def _start_loops(

@@ -5,9 +5,11 @@ and for an unchanged file, the store's version (changed through the admin API) s
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING
 
 import aiohttp
+import pytest
 from ops_rig import ENV, Admin
 
 from gpugate.config.loader import load_config
@@ -87,3 +89,18 @@ async def test_an_unchanged_file_keeps_a_version_imported_through_the_admin_api(
             assert "second" == await served_by(http, gw.url)
             versions = await gw.gateway.store.list_configs()
     assert [2, 1] == [v.version for v in versions]
+
+
+async def test_a_gateway_without_an_admin_token_says_so_at_start(
+    sqlite_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "gpugate.yaml"
+    async with model_servers(("first", ["m1"])) as (first,):
+        write_config(path, sqlite_dsn, first)
+        with caplog.at_level(logging.WARNING, logger="gpugate"):
+            async with serving(load_config(path), environ={}):
+                pass
+    assert any(
+        "no admin token: the variable GPUGATE_ADMIN_TOKEN is unset or empty" in r.getMessage()
+        for r in caplog.records
+    )
