@@ -86,6 +86,15 @@ class EngineReading:
         return self.lora_running | self.lora_waiting
 
 
+@dataclass(frozen=True, slots=True)
+class EngineSignal:
+    """A fresh reading of one endpoint, and gpugate's outstanding count when it was taken."""
+
+    reading: EngineReading
+    outstanding_then: int
+    age_s: float
+
+
 def detect(samples: Iterable[Sample]) -> Kind | None:
     """Which engine wrote these samples, by its metric names (None: none known)."""
     for sample in samples:

@@ -27,7 +27,7 @@ from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock
 from gpugate.config import EngineConfig, UpstreamConfig
 from gpugate.core import engine_metrics
-from gpugate.core.engine_metrics import EngineReading
+from gpugate.core.engine_metrics import EngineReading, EngineSignal
 from gpugate.errors import ScrapeError, UpstreamError
 from gpugate.metrics import Metrics
 from gpugate.services.gpu_monitor import fetch_scrape
@@ -38,15 +38,6 @@ log = logging.getLogger("gpugate.engine")
 Fetch = Callable[[str, float], Awaitable[bytes]]
 #: gpugate's own outstanding count of an endpoint (by url) now.
 Outstanding = Callable[[str], int]
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSignal:
-    """A fresh reading of one endpoint, and gpugate's outstanding count when it was taken."""
-
-    reading: EngineReading
-    outstanding_then: int
-    age_s: float
 
 
 @dataclass(slots=True, eq=False)
