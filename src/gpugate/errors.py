@@ -13,7 +13,8 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │       └── BlobNotFound           BLOB_NOT_FOUND: no blob under that key
     ├── ListenError                    the listen address cannot be bound
     ├── ScrapeError                    SCRAPE_FAILED: an exporter's answer is not exposition text
-    │   └── NoGpuSeries                SCRAPE_NO_GPUS: it parses, but holds no DCGM GPU series
+    │   ├── NoGpuSeries                SCRAPE_NO_GPUS: it parses, but holds no DCGM GPU series
+    │   └── NoEngineSeries             SCRAPE_NO_ENGINE: it parses, but no vLLM/SGLang/TEI series
     ├── ClientError                    the request is wrong; retrying it unchanged will not help
     │   ├── BadRequest                 BAD_REQUEST
     │   ├── PayloadTooLarge            PAYLOAD_TOO_LARGE
@@ -164,6 +165,12 @@ class NoGpuSeries(ScrapeError):
     """The scrape parses, but holds no DCGM GPU series: not a dcgm-exporter, or no GPU on it."""
 
     code = "SCRAPE_NO_GPUS"
+
+
+class NoEngineSeries(ScrapeError):
+    """The scrape parses, but holds no model-server series (vLLM, SGLang or TEI) to route on."""
+
+    code = "SCRAPE_NO_ENGINE"
 
 
 class ClientError(GpugateError):

@@ -208,6 +208,26 @@ class Metrics:
             ["loop"],
             registry=r,
         )
+        # routing that knows the engines (docs/routing.md)
+        self.engine_scrapes = Counter(
+            "gateway_engine_scrapes_total",
+            "Scrapes of model-server metrics by upstream and outcome (ok or error)",
+            ["upstream", "outcome"],
+            registry=r,
+        )
+        self.engine_load = Gauge(
+            "gateway_engine_load",
+            "An endpoint's engine as last read: running, waiting, kv_usage, prefix_hit_rate",
+            ["upstream", "endpoint", "signal"],
+            registry=r,
+        )
+        self.routing_picks = Counter(
+            "gateway_routing_picks_total",
+            "Endpoint choices by policy and what decided them (load, prefix, session, lora, "
+            "balance: affinity overridden by load)",
+            ["policy", "reason"],
+            registry=r,
+        )
 
     def count_jobs(
         self,

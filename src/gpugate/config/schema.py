@@ -19,6 +19,7 @@ from gpugate.config import summary
 from gpugate.config.auth import AuthConfig
 from gpugate.config.blobs import BlobsConfig, S3Config
 from gpugate.config.cache import CacheConfig
+from gpugate.config.engine import EngineConfig, RoutingConfig
 from gpugate.config.environment import ImportEnvConfig
 from gpugate.config.fields import (
     ConfigModel,
@@ -55,6 +56,7 @@ __all__ = [
     "BlobsConfig",
     "BudgetConfig",
     "CacheConfig",
+    "EngineConfig",
     "ExporterConfig",
     "GatewayConfig",
     "GpuHealthConfig",
@@ -65,6 +67,7 @@ __all__ = [
     "PushConfig",
     "PushRuntimeConfig",
     "RetentionConfig",
+    "RoutingConfig",
     "RuntimeConfig",
     "S3Config",
     "ServerConfig",
