@@ -11,6 +11,7 @@ from typing import Self
 from gpugate.fleet.behaviour import ServerBehaviour
 from gpugate.fleet.exporter import DEFAULT_MODEL_NAME, FakeExporter, HostLabel
 from gpugate.fleet.exposition import DEFAULT_COUNTERS
+from gpugate.fleet.faults import Fault
 from gpugate.fleet.model_server import ModelServer
 
 EXPORTER = "exporter"
@@ -25,9 +26,11 @@ class ServerSpec:
     models: Sequence[str]
     behaviour: ServerBehaviour = field(default_factory=ServerBehaviour)
     embedding_dim: int = 8
+    faults: Sequence[Fault] = ()  # rules armed from the start, e.g. one model rejects prefill
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "faults", tuple(self.faults))
         if not self.models:
             raise ValueError(f"server {self.name!r}: models must not be empty")
         if self.name == EXPORTER:
@@ -92,7 +95,11 @@ class Fleet:
             raise ValueError(f"ports for unknown servers {unknown}")
         self.servers: dict[str, ModelServer] = {
             s.name: ModelServer(
-                s.models, name=s.name, behaviour=s.behaviour, embedding_dim=s.embedding_dim
+                s.models,
+                name=s.name,
+                behaviour=s.behaviour,
+                embedding_dim=s.embedding_dim,
+                faults=s.faults,
             )
             for s in spec.servers
         }
