@@ -503,3 +503,15 @@ async def test_reset_restores_the_faults_a_server_was_built_with_and_empties_the
 
         assert ["reject_prefill"] == [rule["kind"] for rule in server.faults.as_json()]
         assert [] == server.log.entries()
+
+
+async def test_a_rule_built_in_process_is_armed_like_one_sent_to_the_control_api(
+    tokens: ModelServer, client: AsyncOpenAI
+) -> None:
+    ident = tokens.arm(Fault(kind="status", status=502, count=1))
+
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(model=MODEL, messages=ask("p"))
+
+    assert 502 == caught.value.status_code
+    assert [(ident, 0)] == [(rule["id"], rule["remaining"]) for rule in tokens.faults.as_json()]

@@ -123,6 +123,10 @@ class ModelServer:
         """Arm a fault rule (validated like ``POST /_control/faults``); returns its id."""
         return self._faults.arm(Fault.from_json({"kind": kind, **fields}))
 
+    def arm(self, fault: Fault) -> int:
+        """Arm a fault rule built in process; returns its id."""
+        return self._faults.arm(fault)
+
     def clear_faults(self) -> None:
         """Disarm every fault rule, those it was built with too."""
         self._faults.clear()
