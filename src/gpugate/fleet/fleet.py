@@ -65,10 +65,12 @@ class FleetSpec:
 
 
 def demo_spec() -> FleetSpec:
-    """The seed's fleet: a chat model, a small cleanup model, embeddings, a classifier; 2 GPUs."""
+    """The seed's fleet: a chat model and its smaller stand-in, a small cleanup model,
+    embeddings, a classifier; 2 GPUs."""
     return FleetSpec(
         servers=(
             ServerSpec(name="qwen-35b", models=("qwen-35b",)),
+            ServerSpec(name="qwen-7b", models=("qwen-7b",)),
             ServerSpec(name="cleanup-3b", models=("cleanup-3b",)),
             ServerSpec(name="tei-embeddings", models=("bge-m3",)),
             ServerSpec(name="doc-classifier", models=("doc-classifier",)),
