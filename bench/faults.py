@@ -45,12 +45,16 @@ import openai
 from openai import AsyncOpenAI
 
 from gpugate.fleet import Fault, ModelServer, ServerBehaviour, token_text
+from gpugate.worker import WorkerSettings
+from gpugate.worker.server import running_worker
 
 PRIMARY, FALLBACK, PAIR, FROZEN = "m", "fb", "pair", "frozen"
 TOKENS, CUT = 60, 40
 DEADLINE_S = 2.0  # the primary's and fallback's first_byte / first_token / stream_idle timeouts
 BARE_WAIT_S = 10.0  # a bare client gives up after this: "no answer in 10 s"
 GATEWAY_WAIT_S = 120.0
+WORKER_SECRET = "faults-bench-worker-secret"  # a loopback bench's shared secret
+BUSY_JOBS = 10
 TOKEN = "faults-bench-admin"  # a loopback bench's admin token
 RETRY = {"attempts": 3, "backoff_s": 0.1, "max_backoff_s": 0.5, "retry_after_max_s": 5}
 
@@ -158,7 +162,9 @@ FROZEN_SERVER = textwrap.dedent(
 ).replace("TOKENS", str(TOKENS))
 
 
-def config_yaml(rig: Rig, *, store: Path, listen: str, frozen_url: str, wave1: bool) -> str:
+def config_yaml(
+    rig: Rig, *, store: Path, listen: str, frozen_url: str, worker_url: str, wave1: bool
+) -> str:
     def upstream(uid: str, url: str, model: str, **extra: Any) -> dict[str, Any]:
         return {"id": uid, "url": url, "models": [model], **extra}
 
@@ -188,6 +194,15 @@ def config_yaml(rig: Rig, *, store: Path, listen: str, frozen_url: str, wave1: b
             upstream("pair-b", rig.pair_b.url, PAIR),
             upstream("frozen", frozen_url, FROZEN),  # the default deadlines
         ],
+        "runtimes": [  # a push worker of --concurrency 1, told 4: "busy" answers 429
+            {
+                "id": "busy-1",
+                "kind": "push",
+                "models": [PRIMARY],
+                "push": {"url": f"{worker_url}/calls", "secret_env": "FAULTS_WORKER_SECRET"},
+                "max_concurrency": 4,
+            }
+        ],
     }
     if wave1:
         del document["models"]
@@ -200,6 +215,7 @@ class Rig:
     fallback: ModelServer
     pair_a: ModelServer
     pair_b: ModelServer
+    jobs: ModelServer
     gateway_url: str = ""
     frozen_pid: int = 0
     gateway: AsyncOpenAI | None = None
@@ -227,7 +243,7 @@ class Rig:
         return self.http
 
     def clear(self) -> None:
-        for server in (self.primary, self.fallback, self.pair_a, self.pair_b):
+        for server in (self.primary, self.fallback, self.pair_a, self.pair_b, self.jobs):
             server.clear_faults()
 
     async def settle(self, within_s: float = 20.0) -> bool:
@@ -264,6 +280,7 @@ async def running(workdir: Path, *, wave1: bool) -> AsyncIterator[Rig]:
             ModelServer([FALLBACK], name="fallback", behaviour=behaviour),
             ModelServer([PAIR], name="pair-a", behaviour=behaviour),
             ModelServer([PAIR], name="pair-b", behaviour=pair_b),
+            ModelServer([PRIMARY], name="jobs", behaviour=ServerBehaviour(delay_s=0.3)),
         ]
         for server in servers:
             await stack.enter_async_context(server)
@@ -274,6 +291,20 @@ async def running(workdir: Path, *, wave1: bool) -> AsyncIterator[Rig]:
         )
         rig.frozen_pid = frozen.pid
         port = free_port()
+        worker = await stack.enter_async_context(
+            running_worker(
+                WorkerSettings(
+                    runtime_id="busy-1",
+                    secret=WORKER_SECRET,
+                    gateway_url=f"http://127.0.0.1:{port}",
+                    upstream_url=rig.jobs.url,
+                    state_dir=workdir / "worker",
+                    concurrency=1,
+                ),
+                "127.0.0.1",
+                0,
+            )
+        )
         config = workdir / "faults.yaml"
         config.write_text(
             config_yaml(
@@ -281,11 +312,12 @@ async def running(workdir: Path, *, wave1: bool) -> AsyncIterator[Rig]:
                 store=workdir / "faults.db",
                 listen=f"127.0.0.1:{port}",
                 frozen_url=f"http://127.0.0.1:{frozen_port}",
+                worker_url=worker.url,
                 wave1=wave1,
             )
         )
         gpugate = Path(sys.executable).with_name("gpugate")
-        env = {**os.environ, "GPUGATE_ADMIN_TOKEN": TOKEN}
+        env = {**os.environ, "GPUGATE_ADMIN_TOKEN": TOKEN, "FAULTS_WORKER_SECRET": WORKER_SECRET}
         await stack.enter_async_context(
             child(
                 [str(gpugate), "serve", "--config", str(config), "--log-level", "WARNING"], env=env
@@ -559,6 +591,40 @@ async def aborted_uploads(rig: Rig, _: argparse.Namespace) -> list[Row]:
     ]
 
 
+async def busy_worker(rig: Rig, _: argparse.Namespace) -> list[Row]:
+    """Issue #14.3: a push worker at its --concurrency answers 429 ("busy"); jobs must wait for
+    capacity, not fail: 10 jobs through a worker of concurrency 1 told max_concurrency 4."""
+    slugs = []
+    for i in range(BUSY_JOBS):
+        body = {
+            "model": PRIMARY,
+            "runner": "busy-1",
+            "input": {"messages": [{"role": "user", "content": f"busy job {i}"}]},
+        }
+        async with rig.session.post(rig.gateway_url + "/v1/jobs", json=body) as response:
+            slugs.append((await response.json())["slug"])
+    states: dict[str, str] = {}
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        for slug in slugs:
+            async with rig.session.get(f"{rig.gateway_url}/v1/jobs/{slug}") as response:
+                states[slug] = (await response.json())["state"]
+        if all(state in ("completed", "failed", "cancelled") for state in states.values()):
+            break
+        await asyncio.sleep(0.5)
+    done = sum(state == "completed" for state in states.values())
+    failed = sum(state == "failed" for state in states.values())
+    return [
+        Row(
+            f"#14.3 {BUSY_JOBS} jobs, a push worker of concurrency 1 (max_concurrency 4)",
+            "all complete, none fails",
+            "—",
+            f"{done} completed, {failed} failed, {BUSY_JOBS - done - failed} still open",
+            done == BUSY_JOBS,
+        )
+    ]
+
+
 def rows_of_issue_13() -> list[tuple[str, Scenario]]:
     f = Fault
     return [
@@ -628,7 +694,11 @@ def rows_of_issue_13() -> list[tuple[str, Scenario]]:
 
 
 def rows_of_issue_14() -> list[tuple[str, Scenario]]:
-    return [("fast-429", fast_429), ("aborted-uploads", aborted_uploads)]
+    return [
+        ("fast-429", fast_429),
+        ("busy-worker", busy_worker),
+        ("aborted-uploads", aborted_uploads),  # last: on an older main it ejects the primary
+    ]
 
 
 def table(rows: list[Row]) -> str:
