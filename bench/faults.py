@@ -209,6 +209,10 @@ def config_yaml(
     return json.dumps(document, indent=2)  # JSON is YAML
 
 
+EMFILE_SPARE_FDS = 24
+"""File descriptors the EMFILE gateway may open beyond those it holds once ready."""
+
+
 @dataclass
 class Rig:
     primary: ModelServer
@@ -216,6 +220,7 @@ class Rig:
     pair_a: ModelServer
     pair_b: ModelServer
     jobs: ModelServer
+    workdir: Path = Path()
     gateway_url: str = ""
     frozen_pid: int = 0
     gateway: AsyncOpenAI | None = None
@@ -284,7 +289,7 @@ async def running(workdir: Path, *, wave1: bool) -> AsyncIterator[Rig]:
         ]
         for server in servers:
             await stack.enter_async_context(server)
-        rig = Rig(*servers)
+        rig = Rig(*servers, workdir=workdir)
         frozen_port = free_port()
         frozen = await stack.enter_async_context(
             child([sys.executable, "-c", FROZEN_SERVER, str(frozen_port)], ready=b"ready")
@@ -337,9 +342,16 @@ async def running(workdir: Path, *, wave1: bool) -> AsyncIterator[Rig]:
 
 @contextlib.asynccontextmanager
 async def child(
-    argv: list[str], *, env: dict[str, str] | None = None, ready: bytes | None = None
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    ready: bytes | None = None,
+    max_fds: int | None = None,
 ) -> AsyncIterator[subprocess.Popen[bytes]]:
-    """A subprocess for the block: killed (SIGCONT first, should it be stopped) at the end."""
+    """A subprocess for the block: killed (SIGCONT first, should it be stopped) at the end;
+    `max_fds`: its soft and hard RLIMIT_NOFILE (util-linux ``prlimit``)."""
+    if max_fds is not None:
+        argv = ["prlimit", f"--nofile={max_fds}:{max_fds}", *argv]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if ready else None)
     try:
         if ready is not None:
@@ -625,6 +637,57 @@ async def busy_worker(rig: Rig, _: argparse.Namespace) -> list[Row]:
     ]
 
 
+async def out_of_fds(rig: Rig, _: argparse.Namespace) -> list[Row]:
+    """Issue #14.5: a gateway out of file descriptors is overloaded itself; it must not blame
+    (and eject) the upstream. A second gateway whose hard fd limit is what it holds when ready
+    plus 24, 80 concurrent requests to an upstream answering in 0.3 s, then 20 in a row."""
+    gpugate = str(Path(sys.executable).with_name("gpugate"))
+    port = free_port()
+    document = {
+        "listen": f"127.0.0.1:{port}",
+        "store": f"sqlite:///{rig.workdir / 'emfile.db'}",
+        "upstreams": [{"id": "slow", "url": rig.jobs.url, "models": [PRIMARY]}],
+    }
+    config = rig.workdir / "emfile.yaml"
+    config.write_text(json.dumps(document))
+    url = f"http://127.0.0.1:{port}"
+    argv = [gpugate, "serve", "--config", str(config), "--log-level", "ERROR"]
+    async with child(argv) as probe:  # how many fds it holds when ready
+        await until_ready(rig.session, url + "/readyz")
+        held = sum(1 for _ in Path(f"/proc/{probe.pid}/fd").iterdir())
+    async with child(argv, max_fds=held + EMFILE_SPARE_FDS):
+        await until_ready(rig.session, url + "/readyz")
+        body = {"model": PRIMARY, "messages": [{"role": "user", "content": "emfile"}]}
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as burst_session:
+            burst = await asyncio.gather(
+                *(one_request(burst_session, url, body) for _ in range(80))
+            )
+        statuses = [await one_request(rig.session, url, body) for _ in range(20)]
+    codes = sorted({str(code) for code in burst})
+    after = statuses.count(200)
+    blamed = sum(code == 502 for code in burst)
+    return [
+        Row(
+            "#14.5 out of file descriptors (80 at once, fds for ~24)",
+            "no 502; the upstream stays in (20/20 after)",
+            "—",
+            f"burst: {', '.join(f'{c} x{[str(b) for b in burst].count(c)}' for c in codes)};"
+            f" then {after}/20 answered",
+            blamed == 0 and after == 20,
+        )
+    ]
+
+
+async def one_request(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> int | str:
+    try:
+        async with http.post(url + "/v1/chat/completions", json=body) as response:
+            await response.read()
+            return response.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return type(exc).__name__
+
+
 def rows_of_issue_13() -> list[tuple[str, Scenario]]:
     f = Fault
     return [
@@ -697,6 +760,7 @@ def rows_of_issue_14() -> list[tuple[str, Scenario]]:
     return [
         ("fast-429", fast_429),
         ("busy-worker", busy_worker),
+        ("emfile", out_of_fds),
         ("aborted-uploads", aborted_uploads),  # last: on an older main it ejects the primary
     ]
 
