@@ -53,6 +53,8 @@ async def test_clearing_a_gpu_fault_returns_its_upstream_to_rotation(console: Co
     await console.login()
     _, page = await console.page()
     assert "Clear fault" in page
+    assert "<b>1</b> GPU faulted" in page  # one GPU, not "1 GPUs"
+    assert "<b>0</b> GPUs stale" in page
     status, _, _ = await console.post("/gpus/fleet-node/0/clear", {"next": "/console"})
     assert 303 == status
     assert monitor.guard("a") is None

@@ -48,10 +48,14 @@ async def test_the_jobs_commands_submit_follow_and_cancel(
                 while not await done():
                     await asyncio.sleep(0.02)
             code, listed, _ = await run("jobs", "list", *gateway)
+            cancel = await run("jobs", "cancel", *gateway, "cli-1")
             code, shown, _ = await run("jobs", "show", *gateway, "cli-1", "--events")
             code, _, err = await run("jobs", "show", *gateway, "nope")
-    assert "cli-1" in listed
-    assert "completed" in listed
+    header, row = listed.splitlines()
+    assert ["SLUG", "STATE", "RUNNER", "MODEL", "ERROR"] == header.split()
+    assert ["cli-1", "completed", "local", "qwen"] == row.split()
+    # cancelling a finished job changes nothing, and the command says so with exit 1
+    assert (1, "job cli-1 is completed: nothing to cancel") == (cancel[0], cancel[2].strip())
     assert '"state": "completed"' in shown
     assert "submitted" in shown
     assert 1 == code

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from pydantic import ValidationError
 
+from gpugate.web.schemas.admin import SpendDayView
 from gpugate.web.schemas.batches import BatchCreate
 from gpugate.web.schemas.common import validation_message
 from harness import RunningGateway, make_config, serving, upstream
@@ -143,3 +144,11 @@ async def test_an_operator_name_that_cannot_go_in_the_audit_log_is_refused(
         400,
         "X-Gpugate-Actor: expected 1-64 letters, digits, '.', '_', '@' or '-'",
     ) == (status, message)
+
+
+def test_cents_in_answers_carry_no_float_noise() -> None:
+    # a day's spend summed from float cents (0.000597 + 0.000598) shows as 0.001195, not
+    # 0.0011949999999999999; a millionth of a cent is kept
+    day = SpendDayView.model_validate({"day": "2025-01-01", "cents": 0.000597 + 0.000598})
+    assert '{"day":"2025-01-01","cents":0.001195}' == day.model_dump_json()
+    assert 0.000001 == SpendDayView.model_validate({"day": "2025-01-01", "cents": 1e-6}).cents

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AwareDatetime, Field
 
 from gpugate.store.runtime_state import RUNTIME_STATES
-from gpugate.web.schemas.common import Day, Key, Query, RequestBody, Timestamp, View
+from gpugate.web.schemas.common import Cents, Day, Key, Query, RequestBody, Timestamp, View
 
 MAX_AUDIT = 500
 MAX_REASON = 500
@@ -187,7 +187,7 @@ class RuntimeHealth(StateView):
 
 class SpendDayView(View):
     day: Day
-    cents: float
+    cents: Cents
 
 
 class LedgerView(View):
@@ -195,7 +195,7 @@ class LedgerView(View):
     day: Day
     job: str = Field(validation_alias="slug")
     call_id: str | None
-    cents: float
+    cents: Cents
     source: Literal["estimated", "reported"]
     state: Literal["reserved", "settled", "released"]
     at: Timestamp
@@ -203,9 +203,9 @@ class LedgerView(View):
 
 
 class SpendView(View):
-    daily_cents: float | None
-    estimate_cents: float | None
-    today_cents: float | None
+    daily_cents: Cents | None
+    estimate_cents: Cents | None
+    today_cents: Cents | None
     over_budget: bool
     soft_cap: bool
     days: list[SpendDayView]

@@ -90,6 +90,10 @@ Timestamp = Annotated[
 ]
 """A moment, written as ISO-8601 with its UTC offset (``2025-01-01T00:00:00+00:00``)."""
 
+#: Sums of float cents carry binary noise (0.0011950000000000016); an answer shows them to a
+#: millionth of a cent, which is below any price a runtime reports.
+CENTS_DIGITS = 6
+Cents = Annotated[float, AfterValidator(lambda value: round(value, CENTS_DIGITS))]
 Day = Annotated[
     date,
     PlainSerializer(lambda day: day.isoformat(), return_type=str),

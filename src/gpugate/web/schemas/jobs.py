@@ -11,7 +11,7 @@ from gpugate.services.idempotency import MAX_KEY_LENGTH
 from gpugate.services.jobs import OPERATIONS, SLUG, JobRequest
 from gpugate.services.sync_front import MAX_WAIT_S
 from gpugate.store import JOB_STATES
-from gpugate.web.schemas.common import Key, Query, RequestBody, View
+from gpugate.web.schemas.common import Cents, Key, Query, RequestBody, View
 
 MAX_LIST = 500
 
@@ -125,7 +125,7 @@ class JobView(View):
         description="a result too large to keep inline: read it at GET /v1/jobs/{slug}/result"
     )
     error: JobError | None
-    cost_cents: float | None
+    cost_cents: Cents | None
     created_at: str = Field(json_schema_extra={"format": "date-time"})
     updated_at: str = Field(json_schema_extra={"format": "date-time"})
     finished_at: str | None = Field(json_schema_extra={"format": "date-time"})
