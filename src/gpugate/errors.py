@@ -44,6 +44,7 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── QueueTimeout               QUEUE_TIMEOUT
     │   ├── QueueFull                  QUEUE_FULL
     │   ├── NoHealthyUpstream          NO_HEALTHY_UPSTREAM
+    │   ├── GatewayOverloaded          GATEWAY_OVERLOADED: the gateway ran out of file descriptors
     │   ├── KeyLimited                 a client key's limit (429, Retry-After)
     │   │   ├── RateLimited            RATE_LIMITED: requests per minute
     │   │   ├── TokenLimited           TOKEN_LIMITED: tokens per minute
@@ -363,6 +364,12 @@ class BudgetExceeded(KeyLimited):
 LIMIT_ERRORS: dict[str, type[KeyLimited]] = {
     cls.code: cls for cls in (RateLimited, TokenLimited, ConcurrencyLimited, BudgetExceeded)
 }
+
+
+class GatewayOverloaded(Refused):
+    """The gateway is overloaded (it ran out of file descriptors); retry shortly."""
+
+    code = "GATEWAY_OVERLOADED"
 
 
 class UpstreamError(GpugateError):
