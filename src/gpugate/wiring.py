@@ -39,6 +39,8 @@ from gpugate.services.idempotency import Idempotency
 from gpugate.services.job_gauges import RuntimeGauges
 from gpugate.services.job_waiter import JobWaiter
 from gpugate.services.jobs import Jobs
+from gpugate.services.keys import Keys
+from gpugate.services.limits import Quota, prices_of
 from gpugate.services.prober import Prober
 from gpugate.services.proxy import Proxy
 from gpugate.services.readiness import Lifecycle, Readiness, probe
@@ -46,6 +48,7 @@ from gpugate.services.reaper import Reaper
 from gpugate.services.replicas import ReplicaHeartbeat
 from gpugate.services.result_cache import ResultCache
 from gpugate.services.results import Results
+from gpugate.services.retention import Retention
 from gpugate.services.runtime_ops import RuntimeOps
 from gpugate.services.runtimes.base import Runtime
 from gpugate.services.runtimes.modal import ModalRuntime
@@ -56,6 +59,7 @@ from gpugate.services.shed import ShedGate
 from gpugate.services.stop_conditions import StopConditions
 from gpugate.services.supervisor import Supervisor
 from gpugate.services.sync_front import SyncFront
+from gpugate.services.usage import UsageMeter
 from gpugate.store import JobRecord, Store
 from gpugate.store.factory import open_store
 
@@ -91,6 +95,7 @@ class Gateway:
     push_reports: PushReports | None = None  # the worker routes' judge
     gauges: RuntimeGauges | None = None
     results: Results | None = None  # where job results are kept (inline or blobs)
+    retention: Retention | None = None  # the purge of old rows (issue #15 finding 4)
     azure_di: AzureDocumentIntelligence | None = None
     sync_front: SyncFront | None = None
     batches: Batches | None = None
@@ -100,6 +105,9 @@ class Gateway:
     import_environ: Mapping[str, str] = field(default_factory=dict)  # what an import may name
     login_throttle: FailureThrottle = field(default_factory=FailureThrottle)  # wrong admin tokens
     push_keys: PushKeys = field(default_factory=PushKeys)  # who sent a worker route's request
+    keys: Keys | None = None  # client keys (auth.mode: keys)
+    quota: Quota = field(init=False)  # their limits
+    usage: UsageMeter = field(init=False)  # their usage
     lifecycle: Lifecycle = field(init=False)
     loops: Supervisor = field(init=False)  # owns every background loop; /readyz asks it
 
@@ -310,6 +318,7 @@ async def build_gateway(
             monitor=monitor,
         )
         gateway.azure_di = AzureDocumentIntelligence(proxy, lambda: gateway.config, clock)
+        await _client_keys(gateway)
         dispatcher, reaper = await _jobs_engine(gateway, stack)
         gateway.import_environ = importable_environ(file_config, environ)
         gateway.config_versions = ConfigVersions(
@@ -330,6 +339,18 @@ async def build_gateway(
             yield gateway
         finally:
             gateway.stopping = True
+
+
+async def _client_keys(gateway: Gateway) -> None:
+    """Client keys, their limits and usage; the bootstrap keys of the environment stored."""
+
+    def config() -> GatewayConfig:
+        return gateway.config
+
+    gateway.keys = Keys(gateway.store, config, gateway.clock)
+    gateway.quota = Quota(gateway.store, gateway.clock, gateway.metrics, prices_of(config))
+    gateway.usage = UsageMeter(gateway.store, gateway.clock, gateway.metrics, config)
+    await gateway.keys.load_bootstrap(gateway.environ)
 
 
 def _warn_without_admin_token(gateway: Gateway) -> None:
@@ -380,6 +401,11 @@ def _start_loops(
     )
     loops.start("job-gauges", gateway.gauges.run)
     loops.start("replica-heartbeat", ReplicaHeartbeat(gateway.store, gateway.clock).run)
+    gateway.retention = Retention(
+        gateway.store, gateway.blobs, gateway.clock, lambda: gateway.config.retention
+    )
+    loops.start("retention", gateway.retention.run)
+    loops.start("key-usage", gateway.usage.run)
     if run_job_loops:
         store = gateway.store
         loops.start("dispatcher", dispatcher.run)
@@ -476,7 +502,7 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
 
     dispatcher = Dispatcher(store, runtimes, views, config, clock, on_stop=stops.fire)
 
-    waiter = JobWaiter(store, clock)
+    waiter = JobWaiter(store, clock, max_waiters=gateway.config.server.max_waiters)
 
     def call_ended() -> None:  # a slot is free, spend to settle, sync-front waiters look
         dispatcher.slot_freed()

@@ -5,12 +5,15 @@ import-linter contract), so it cannot repeat the gateway's bugs; importing it st
 
 - `ModelServer` + `ServerBehaviour`: one model server, steered by ``POST /_control``.
 - `FakeExporter` + `GpuReadings`: one dcgm-exporter, steered by ``POST /_control/gpus/{i}``.
+- `Engine` + `EngineSpec`: a simulated LLM engine (slots, queue, KV cache with prefix reuse,
+  vLLM's metrics) that times a model server's answers when its spec names one.
 - `Fleet`, `FleetSpec`, `ServerSpec`, `ExporterSpec`, `demo_spec`, `serve_forever`: several
   of them on local ports at once.
 """
 
 from gpugate.fleet.behaviour import ServerBehaviour
 from gpugate.fleet.control import ControlError
+from gpugate.fleet.engine import Engine, EngineSpec
 from gpugate.fleet.exporter import MODES, ExporterMode, FakeExporter, HostLabel
 from gpugate.fleet.exposition import DEFAULT_COUNTERS, OPTIONAL_COUNTERS
 from gpugate.fleet.fleet import (
@@ -33,6 +36,8 @@ __all__ = [
     "OPTIONAL_COUNTERS",
     "XID_MESSAGES",
     "ControlError",
+    "Engine",
+    "EngineSpec",
     "ExporterMode",
     "ExporterSpec",
     "FakeExporter",

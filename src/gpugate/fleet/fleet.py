@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from gpugate.fleet.behaviour import ServerBehaviour
+from gpugate.fleet.engine import EngineSpec
 from gpugate.fleet.exporter import DEFAULT_MODEL_NAME, FakeExporter, HostLabel
 from gpugate.fleet.exposition import DEFAULT_COUNTERS
 from gpugate.fleet.model_server import ModelServer
@@ -25,6 +26,7 @@ class ServerSpec:
     models: Sequence[str]
     behaviour: ServerBehaviour = field(default_factory=ServerBehaviour)
     embedding_dim: int = 8
+    engine: EngineSpec | None = None  # a simulated engine with a prefix cache times the answers
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
@@ -92,7 +94,11 @@ class Fleet:
             raise ValueError(f"ports for unknown servers {unknown}")
         self.servers: dict[str, ModelServer] = {
             s.name: ModelServer(
-                s.models, name=s.name, behaviour=s.behaviour, embedding_dim=s.embedding_dim
+                s.models,
+                name=s.name,
+                behaviour=s.behaviour,
+                embedding_dim=s.embedding_dim,
+                engine=s.engine,
             )
             for s in spec.servers
         }

@@ -8,6 +8,7 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import time
@@ -16,9 +17,10 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from gpugate.fleet import replies
+from gpugate.fleet import engine, replies
 from gpugate.fleet.behaviour import ServerBehaviour
 from gpugate.fleet.control import ControlError
+from gpugate.fleet.engine import Engine, EngineSpec
 from gpugate.fleet.replies import Completion, InvalidRequestError
 from gpugate.fleet.server_stats import ServerStats
 from gpugate.fleet.site import LocalSite, abort
@@ -65,6 +67,7 @@ class ModelServer:
         name: str,
         behaviour: ServerBehaviour | None = None,
         embedding_dim: int = 8,
+        engine: EngineSpec | None = None,
     ) -> None:
         if not models:
             raise ValueError("a model server serves at least one model")
@@ -81,6 +84,9 @@ class ModelServer:
         self._site = LocalSite(self.make_app)
         self._models_body = replies.models_body(self.models, int(time.time()), "gpugate-fleet")
         self._headers = {"X-Fleet-Server": name}
+        #: With an `EngineSpec`, chat and completions are timed by a simulated engine with a
+        #: prefix cache (`gpugate.fleet.engine`), and /metrics is the engine's.
+        self.engine = Engine(engine) if engine is not None else None
         self._apply(self._initial)
 
     def __repr__(self) -> str:
@@ -149,6 +155,7 @@ class ModelServer:
         app.router.add_post("/_control", self._post_control)
         app.router.add_post("/_control/reset", self._post_reset)
         app.router.add_get("/_stats", self._get_stats)
+        app.router.add_post("/_control/engine", self._post_engine)
         return app
 
     # -- model routes -----------------------------------------------------------------------
@@ -254,6 +261,8 @@ class ModelServer:
             self._stats.resets += 1
             abort(request)
             return web.StreamResponse()
+        if self.engine is not None and isinstance(answer, Completion):
+            return await engine.serve(self.engine, request, answer, body, self._headers, stream)
         if stream and isinstance(answer, Completion):
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
@@ -316,7 +325,11 @@ class ModelServer:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         self._stats.requests[METRICS] += 1
-        text = self._stats.exposition(self._behaviour.max_running)
+        text = (
+            self.engine.exposition(self.models)
+            if self.engine is not None
+            else self._stats.exposition(self._behaviour.max_running)
+        )
         return web.Response(
             text=text, content_type="text/plain", charset="utf-8", headers=self._headers
         )
@@ -331,6 +344,15 @@ class ModelServer:
         except (ValueError, ControlError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
         return web.json_response(behaviour.as_json())
+
+    async def _post_engine(self, request: web.Request) -> web.Response:
+        if self.engine is None:
+            return web.json_response({"error": "this server runs no engine"}, status=404)
+        try:
+            spec = self.engine.update(json.loads(await request.read() or b"{}"))
+        except (ValueError, ControlError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(dataclasses.asdict(spec))
 
     async def _post_reset(self, _: web.Request) -> web.Response:
         self.reset()
