@@ -263,6 +263,8 @@ MEANING: dict[str, str] = {
     "server.max_body_bytes": "request bodies over this are refused (413 `PAYLOAD_TOO_LARGE`)",
     "server.idempotency_ttl_s": "how long a completed response is kept for `Idempotency-Key` "
     "replays",
+    "server.max_idempotent_response_bytes": "a response body larger than this is not kept for "
+    "`Idempotency-Key` replays (the key is released; a retry is sent again)",
     "server.log_format": "`text` or `json` lines on stderr",
     "server.config_poll_s": "how often each replica looks for a new config version and runtime "
     "states",
