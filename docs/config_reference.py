@@ -208,6 +208,42 @@ MEANING: dict[str, str] = {
     "forward, by prefix",
     "upstreams[].raw.send_key": "add the upstream's key (`api_key_env`) to `/u/` requests; "
     "false: the client's headers go as they are, never the gateway's key",
+    "upstreams[].engine": "scrape the model server's own metrics (running/waiting requests, KV "
+    "use, prefix-cache hits, LoRA adapters) from each endpoint for routing; null: not scraped "
+    "(docs/routing.md)",
+    "upstreams[].engine.kind": "`auto` (read vLLM's, SGLang's or TEI's names, whichever the "
+    "scrape has), `vllm`, `sglang`, `tei`, or `none` (scrape nothing)",
+    "upstreams[].engine.metrics_path": "the path scraped on each endpoint",
+    "upstreams[].engine.poll_s": "how often each endpoint is scraped",
+    "upstreams[].engine.staleness_s": "a reading older than this is ignored: routing falls back "
+    "to gpugate's outstanding counts (fail open)",
+    "upstreams[].engine.scrape_timeout_s": "a scrape taking longer fails (counted, reading kept "
+    "until stale)",
+    "upstreams[].routing": "how this upstream's endpoints are chosen; null: the model's "
+    "`routing`, else the defaults (docs/routing.md)",
+    "upstreams[].routing.policy": "`least_outstanding` (power of two choices on gpugate's own "
+    "count), `engine_load` (least loaded by the engine's queue and KV use), `prefix_affinity` "
+    "(engine_load plus the prefix index, session and LoRA affinity)",
+    "upstreams[].routing.prefix_weight": "a prompt's leading blocks missing on an endpoint cost "
+    "this many queued requests there (scaled by the share of the prompt missing)",
+    "upstreams[].routing.waiting_weight": "how much a waiting request weighs against a running one",
+    "upstreams[].routing.kv_weight": "KV-cache use (0..1) times this is added to an endpoint's "
+    "load",
+    "upstreams[].routing.balance_abs": "affinity is ignored for an endpoint at least this much "
+    "busier than the least loaded one (and `balance_rel` times as busy)",
+    "upstreams[].routing.balance_rel": "... and at least this many times as busy",
+    "upstreams[].routing.session_weight": "the conversation's last endpoint (`X-Session-Id`, else "
+    "the body's `user`) is worth this many queued requests",
+    "upstreams[].routing.lora_weight": "an endpoint with the requested LoRA adapter resident is "
+    "worth this many queued requests",
+    "upstreams[].routing.saturated_penalty": "`batch` sees an endpoint on saturated GPUs as this "
+    "much busier",
+    "upstreams[].routing.prefix_block_chars": "the prefix index hashes the rendered prompt in "
+    "blocks of this many characters",
+    "upstreams[].routing.prefix_max_blocks": "block hashes remembered per model (least recently "
+    "used go first)",
+    "upstreams[].routing.max_sessions": "sessions remembered (least recently used go first); 0: "
+    "no session affinity",
     "runtimes": "where jobs run; absent ⇒ one runtime `local` of kind `upstream`",
     "runtimes[].id": "the runtime's name (`runner`, `fallback_chain`, the console)",
     "runtimes[].kind": "`upstream`: through the gateway's own upstreams; `push`: a machine "
@@ -253,6 +289,9 @@ MEANING: dict[str, str] = {
     "(then `LEASE_LOST`)",
     "jobs.dispatcher_lease_s": "the lease a dispatcher holds on a job while it submits",
     "jobs.max_attempts_per_runtime": "submits of one job to one runtime before the walk moves on",
+    "jobs.busy_deadline_s": "a job every runtime refuses as busy (a worker's 429) or at capacity "
+    "waits — deferred `RUNTIME_BUSY` with jittered backoff, no attempt spent — until this long "
+    "after it was created, then fails `BUSY_DEADLINE`",
     "server": "process settings",
     "server.shutdown_grace_s": "on SIGTERM, how long requests in flight may finish",
     "server.drain_delay_s": (
@@ -309,6 +348,21 @@ MEANING: dict[str, str] = {
     "blobs.inline_max_bytes": "results up to this size stay in the job row; larger ones go to "
     "the blob store",
     "blobs.presign_s": "how long presigned URLs handed to a runtime live",
+    "auth": "client identity on the data plane and the job routes (docs/keys.md)",
+    "auth.mode": "`open`: no client identity, anyone who reaches `listen` may call every "
+    "data-plane and job route (a demo, one user behind a firewall); `keys`: every such route "
+    "needs a client key (`Authorization: Bearer`, `api-key` or `x-api-key`), 401 otherwise",
+    "auth.bootstrap_keys_env": "the environment variable holding keys for automation: a JSON "
+    "list of `{name, tenant, key, ...}` (the fields of `POST /admin/keys`, `key` the secret, "
+    "`gk-` and 24+ characters), stored as `boot-<name>` at start; null: none",
+    "auth.key_cache_s": "how long a replica trusts a key it looked up: a revoked, rotated or "
+    "changed key takes effect on every other replica within this delay",
+    "auth.usage_flush_s": "how often a replica writes its usage counts to the store "
+    "(`/admin/usage` on another replica lags by up to this)",
+    "auth.key_label": "also count tokens per key prefix in `gateway_key_tokens_total` (one "
+    "series per key: only with few keys)",
+    "auth.max_keys_cached": "the most key lookups a replica keeps (wrong keys too); the oldest "
+    "go first",
     "tls": "serve HTTPS on `listen` (and `admin_listen`); null: plain HTTP (put a TLS proxy in "
     "front, docs/security.md)",
     "tls.cert_file": "the server's certificate chain (PEM)",

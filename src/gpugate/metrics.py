@@ -103,6 +103,26 @@ class Metrics:
             "Responses served from the idempotency store without an upstream call",
             registry=r,
         )
+        # client keys (issue #16): tenants and models are bounded by the store and the config;
+        # the key's prefix is a label only with auth.key_label (one series per key)
+        self.tokens = Counter(
+            "gateway_tokens_total",
+            "Tokens used through client keys, by tenant, model and kind (prompt, completion)",
+            ["tenant", "model", "kind"],
+            registry=r,
+        )
+        self.tokens_by_key = Counter(
+            "gateway_key_tokens_total",
+            "Tokens used per client key prefix (only with auth.key_label: true)",
+            ["key", "kind"],
+            registry=r,
+        )
+        self.key_refusals = Counter(
+            "gateway_key_refusals_total",
+            "Requests a client key's limit or rules refused, by code",
+            ["code"],
+            registry=r,
+        )
 
         gpu = ["host", "gpu", "instance"]
         self.gpu_util = Gauge("gateway_gpu_util_percent", "GPU utilisation (DCGM)", gpu, registry=r)
@@ -181,6 +201,32 @@ class Metrics:
             "gateway_runtime_drained_calls",
             "Calls in flight cancelled because their runtime was drained or auto-disabled",
             ["runtime"],
+            registry=r,
+        )
+        self.loop_restarts = Counter(  # labels: the loop names wiring starts (a fixed set)
+            "gateway_loop_restarts",
+            "Background loops restarted by the supervisor after they raised, by loop",
+            ["loop"],
+            registry=r,
+        )
+        # routing that knows the engines (docs/routing.md)
+        self.engine_scrapes = Counter(
+            "gateway_engine_scrapes_total",
+            "Scrapes of model-server metrics by upstream and outcome (ok or error)",
+            ["upstream", "outcome"],
+            registry=r,
+        )
+        self.engine_load = Gauge(
+            "gateway_engine_load",
+            "An endpoint's engine as last read: running, waiting, kv_usage, prefix_hit_rate",
+            ["upstream", "endpoint", "signal"],
+            registry=r,
+        )
+        self.routing_picks = Counter(
+            "gateway_routing_picks_total",
+            "Endpoint choices by policy and what decided them (load, prefix, session, lora, "
+            "balance: affinity overridden by load)",
+            ["policy", "reason"],
             registry=r,
         )
 

@@ -16,8 +16,10 @@ from typing import Any, Literal, Self
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from gpugate.config import summary
+from gpugate.config.auth import AuthConfig
 from gpugate.config.blobs import BlobsConfig, S3Config
 from gpugate.config.cache import CacheConfig
+from gpugate.config.engine import EngineConfig, RoutingConfig
 from gpugate.config.environment import ImportEnvConfig
 from gpugate.config.fields import (
     ConfigModel,
@@ -50,9 +52,11 @@ from gpugate.errors import ConfigError, ConfigProblem
 
 __all__ = [
     "GATEWAY_KEYS",
+    "AuthConfig",
     "BlobsConfig",
     "BudgetConfig",
     "CacheConfig",
+    "EngineConfig",
     "ExporterConfig",
     "GatewayConfig",
     "GpuHealthConfig",
@@ -63,6 +67,7 @@ __all__ = [
     "PushConfig",
     "PushRuntimeConfig",
     "RetentionConfig",
+    "RoutingConfig",
     "RuntimeConfig",
     "S3Config",
     "ServerConfig",
@@ -92,6 +97,7 @@ class JobsConfig(ConfigModel):
     max_rescues: int = Field(3, ge=0)
     dispatcher_lease_s: PositiveSeconds = 600.0
     max_attempts_per_runtime: int = Field(2, ge=1)
+    busy_deadline_s: PositiveSeconds = 3600.0  # no room this long after creation: fail
 
 
 class ServerConfig(ConfigModel):
@@ -138,6 +144,7 @@ class GatewayConfig(ConfigModel):
     retention: RetentionConfig = RetentionConfig()
     tls: TlsConfig | None = None  # HTTPS on listen and admin_listen; client_ca_file: mTLS
     admin_listen: ListenAddress | None = None  # /admin and /console on their own listener
+    auth: AuthConfig = AuthConfig()  # client keys on the data plane and job routes
     #: file: a config file that differs from the version it last seeded becomes the new active
     #: version at start; store: the store's version wins (replicas managed by the admin API).
     config_source: Literal["file", "store"] = "file"

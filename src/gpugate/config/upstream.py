@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from gpugate.config.cache import CacheConfig
+from gpugate.config.engine import EngineConfig, RoutingConfig
 from gpugate.config.fields import (
     ConfigModel,
     EnvName,
@@ -63,6 +64,10 @@ class UpstreamConfig(ConfigModel):
     kind: Literal["openai", "azure-di"] = "openai"
     cache: CacheConfig | None = None
     raw: RawConfig | None = None
+    #: The model server's own metrics (queue, KV cache, prefix hits, LoRA); null: not scraped.
+    engine: EngineConfig | None = None
+    #: How endpoints of this upstream are chosen; null: the model's ``routing``, else defaults.
+    routing: RoutingConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.store.facade_base import FacadeStore
 from gpugate.store.jobs_base import JobStore
+from gpugate.store.keys import KeyStore
 from gpugate.store.ledger import LedgerStore
 from gpugate.store.replicas import ReplicaStore
 from gpugate.store.retention import RetentionStore
@@ -159,7 +160,14 @@ def check_limit(limit: int) -> int:
 
 
 class Store(
-    JobStore, RuntimeStateStore, FacadeStore, ReplicaStore, LedgerStore, RetentionStore, Protocol
+    JobStore,
+    RuntimeStateStore,
+    FacadeStore,
+    ReplicaStore,
+    LedgerStore,
+    RetentionStore,
+    KeyStore,
+    Protocol,
 ):
     """The durable state of a gateway: config versions, audit trail, idempotency records, jobs,
     runtime states, the façades' files and batches, the replicas sharing it, the spend ledger."""

@@ -37,6 +37,7 @@ from gpugate.store.migrations import Migration, load_migrations, pending
 from gpugate.store.postgres_audit import audit_query, audit_record, insert_audit
 from gpugate.store.postgres_facade import PostgresFacade
 from gpugate.store.postgres_jobs import JOBS_CHANNEL, PostgresJobs
+from gpugate.store.postgres_keys import PostgresKeys
 from gpugate.store.postgres_ledger import PostgresLedger
 from gpugate.store.postgres_replicas import PostgresReplicas
 from gpugate.store.postgres_retention import PostgresRetention
@@ -112,6 +113,7 @@ class PostgresStore(
     PostgresReplicas,
     PostgresLedger,
     PostgresRetention,
+    PostgresKeys,
 ):
     """The shared store: PostgreSQL through a psycopg connection pool.
 

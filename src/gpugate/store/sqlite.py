@@ -39,6 +39,7 @@ from gpugate.store.sqlite_codec import text_time as _dt
 from gpugate.store.sqlite_codec import time_text as _ts
 from gpugate.store.sqlite_facade import SqliteFacade
 from gpugate.store.sqlite_jobs import SqliteJobs
+from gpugate.store.sqlite_keys import SqliteKeys
 from gpugate.store.sqlite_ledger import SqliteLedger
 from gpugate.store.sqlite_replicas import SqliteReplicas
 from gpugate.store.sqlite_retention import SqliteRetention
@@ -114,7 +115,13 @@ _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= :now"
 
 
 class SqliteStore(
-    SqliteJobs, SqliteRuntimeState, SqliteFacade, SqliteReplicas, SqliteLedger, SqliteRetention
+    SqliteJobs,
+    SqliteRuntimeState,
+    SqliteFacade,
+    SqliteReplicas,
+    SqliteLedger,
+    SqliteRetention,
+    SqliteKeys,
 ):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
 

@@ -31,6 +31,10 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.MethodNotAllowed: 405,
     errors.Unauthorized: 401,
     errors.CsrfRejected: 403,
+    errors.ModelNotAllowed: 403,
+    errors.RunnerNotAllowed: 403,
+    errors.KeyNotFound: 404,
+    errors.KeyLimited: 429,
     errors.TooManyAttempts: 429,
     errors.UnknownModel: 404,
     errors.UnknownUpstream: 404,
@@ -65,6 +69,7 @@ _TYPES: dict[type[errors.GpugateError], str] = {
     errors.Unauthorized: "authentication_error",
     errors.Refused: "overloaded_error",
     errors.GpuSaturated: "rate_limit_error",
+    errors.KeyLimited: "rate_limit_error",
     errors.UpstreamError: "upstream_error",
 }
 
