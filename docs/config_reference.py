@@ -332,6 +332,8 @@ MEANING: dict[str, str] = {
     "server.access_log": "one line per request at INFO on the `gpugate.access` logger (method, "
     "path without its query, status, duration, and for the data plane the upstream, model and "
     "attempts); probes and `/metrics` at DEBUG; false (or `serve --no-access-log`): none",
+    "server.max_idempotent_response_bytes": "a response body larger than this is not kept for "
+    "`Idempotency-Key` replays (the key is released; a retry is sent again)",
     "server.log_format": "`text` or `json` lines on stderr",
     "server.config_poll_s": "how often each replica looks for a new config version and runtime "
     "states",

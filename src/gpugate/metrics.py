@@ -118,7 +118,8 @@ class Metrics:
         )
         self.endpoint_healthy = Gauge(
             "gateway_endpoint_healthy",
-            "1 when the endpoint is in rotation, 0 when ejected or failing its probe",
+            "1 when the endpoint is in rotation, 0 when ejected or failing its probe"
+            " (endpoint: its index in the upstream's urls)",
             ["upstream", "endpoint"],
             registry=r,
         )

@@ -319,7 +319,11 @@ async def build_gateway(
             started_at=clock.now(),
             registry=registry,
             proxy=proxy,
-            idempotency=Idempotency(store, config.server.idempotency_ttl_s),
+            idempotency=Idempotency(
+                store,
+                config.server.idempotency_ttl_s,
+                max_body_bytes=config.server.max_idempotent_response_bytes,
+            ),
             prober=prober,
             blobs=blobs,
             monitor=monitor,

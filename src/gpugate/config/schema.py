@@ -117,6 +117,7 @@ class ServerConfig(ConfigModel):
     drain_delay_s: Seconds = 0.0  # on SIGTERM: /readyz says 503 but requests are served this long
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1)
     idempotency_ttl_s: PositiveSeconds = 86400.0
+    max_idempotent_response_bytes: int = Field(1024 * 1024, ge=0)  # larger: not kept
     log_format: Literal["text", "json"] = "text"
     access_log: bool = True  # one INFO line per request (web/access_log.py)
     config_poll_s: PositiveSeconds = 2.0  # how often a replica looks for a new config/states

@@ -187,6 +187,14 @@ def json_or_text(body: bytes) -> Any:
 _CREDENTIALS = frozenset({b"authorization", b"ocp-apim-subscription-key"})
 
 
+def endpoint_label(upstream: UpstreamState, endpoint: EndpointState) -> str:
+    """How errors and open metrics name an endpoint: its upstream's id and its place in the
+    upstream's ``urls``, never the URL (issue #15 finding 8; ``/admin/upstreams`` has them)."""
+    if len(upstream.endpoints) == 1:
+        return f"upstream {upstream.id!r}"
+    return f"upstream {upstream.id!r} endpoint {upstream.endpoints.index(endpoint)}"
+
+
 def _inflight(pool: AdmissionPool) -> int:
     return pool.inflight
 
@@ -443,6 +451,7 @@ class Proxy:
                 self._headers(out, upstream),
                 out.body,
                 self._timeouts(upstream, stream=out.stream),
+                label=endpoint_label(upstream, endpoint),  # clients read the id, not the URL
             )
         except UpstreamError as exc:
             picking.release(endpoint, probe=probe)
