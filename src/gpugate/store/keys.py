@@ -193,6 +193,16 @@ class KeyStore(Protocol):
         """Delete minute and day counters last written before ``before``."""
         ...
 
+    async def own(self, kind: str, thing_id: str, tenant: str) -> bool:
+        """Record that ``tenant`` owns a job, batch or file; False when it had an owner."""
+        ...
+
+    async def disown(self, kind: str, thing_id: str) -> None: ...
+
+    async def owner(self, kind: str, thing_id: str) -> str | None:
+        """The tenant that owns it, or None (created in ``open`` mode, or unknown)."""
+        ...
+
     async def add_usage(self, rows: list[UsageRow]) -> None:
         """Add each row's counts to the stored ones of its (day, key, model, upstream)."""
         ...

@@ -86,6 +86,9 @@ ON CONFLICT (key_id, span) DO UPDATE SET
     requests = greatest(0, c.requests + excluded.requests),
     tokens = greatest(0, c.tokens + excluded.tokens),
     cents = greatest(0, c.cents + excluded.cents), at = excluded.at"""
+_OWN = "INSERT INTO tenancy (kind, id, tenant) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+_DISOWN = "DELETE FROM tenancy WHERE kind = %s AND id = %s"
+_OWNER = "SELECT tenant FROM tenancy WHERE kind = %s AND id = %s"
 _PURGE = "DELETE FROM key_counters WHERE span NOT LIKE 'c:%%' AND at < %(before)s"
 _USAGE_ADD = """
 INSERT INTO key_usage AS u (day, key_id, tenant, model, upstream, requests, prompt_tokens,
@@ -251,6 +254,19 @@ class PostgresKeys:
     async def purge_counters(self, before: datetime) -> int:
         async with self._transaction(single=True) as conn:
             return (await conn.execute(_PURGE, {"before": before})).rowcount
+
+    async def own(self, kind: str, thing_id: str, tenant: str) -> bool:
+        async with self._transaction(single=True) as conn:
+            return (await conn.execute(_OWN, (kind, thing_id, tenant))).rowcount == 1
+
+    async def disown(self, kind: str, thing_id: str) -> None:
+        async with self._transaction(single=True) as conn:
+            await conn.execute(_DISOWN, (kind, thing_id))
+
+    async def owner(self, kind: str, thing_id: str) -> str | None:
+        async with self._transaction(single=True) as conn:
+            row = await (await conn.execute(_OWNER, (kind, thing_id))).fetchone()
+        return None if row is None else str(row[0])
 
     async def add_usage(self, rows: list[UsageRow]) -> None:
         if not rows:

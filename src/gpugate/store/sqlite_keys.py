@@ -73,6 +73,9 @@ VALUES (:key, :span, :requests, :tokens, :cents, :now)
 ON CONFLICT (key_id, span) DO UPDATE SET requests = max(0, requests + excluded.requests),
     tokens = max(0, tokens + excluded.tokens), cents = max(0, cents + excluded.cents),
     at = excluded.at"""
+_OWN = "INSERT INTO tenancy (kind, id, tenant) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
+_DISOWN = "DELETE FROM tenancy WHERE kind = ? AND id = ?"
+_OWNER = "SELECT tenant FROM tenancy WHERE kind = ? AND id = ?"
 _PURGE = "DELETE FROM key_counters WHERE span NOT LIKE 'c:%' AND at < :before"
 _USAGE_ADD = """
 INSERT INTO key_usage (day, key_id, tenant, model, upstream, requests, prompt_tokens,
@@ -252,6 +255,17 @@ class SqliteKeys:
     async def purge_counters(self, before: datetime) -> int:
         params = {"before": time_text(before)}
         return await self._write(lambda conn: conn.execute(_PURGE, params).rowcount)
+
+    async def own(self, kind: str, thing_id: str, tenant: str) -> bool:
+        params = (kind, thing_id, tenant)
+        return await self._write(lambda conn: conn.execute(_OWN, params).rowcount == 1)
+
+    async def disown(self, kind: str, thing_id: str) -> None:
+        await self._write(lambda conn: conn.execute(_DISOWN, (kind, thing_id)))
+
+    async def owner(self, kind: str, thing_id: str) -> str | None:
+        row = await self._read(lambda conn: conn.execute(_OWNER, (kind, thing_id)).fetchone())
+        return None if row is None else str(row[0])
 
     async def add_usage(self, rows: list[UsageRow]) -> None:
         params = [usage_params(r) | {"day": r.day.isoformat()} for r in rows]
