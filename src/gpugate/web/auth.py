@@ -113,6 +113,26 @@ def keyed_job(request: Request, gateway: Gateway, job: JobRequest) -> JobRequest
     )
 
 
+async def check_owned(
+    request: Request, gateway: Gateway, kind: str, thing_id: str, missing: GpugateError
+) -> None:
+    """Raise ``missing`` (a 404) unless the request's tenant owns the thing (open mode and
+    operators pass)."""
+    tenant = tenant_of(request)
+    if tenant is not None and await gateway.store.owner(kind, thing_id) != tenant:
+        raise missing
+
+
+async def record_owned(request: Request, gateway: Gateway, kind: str, *ids: str | None) -> None:
+    """The request's tenant owns these things from now on (nothing in open mode)."""
+    tenant = tenant_of(request)
+    if tenant is None:
+        return
+    for thing_id in ids:
+        if thing_id is not None:
+            await gateway.store.own(kind, thing_id, tenant)
+
+
 class ClientKeys:
     """The middleware of the module docstring."""
 
