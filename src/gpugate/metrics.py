@@ -67,6 +67,31 @@ class Metrics:
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
+        # The sync path's rescues (issue #13): every try, every fallback, every continuation.
+        self.upstream_attempts = Counter(
+            "gateway_upstream_attempts_total",
+            "Tries sent to an upstream by the sync path, by how each ended",
+            ["upstream", "outcome"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "gateway_fallbacks_total",
+            "Requests that went on to a fallback model, by model, fallback and reason",
+            ["model", "to", "reason"],
+            registry=r,
+        )
+        self.continuations = Counter(
+            "gateway_continuations_total",
+            "Streams broken after bytes reached the client, by model and how they were continued",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.overloaded = Counter(
+            "gateway_overloaded_total",
+            "Requests refused because the gateway itself ran out of a resource (file descriptors)",
+            ["reason"],
+            registry=r,
+        )
         self.upstream_inflight = Gauge(
             "gateway_upstream_inflight",
             "Requests admitted to an upstream and not finished",

@@ -131,6 +131,7 @@ class Gateway:
         one); the chain and the runtimes' views follow ``self.config``."""
         self.registry.reconfigure(config.upstreams)
         self.proxy.set_secrets(_secrets(config, self.environ))
+        self.proxy.set_models(config.models)
         self.proxy.bind_gauges()
         if self.monitor is not None:
             self.monitor.reconfigure(config.upstreams)
@@ -287,7 +288,13 @@ async def build_gateway(
         registry = Registry(config.upstreams, clock)
         monitor, gate = _gpu_health(config, registry, client, clock, metrics)
         proxy = Proxy(
-            registry, client, clock, metrics, secrets=_secrets(config, environ), gate=gate
+            registry,
+            client,
+            clock,
+            metrics,
+            secrets=_secrets(config, environ),
+            gate=gate,
+            models=config.models,
         )
         prober = Prober(registry, client, clock, metrics, interval_s=probe_interval_s)
         blobs = open_blobs(config.blobs, environ)

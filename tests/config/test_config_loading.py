@@ -126,7 +126,7 @@ def test_a_file_with_one_upstream_gets_every_default() -> None:
         == config.server
     )
     upstream = config.upstream("qwen")
-    assert (64, 30.0, 300.0, False, 1024, 5.0, None, "/health", None, []) == (
+    assert (64, 30.0, 300.0, False, 1024, 5.0, 45.0, "/health", None, []) == (
         upstream.max_inflight,
         upstream.queue_timeout_s,
         upstream.timeout_s,
@@ -144,8 +144,8 @@ def test_a_wrong_type_an_unknown_key_and_a_missing_runtime_are_reported_together
     """examples/invalid.yaml: exactly these three problems, each with its key path and line."""
     allowed = (
         "id, url, urls, models, gpu_ids, max_inflight, queue_timeout_s, timeout_s, external,"
-        " max_queue, connect_timeout_s, first_byte_timeout_s, health_path, api_key_env, kind,"
-        " cache"
+        " max_queue, connect_timeout_s, first_byte_timeout_s, first_token_timeout_s,"
+        " stream_idle_timeout_s, retry, continuation, health_path, api_key_env, kind, cache"
     )
     expected = [
         "upstreams[0].max_inflight: expected an integer, got 'lots' (line 11)",

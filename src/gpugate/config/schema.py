@@ -31,6 +31,7 @@ from gpugate.config.fields import (
     split_listen,
 )
 from gpugate.config.gpu_health import ExporterConfig, GpuHealthConfig
+from gpugate.config.models import ModelConfig
 from gpugate.config.paths import Finding, describe, format_path, quoted_list
 from gpugate.config.rules import IMPLIED_RUNTIME_ID, resolve_implied, rule_findings
 from gpugate.config.runtime import (
@@ -44,7 +45,7 @@ from gpugate.config.runtime import (
 )
 from gpugate.config.source_map import SourceMap
 from gpugate.config.tls import TlsConfig
-from gpugate.config.upstream import UpstreamConfig
+from gpugate.config.upstream import RetryConfig, UpstreamConfig
 from gpugate.config.validation import RULES_CHECKED, validate_document
 from gpugate.errors import ConfigError, ConfigProblem
 
@@ -61,8 +62,10 @@ __all__ = [
     "JobsConfig",
     "ModalConfig",
     "ModalRuntimeConfig",
+    "ModelConfig",
     "PushConfig",
     "PushRuntimeConfig",
+    "RetryConfig",
     "RuntimeConfig",
     "S3Config",
     "ServerConfig",
@@ -72,7 +75,14 @@ __all__ = [
     "UpstreamRuntimeConfig",
 ]
 
-GATEWAY_KEYS = ("upstreams", "runtimes", "fallback_chain", "default_runtime", "stop_conditions")
+GATEWAY_KEYS = (
+    "upstreams",
+    "runtimes",
+    "fallback_chain",
+    "default_runtime",
+    "stop_conditions",
+    "models",
+)
 
 
 class StopConditions(ConfigModel):
@@ -123,6 +133,7 @@ class GatewayConfig(ConfigModel):
     fallback_chain: list[str] = Field([IMPLIED_RUNTIME_ID], min_length=1)
     default_runtime: str = IMPLIED_RUNTIME_ID
     stop_conditions: StopConditions = StopConditions()
+    models: list[ModelConfig] = Field(default_factory=list)  # fallbacks of the sync path
     jobs: JobsConfig = JobsConfig()
     server: ServerConfig = ServerConfig()
     blobs: BlobsConfig = BlobsConfig()
@@ -200,7 +211,7 @@ class GatewayConfig(ConfigModel):
         known = quoted_list([r.id for r in self.runtimes])
         raise KeyError(f"no runtime {runtime_id!r} (defined: {known})")
 
-    def models(self) -> list[str]:
+    def served_models(self) -> list[str]:
         """Every model some OpenAI-compatible upstream serves, sorted (an ``azure-di``
         upstream's DI model ids are not models of the data plane or of jobs)."""
         return sorted(
@@ -211,6 +222,10 @@ class GatewayConfig(ConfigModel):
                 for model in upstream.models
             }
         )
+
+    def model_policy(self, name: str) -> ModelConfig | None:
+        """The ``models[]`` entry of model ``name``, or None when it has none."""
+        return next((m for m in self.models if m.name == name), None)
 
     def upstreams_serving(self, model: str) -> list[UpstreamConfig]:
         """The OpenAI-compatible upstreams that list ``model``, in file order."""
@@ -225,7 +240,7 @@ class GatewayConfig(ConfigModel):
         every upstream model."""
         runtime = self.runtime(runtime_id)
         if runtime.kind == "upstream" and not runtime.models:
-            return self.models()
+            return self.served_models()
         return list(runtime.models)
 
     def gateway_document(self) -> dict[str, Any]:

@@ -137,11 +137,9 @@ def prices_of(config: Callable[[], GatewayConfig]) -> Callable[[str], Price | No
     """A model's price from the config's ``models:`` entries (``price``), or None."""
 
     def price(model: str) -> Price | None:
-        entries = getattr(config(), "models", None)  # the models: policy list, once it exists
-        for entry in entries if isinstance(entries, list) else ():
-            if getattr(entry, "name", None) == model and getattr(entry, "price", None):
-                p = entry.price
-                return Price(p.prompt_per_1k_cents, p.completion_per_1k_cents)
-        return None
+        policy = config().model_policy(model)
+        if policy is None or policy.price is None:
+            return None
+        return Price(policy.price.prompt_per_1k_cents, policy.price.completion_per_1k_cents)
 
     return price

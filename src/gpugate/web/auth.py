@@ -269,6 +269,8 @@ class _Watch:
         for name, value in message.get("headers", []):
             if name == b"x-gateway-upstream":
                 self.upstream = value.decode("latin-1")
+            elif name == b"x-gateway-model" and self.model is not None:
+                self.model = value.decode("latin-1")  # the model that answered (a fallback)
             elif name == b"idempotent-replayed":
                 self.replayed = True
             elif name == b"content-type":
