@@ -1,10 +1,11 @@
 """Limits that hold across replicas (issue #16, Done-when 2, the CI-length run; bench/keys.py
 runs 2 minutes): two ``gpugate serve`` on one PostgreSQL, one key, the load split across both.
 
-The accuracy claim is the same as the bench's: in every UTC minute the accepted requests and
-their real tokens stay within the key's limits (a reservation is one locked decision on the
-shared store, and a request's estimate is never below what it uses here), and a daily budget
-under 50 concurrent requests is never passed by more than one request's worth.
+The accuracy claim is the same as the bench's: in every UTC minute what the replicas leased
+from the store stays within the key's limits (each lease is one locked decision on the shared
+store) and what clients were served stays within what was leased (a request's estimate is never
+below what it uses here) — short of the limit by at most a slice per replica; and a daily
+budget under 50 concurrent requests is never passed by more than one request's worth.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ async def test_one_key_s_rpm_and_tpm_hold_for_the_sum_of_two_replicas(
     assert minutes
     assert all(requests <= RPM for requests, _, _ in minutes.values()), minutes
     assert all(tokens <= TPM for _, tokens, _ in minutes.values()), minutes
-    assert tally.accepted == sum(requests for requests, _, _ in minutes.values())
-    assert tally.tokens == sum(tokens for _, tokens, _ in minutes.values())
+    leased_requests = sum(requests for requests, _, _ in minutes.values())
+    leased_tokens = sum(tokens for _, tokens, _ in minutes.values())
+    assert tally.accepted <= leased_requests
+    assert tally.tokens <= leased_tokens
     assert len(tally.by_replica) == 2  # both replicas served the key
     assert tally.codes["TOKEN_LIMITED"] + tally.codes["RATE_LIMITED"] > 0  # the limit was hit
 

@@ -87,3 +87,17 @@ async def test_usage_rows_add_up_per_day_key_model_and_upstream(store: Store) ->
         found.cents,
     )
     assert [] == await store.list_usage(tenant="other")
+
+
+async def test_concurrent_leases_never_hand_out_more_than_the_limit(store: Store) -> None:
+    from gpugate.core.limits import Slice
+
+    limits = Limits(requests_per_min=100, tokens_per_min=1000, daily_cents=3.0)
+    want = Slice(requests=30, tokens=300, day_cents=1.0)
+    grants = await asyncio.gather(
+        *(store.lease_quota("key_1", limits, want, SPANS) for _ in range(10))
+    )
+    assert 100 == sum(g.requests or 0 for g in grants)
+    assert 1000 == sum(g.tokens or 0 for g in grants)
+    assert 3.0 == pytest.approx(sum(g.day_cents or 0 for g in grants))
+    assert all(g.day_tokens is None for g in grants)  # no such limit: nothing leased

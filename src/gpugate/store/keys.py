@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from gpugate.core.classes import RequestClass
 from gpugate.core.keys import ClientKey, Limits
-from gpugate.core.limits import Estimate, Windows
+from gpugate.core.limits import Estimate, Slice, Windows
 
 KEY_CREATED = "key.created"
 KEY_UPDATED = "key.updated"
@@ -173,6 +173,13 @@ class KeyStore(Protocol):
     ) -> str | None:
         """Reserve ``estimate`` and a concurrency slot, or the code of the limit it breaks
         (nothing taken then)."""
+        ...
+
+    async def lease_quota(
+        self, key_id: str, limits: Limits, want: Slice, windows: Windows
+    ) -> Slice:
+        """Take up to ``want`` of the key's minute and day quota for this replica in one
+        locked step (:func:`gpugate.core.limits.grant`); what was granted is counted as used."""
         ...
 
     async def settle_quota(

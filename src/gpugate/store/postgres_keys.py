@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
-from gpugate.core.limits import Counts, over_limit
+from gpugate.core.limits import Counts, Slice, grant, over_limit
 from gpugate.store.base import AuditEvent
 from gpugate.store.keys import (
     ALIVE_S,
@@ -228,6 +228,37 @@ class PostgresKeys:
                 },
             )
         return None
+
+    async def lease_quota(
+        self, key_id: str, limits: Limits, want: Slice, windows: Windows
+    ) -> Slice:
+        now = self._clock.now()
+        minute, day = minute_span(windows), day_span(windows)
+        found: dict[str, Any] = {"key": key_id, "minute": minute, "day": day}
+        found |= {"me": self._replica, "alive": now}
+        async with self._transaction() as conn:
+            await conn.execute(_LOCK, found)
+            row = await (await conn.execute(_COUNTS, found)).fetchone()
+            assert row is not None
+            counts = Counts(
+                minute_requests=row[0] or 0,
+                minute_tokens=row[1] or 0,
+                day_tokens=row[2] or 0,
+                day_cents=row[3] or 0.0,
+            )
+            got = grant(limits, counts, want)
+            await conn.execute(
+                _ADD,
+                {
+                    "key": key_id,
+                    "now": now,
+                    "spans": [minute, day],
+                    "requests": [got.requests or 0, 0],
+                    "tokens": [got.tokens or 0, got.day_tokens or 0],
+                    "cents": [0.0, got.day_cents or 0.0],
+                },
+            )
+        return got
 
     async def settle_quota(
         self,

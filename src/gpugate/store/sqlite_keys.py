@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpugate.core.limits import Counts, over_limit
+from gpugate.core.limits import Counts, Slice, grant, over_limit
 from gpugate.store.base import AuditEvent
 from gpugate.store.keys import (
     ALIVE_S,
@@ -222,6 +222,37 @@ class SqliteKeys:
                     | {"cents": cents, "now": at},
                 )
             return None
+
+        return await self._write(work)
+
+    async def lease_quota(
+        self, key_id: str, limits: Limits, want: Slice, windows: Windows
+    ) -> Slice:
+        now = self._clock.now()
+        minute, day = minute_span(windows), day_span(windows)
+        found = {"key": key_id, "minute": minute, "day": day}
+
+        def work(conn: sqlite3.Connection) -> Slice:
+            rows = {r[0]: r for r in conn.execute(_COUNTS, found).fetchall()}
+            m, d = rows.get(minute), rows.get(day)
+            counts = Counts(
+                minute_requests=m[1] if m else 0,
+                minute_tokens=m[2] if m else 0,
+                day_tokens=d[2] if d else 0,
+                day_cents=d[3] if d else 0.0,
+            )
+            got = grant(limits, counts, want)
+            at = time_text(now)
+            for span, requests, tokens, cents in (
+                (minute, got.requests or 0, got.tokens or 0, 0.0),
+                (day, 0, got.day_tokens or 0, got.day_cents or 0.0),
+            ):
+                conn.execute(
+                    _ADD,
+                    {"key": key_id, "span": span, "requests": requests, "tokens": tokens}
+                    | {"cents": cents, "now": at},
+                )
+            return got
 
         return await self._write(work)
 
