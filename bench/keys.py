@@ -13,9 +13,9 @@ across both replicas (the rig of ``tests/identity/keys_rig.py``). Printed:
    the criterion is 110 % — and how close to the limit a fully covered minute got (undershoot).
 2. **Budget.** A key with ``daily_cents`` under 50 concurrent requests: what was spent against
    the budget, in cents and in requests' worth.
-3. **Cost per request** (same run, same replicas, same load): a key with no limits (the key
-   lookup only) and a key with limits (a reservation and a settle on PostgreSQL per request),
-   each against ``auth.mode: open`` measured on a third replica of the same store; req/s and
+3. **Cost per request** (same run, same load): a key with no limits (the key lookup only) and a
+   key with rpm, tpm and daily-token limits (leased from PostgreSQL in slices),
+   each against ``auth.mode: open`` measured on a second replica of the same store; req/s and
    p50/p99 latency, and the ratios.
 """
 
@@ -145,7 +145,7 @@ async def cost(http: aiohttp.ClientSession, workdir: Path, upstream: str, second
                 http,
                 keyed.url,
                 name="limited",
-                limits={"requests_per_min": big, "tokens_per_min": big, "concurrency": 10_000},
+                limits={"requests_per_min": big, "tokens_per_min": big, "daily_tokens": big},
             )
             open_replica = KeyedReplica(workdir / "cost", "open", dsn, upstream)
             open_replica.config.write_text(

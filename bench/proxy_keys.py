@@ -4,8 +4,9 @@ bootstrap key from the environment, measured with wrk (the same ``-c64`` POSTs, 
 ``Authorization: Bearer``) alternately with the open gpugate of the run, twice each, so the
 machine's noise falls on both alike. Two keys are measured: one without limits (the key's
 lookup, a local cache hit after the first request, and the usage read from the body) and one
-with limits (also a reservation and a settle on the store per request; SQLite here, as the
-bench's gpugate). Prints req/s and the ratios to open.
+with limits (rpm, tpm and daily tokens: leased in slices from the store, SQLite here as the
+bench's gpugate, so a store transaction every slice rather than every request). Prints req/s
+and the ratios to open.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def start_keyed(procs: Processes, setup: Setup, cores: Cores) -> tuple[int, int]
     )
     yaml += "auth: {mode: keys, bootstrap_keys_env: BENCH_KEYS}\n"
     (workdir / "gateway-keys.yaml").write_text(yaml)
-    limits = {"requests_per_min": BIG, "tokens_per_min": BIG, "concurrency": BIG}
+    limits = {"requests_per_min": BIG, "tokens_per_min": BIG, "daily_tokens": BIG}  # leased
     keys = [
         {"name": "free", "tenant": "bench", "key": KEY_FREE, "max_class": "system"},
         {"name": "limited", "tenant": "bench", "key": KEY_LIMITED, "limits": limits},
