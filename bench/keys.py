@@ -107,9 +107,13 @@ async def accuracy(
             f"   {span[2:]}  requests {requests:5d} ({share_r:6.1%})  tokens {tokens:6d} "
             f"({share_t:6.1%})"
         )
-    store_total = sum(r for s, (r, _, _) in spans.items() if s.startswith("m:"))
-    print(f"   highest share of a limit in any minute: {worst:.1%} (criterion: <= 110 %)")
-    print(f"   served (clients) {tally.accepted} = settled (store) {store_total}")
+    leased_r = sum(r for s, (r, _, _) in spans.items() if s.startswith("m:"))
+    leased_t = sum(t for s, (_, t, _) in spans.items() if s.startswith("m:"))
+    print(f"   leased (store), highest share of a limit in any minute: {worst:.1%} (<= 110 %)")
+    print(
+        f"   served (clients): {tally.accepted} requests, {tally.tokens} tokens = "
+        f"{tally.accepted / leased_r:.1%} / {tally.tokens / leased_t:.1%} of what was leased"
+    )
 
 
 async def budget(http: aiohttp.ClientSession, workdir: Path, upstream: str) -> None:
@@ -124,13 +128,15 @@ async def budget(http: aiohttp.ClientSession, workdir: Path, upstream: str) -> N
         spans = await counters(dsn, key["id"])
     finally:
         await drop_schema(schema)
-    (spent,) = [c for s, (_, _, c) in spans.items() if s.startswith("d:")]
+    (leased,) = [c for s, (_, _, c) in spans.items() if s.startswith("d:")]
+    spent = (tally.prompt * 10 + tally.completion * 20) / 1000  # the price above
     one = (100 * 10 + 8 * 20) / 1000  # 100 prompt words, 8 completion chunks
     print(f"\n2. budget: daily_cents {cents} under 50 concurrent requests, 2 replicas")
     print(f"   clients: {dict(tally.codes)}")
     print(
-        f"   spent {spent:.4f} cents = {spent / cents:.2%} of the budget; over by "
-        f"{max(0.0, spent - cents) / one:.2f} requests' worth (criterion: <= 1)"
+        f"   spent (served usage x price) {spent:.4f} cents = {spent / cents:.2%} of the budget;"
+        f" over by {max(0.0, spent - cents) / one:.2f} requests' worth (criterion: <= 1);"
+        f" leased {leased:.4f}"
     )
 
 

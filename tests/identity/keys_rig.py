@@ -129,6 +129,8 @@ class Tally:
     codes: Counter[str] = field(default_factory=Counter)
     by_replica: Counter[str] = field(default_factory=Counter)
     tokens: int = 0
+    prompt: int = 0
+    completion: int = 0
     latencies: list[float] = field(default_factory=list)
 
     @property
@@ -173,6 +175,8 @@ async def drive(
                 tally.codes["200"] += 1
                 tally.by_replica[url] += 1
                 tally.tokens += data["usage"]["total_tokens"]
+                tally.prompt += data["usage"]["prompt_tokens"]
+                tally.completion += data["usage"]["completion_tokens"]
                 tally.latencies.append(loop.time() - started)
             else:
                 tally.codes[data["error"]["code"]] += 1
@@ -184,8 +188,8 @@ async def drive(
 
 
 async def counters(dsn: str, key_id: str) -> dict[str, tuple[int, int, float]]:
-    """The key's settled counters per span (``m:<minute>``, ``d:<day>``): requests, tokens,
-    cents — what the limits were held against."""
+    """The key's counters per span (``m:<minute>``, ``d:<day>``): requests, tokens, cents —
+    what the replicas leased (or, for a key with a concurrency limit, what was settled)."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(
             "SELECT span, requests, tokens, cents FROM key_counters "
