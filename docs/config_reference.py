@@ -223,6 +223,10 @@ MEANING: dict[str, str] = {
     "models[].name": "the model (as the request body's `model` names it)",
     "models[].fallbacks": "models tried in order when this one cannot answer: every upstream "
     "failed (after retries), is out of rotation or answers 429/5xx",
+    "models[].price": "what the model costs through a client key (`/admin/usage` cents, the "
+    "`daily_cents` limit); null: free",
+    "models[].price.prompt_per_1k_cents": "cents per 1000 prompt tokens",
+    "models[].price.completion_per_1k_cents": "cents per 1000 completion tokens",
     "models[].context_fallbacks": "models tried in order when this one answers 400 "
     "`context_length_exceeded`",
     "upstreams[].health_path": "the path the active health probe GETs every 5 s",

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from gpugate.errors import BadRequest
 from gpugate.services.jobs import event_view, job_view
 from gpugate.store import JOB_STATES
 from gpugate.web.admin import gpus_view, upstream_view
 from gpugate.web.admin_config import version_view
+from gpugate.web.admin_keys import usage_view
 from gpugate.web.admin_runtimes import audit_view, parse_since, runtime_view
+from gpugate.web.schemas.common import validation_message
+from gpugate.web.schemas.keys import UsageQuery
 
 if TYPE_CHECKING:
     from gpugate.services.runtime_ops import RuntimeOps
@@ -143,4 +148,37 @@ async def config(gateway: Gateway) -> dict[str, Any]:
     return {
         "current_version": gateway.config_version,
         "versions": [version_view(v, gateway.config_version) for v in versions],
+    }
+
+
+async def usage(gateway: Gateway, filters: dict[str, str]) -> dict[str, Any]:
+    """Client keys' usage: a bar per UTC day (tokens, and cents when priced), the totals per
+    tenant and per key (``GET /admin/usage``'s figures); a bad filter is shown, not raised."""
+    error = None
+    try:
+        query = UsageQuery.model_validate({k: v for k, v in filters.items() if v})
+    except ValidationError as exc:
+        error, query = validation_message(exc, filters, UsageQuery), UsageQuery()
+    view = (await usage_view(gateway, query)).as_json()
+    per_day: dict[str, dict[str, float]] = {}
+    for row in view["data"]:
+        day = per_day.setdefault(row["day"], {"tokens": 0.0, "cents": 0.0})
+        day["tokens"] += row["prompt_tokens"] + row["completion_tokens"]
+        day["cents"] += row["cents"]
+    top = max([d["tokens"] for d in per_day.values()] + [1.0])
+    bars = [
+        {"day": day, **figures, "pct": 100.0 * figures["tokens"] / top}
+        for day, figures in sorted(per_day.items())
+    ]
+    keys = {key.id: key for key in await gateway.store.list_keys()}
+    return {
+        "bars": bars,
+        "by_tenant": view["by_tenant"],
+        "by_key": {
+            key_id: {**total, "name": keys[key_id].name if key_id in keys else key_id}
+            for key_id, total in view["by_key"].items()
+        },
+        "filters": filters,
+        "filter_error": error,
+        "mode": gateway.config.auth.mode,
     }
