@@ -112,9 +112,12 @@ class ModelServer:
         return self._apply(self._behaviour.patched(fields))
 
     def reset(self) -> None:
-        """Back to the behaviour it was built with, counters zeroed (``POST /_control/reset``)."""
+        """Back to the behaviour it was built with, counters zeroed, the engine's cache emptied
+        (``POST /_control/reset``)."""
         self._apply(self._initial)
         self._stats = ServerStats(ROUTES, self.models)
+        if self.engine is not None:  # an empty cache and queue, the spec kept
+            self.engine = Engine(self.engine.spec)
 
     def _apply(self, behaviour: ServerBehaviour) -> ServerBehaviour:
         self._behaviour = behaviour

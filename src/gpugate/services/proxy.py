@@ -27,6 +27,7 @@ from gpugate.core.admission import AdmissionPool, Slot
 from gpugate.core.classes import RequestClass
 from gpugate.core.picking import EndpointState
 from gpugate.core.registry import Registry, UpstreamState
+from gpugate.core.scoring import Route, Router
 from gpugate.errors import GpugateError, UpstreamError
 from gpugate.metrics import Metrics
 from gpugate.services.shed import ShedGate
@@ -130,6 +131,8 @@ class Proxy:
     ) -> None:
         self.registry = registry
         self.gate = gate
+        #: Set by the composition root; None: wave 1's power of two choices (docs/routing.md).
+        self.router: Router | None = None
         self.clock = clock
         self._client = client
         self._metrics = metrics
@@ -137,6 +140,7 @@ class Proxy:
         self._rng = rng or random.Random()  # noqa: S311 - load spreading, not security
         self._counted: dict[tuple[str, str, str, str], Any] = {}  # metric children, by labels
         self._timed: dict[tuple[str, str], Any] = {}
+        self._picked: dict[tuple[str, str], Any] = {}
         self.bind_gauges()
 
     def set_secrets(self, secrets: Mapping[str, str]) -> None:
@@ -174,17 +178,18 @@ class Proxy:
             upstreams = self.gate.admit(upstreams, out.cls, "proxy")
         tried: set[str] = set()
         upstream_time = 0.0
+        route = self._route(out)
         while True:
             endpoints = (
                 upstreams[0].endpoints
                 if len(upstreams) == 1
                 else [ep for u in upstreams for ep in u.endpoints]
             )
-            chosen = picking.pick(endpoints, self._rng, self.clock.monotonic(), exclude=tried)
+            chosen, _ = self._pick(route, endpoints, tried)
             upstream = self.registry.owner(chosen)
             slot = upstream.pool.try_acquire() or await self._admit(upstream, out.cls)
             try:
-                return await self._send(out, upstream, slot, tried, upstream_time)
+                return await self._send(out, upstream, slot, tried, upstream_time, route)
             except UpstreamError as exc:
                 slot.release()
                 if not (
@@ -196,6 +201,29 @@ class Proxy:
             except BaseException:
                 slot.release()
                 raise
+
+    def _route(self, out: Outbound) -> Route | None:
+        """The request's routing facts (prompt hashed once), when a router routes models."""
+        if self.router is None or out.model is None:
+            return None
+        batch = out.cls is RequestClass.BATCH
+        return self.router.route(out.model, out.upstream_id, out.doc, out.headers, batch=batch)
+
+    def _picks(self, policy: str, reason: str) -> Any:
+        child = self._picked.get((policy, reason))
+        if child is None:
+            child = self._picked[policy, reason] = self._metrics.routing_picks.labels(
+                policy, reason
+            )
+        return child
+
+    def _pick(
+        self, route: Route | None, endpoints: Sequence[EndpointState], tried: set[str]
+    ) -> tuple[EndpointState, str]:
+        now = self.clock.monotonic()
+        if route is None or self.router is None:
+            return picking.pick(endpoints, self._rng, now, exclude=tried), "p2c"
+        return self.router.pick(route, endpoints, self._rng, now, exclude=tried)
 
     async def _admit(self, upstream: UpstreamState, cls: RequestClass) -> Slot:
         """Wait in the upstream's queue (the pool had no free slot)."""
@@ -213,10 +241,14 @@ class Proxy:
         slot: Slot,
         tried: set[str],
         upstream_time: float,
+        route: Route | None = None,
     ) -> Reply:
+        endpoint, reason = self._pick(route, upstream.endpoints, tried)
         now = self.clock.monotonic()
-        endpoint = picking.pick(upstream.endpoints, self._rng, now, exclude=tried)
         probe = picking.claim(endpoint, now)
+        if route is not None and self.router is not None:
+            self.router.sent(route, endpoint)
+            self._picks(route.cfg.policy, reason).inc()
         sent_at = self.clock.monotonic()
         try:
             response = await self._client.send(
