@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import quote
 
 import psycopg
 import pytest
+
+from e2e.children import kill_leftovers
 
 POSTGRES_ENV = "GPUGATE_TEST_POSTGRES"
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
@@ -38,3 +40,13 @@ async def postgres_schema() -> AsyncIterator[str]:
     finally:
         async with await psycopg.AsyncConnection.connect(server, autocommit=True) as conn:
             await conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test() -> Iterator[None]:
+    """Kill the ``gpugate serve``/nginx processes a test left running (a timeout, a failure
+    before its clean-up): leftovers hold ports and PostgreSQL connections for the whole run."""
+    yield
+    killed = kill_leftovers()
+    if killed:
+        print(f"killed processes the test left running: {killed}")

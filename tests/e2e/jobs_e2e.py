@@ -21,6 +21,7 @@ from typing import Self
 import aiohttp
 import pytest
 
+from e2e.children import track
 from gpugate.fleet import ModelServer
 
 GPUGATE = [sys.executable, "-m", "gpugate"]
@@ -71,10 +72,10 @@ class GatewayProcess:
     async def start(self, http: aiohttp.ClientSession, *, within_s: float = 20) -> None:
         """Start the process and wait until ``ready_path`` (``/readyz``) answers 200."""
         with self.log.open("ab") as out:
-            self._proc = await asyncio.create_subprocess_exec(
+            self._proc = track(await asyncio.create_subprocess_exec(
                 *GPUGATE, *self.args,
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=dict(os.environ),
-            )  # fmt: skip
+            ))  # fmt: skip
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             if not self.alive:

@@ -39,6 +39,8 @@ import aiohttp
 import openai
 import psycopg
 
+from e2e.children import track
+
 GPUGATE = [sys.executable, "-m", "gpugate"]
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 MODEL = "qwen"  # chat and streams
@@ -125,10 +127,12 @@ class Nginx:
         if not Path(NGINX).exists():
             raise RigError("nginx is not installed (apt-get install nginx-light)")
         with (self.workdir / "nginx-stderr.log").open("ab") as err:
-            self._proc = subprocess.Popen(
-                [NGINX, "-c", str(self.conf), "-p", str(self.workdir), "-e", "stderr"],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
+            self._proc = track(
+                subprocess.Popen(
+                    [NGINX, "-c", str(self.conf), "-p", str(self.workdir), "-e", "stderr"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
             )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -237,10 +241,10 @@ class Replica:
 
     async def start(self, http: aiohttp.ClientSession, *, within_s: float = 30) -> None:
         with self.log.open("ab") as out:
-            self._proc = await asyncio.create_subprocess_exec(
+            self._proc = track(await asyncio.create_subprocess_exec(
                 *GPUGATE, "serve", "--config", str(self.config),
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=dict(os.environ),
-            )  # fmt: skip
+            ))  # fmt: skip
         self._terminated = False
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
