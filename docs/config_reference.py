@@ -257,9 +257,10 @@ MEANING: dict[str, str] = {
     "(engine_load plus the prefix index, session and LoRA affinity)",
     "upstreams[].routing.prefix_weight": "a prompt's leading blocks missing on an endpoint cost "
     "this many queued requests there (scaled by the share of the prompt missing)",
-    "upstreams[].routing.waiting_weight": "how much a waiting request weighs against a running one",
-    "upstreams[].routing.kv_weight": "KV-cache use (0..1) times this is added to an endpoint's "
-    "load",
+    "upstreams[].routing.waiting_weight": "each request waiting in the engine (it could not "
+    "start: slots or KV cache full) adds this much load on top of counting as outstanding",
+    "upstreams[].routing.kv_weight": "a KV cache filling from 90 % to 100 % adds up to this "
+    "much load",
     "upstreams[].routing.balance_abs": "affinity is ignored for an endpoint at least this much "
     "busier than the least loaded one (and `balance_rel` times as busy)",
     "upstreams[].routing.balance_rel": "... and at least this many times as busy",
