@@ -263,6 +263,10 @@ MEANING: dict[str, str] = {
     "server.public_url": "the gateway's base URL as clients know it (e.g. "
     "`https://gpu.example.com`): the Azure DI facade builds `Operation-Location` from it; null: "
     "only a loopback or the `listen` host is accepted as `Host` there (docs/security.md)",
+    "server.console_sample_s": "how often the console's charts take a sample of the "
+    "gateway's own metrics (in process, no scrape; docs/console.md)",
+    "server.console_history_s": "how far back the console's charts reach: a ring of "
+    "`console_history_s / console_sample_s` samples (at most 17 280), in memory, per replica",
     "blobs": "where large job results go",
     "blobs.kind": "`local` (a directory) or `s3` (S3-compatible; needed by `modal` runtimes)",
     "blobs.dir": "the directory of the `local` blob store",

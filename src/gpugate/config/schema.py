@@ -103,6 +103,8 @@ class ServerConfig(ConfigModel):
     config_poll_s: PositiveSeconds = 2.0  # how often a replica looks for a new config/states
     behind_tls_proxy: bool = False  # clients reach us through a TLS-terminating proxy
     public_url: HttpUrl | None = None  # the gateway's address as clients know it
+    console_sample_s: float = Field(5.0, ge=0.5)  # the console charts' sample interval
+    console_history_s: float = Field(3600.0, gt=0, le=86400)  # how far back they reach
 
 
 def _implied_runtimes() -> list[RuntimeConfig]:
