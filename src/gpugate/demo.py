@@ -31,6 +31,9 @@ log = logging.getLogger("gpugate.demo")
 
 DEMO_TOKEN = "demo-admin-token"  # noqa: S105 - printed on purpose: it guards a loopback demo
 WORKER_SECRET_ENV = "GPUGATE_DEMO_WORKER_SECRET"  # noqa: S105 - a variable's name
+DEFAULT_PACE_S = 5.0  # how long a scenario holds each state for a watcher (``--pace``)
+MAX_PACE_S = 600.0
+TRAFFIC_EVERY_S = 0.5  # the background chat traffic while a scenario plays
 HOME_DAILY_CENTS = 2.0  # home-1's daily budget in the demo: over it after ~4 s of its GPU time
 
 
@@ -102,6 +105,7 @@ fallback_chain: [local, home-1]
 
 server:
   shutdown_grace_s: 5
+  console_sample_s: 2     # the console's charts move every 2 s in the demo
 """
 
 
@@ -160,10 +164,20 @@ def _fresh_store(workdir: Path) -> Path:
     return db
 
 
-async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None = None) -> bool:
-    """Gateway + simulated fleet until SIGINT/SIGTERM; True when it started and stopped cleanly."""
+async def run_demo(
+    host: str,
+    port: int,
+    *,
+    workdir: Path,
+    scenario: str | None = None,
+    pace_s: float = DEFAULT_PACE_S,
+) -> bool:
+    """Gateway + simulated fleet until SIGINT/SIGTERM; True when it started and stopped cleanly.
+    A ``scenario`` holds each of its states ``pace_s`` (see :func:`_play`)."""
     if scenario is not None and scenario not in SCENARIOS:
         raise GpugateError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+    if not 0 <= pace_s <= MAX_PACE_S:
+        raise GpugateError(f"--pace must be between 0 and {MAX_PACE_S:g} seconds, not {pace_s:g}")
     environ = dict(os.environ)
     token = environ.setdefault("GPUGATE_ADMIN_TOKEN", DEMO_TOKEN)
     sock = bind(host, port)  # first, so a taken port fails before anything starts
@@ -182,7 +196,7 @@ async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None 
         async def announce() -> None:
             print("\n".join(banner(fleet, url=url, workdir=workdir, token=token)), flush=True)  # noqa: T201
             if scenario is not None:
-                stage = stage_for(fleet, worker, url=url, token=token)
+                stage = stage_for(fleet, worker, url=url, token=token, pace_s=pace_s)
                 plays.append(asyncio.create_task(_play(scenario, stage), name="demo-scenario"))
 
         try:
@@ -238,7 +252,7 @@ class DemoWorker:
 
 
 def stage_for(
-    fleet: Fleet, worker: DemoWorker, *, url: str, token: str, pace_s: float = 5.0
+    fleet: Fleet, worker: DemoWorker, *, url: str, token: str, pace_s: float = DEFAULT_PACE_S
 ) -> Stage:
     """The stage a scenario plays on: this gateway, this fleet's control routes, home-1's
     worker, stdout."""
@@ -258,8 +272,26 @@ def stage_for(
 
 
 async def _play(scenario: str, stage: Stage) -> None:
+    """Play ``scenario`` for a watcher: steady chat traffic throughout (so the console's charts
+    show the incident in requests, latency and errors), the healthy fleet held ``pace_s``
+    before it starts and after it ends, each of its states held as it says."""
     stage.say(f"Playing scenario {scenario!r}: {SCENARIOS[scenario].shows}. Watch the console.")
+    traffic = asyncio.create_task(_traffic(stage), name="demo-traffic")
     try:
+        await stage.hold()
         await play(scenario, stage)
+        await stage.hold()
     except GpugateError as exc:
         log.error("scenario %s stopped: %s", scenario, exc.message)  # noqa: TRY400 - no traceback helps
+    finally:
+        traffic.cancel()
+        await asyncio.gather(traffic, return_exceptions=True)
+    stage.say(f"[{scenario}] the background traffic stopped; the console keeps the last hour")
+
+
+async def _traffic(stage: Stage) -> None:
+    """One interactive chat request every :data:`TRAFFIC_EVERY_S`, to 127.0.0.1 only, until
+    cancelled (the scenario ended): what the charts draw while an incident plays."""
+    while True:
+        await stage.chat()
+        await asyncio.sleep(TRAFFIC_EVERY_S)

@@ -101,7 +101,7 @@ def _x_ticks(chart: Chart, t0: float, t1: float) -> None:
         x = x0 + (x1 - x0) * (t - t0) / (t1 - t0)
         label = _clock_label(t, step)
         half = CHAR_W * len(label) / 2
-        if x - half >= x0 - LEFT / 2 and x + half <= chart.width:
+        if x - half >= x0 - 4 and x + half <= chart.width - 2:  # clear of the y labels
             ticks.append({"x": x, "label": label})
         t += step
     chart.x_ticks = ticks

@@ -156,7 +156,12 @@ def runtime_charts(gateway: Gateway, runtime_id: str, spend: dict[str, Any]) -> 
         if spend.get("daily_cents"):
             rules = _budget_rules(spend["daily_cents"])
             today = _line(
-                ring, "spend_today", [runtime_id], labels={runtime_id: "spent today"}, rules=rules
+                ring,
+                "spend_today",
+                [runtime_id],
+                labels={runtime_id: "spent today"},
+                rules=rules,
+                min_top=0.01,
             )
             shown.append(today)
     shown.append(spend_chart(spend))
