@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import quote
 
 from gpugate import __version__
 from gpugate.config import env_problems, load_config
@@ -526,6 +527,136 @@ def _add_jobs_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_jobs_cancel)
 
 
+def _key_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields of ``keys create|update`` that were given, as the admin API takes them."""
+    body: dict[str, Any] = {}
+    for name in ("name", "tenant", "max_class", "expires_at"):
+        if getattr(args, name, None) is not None:
+            body[name] = getattr(args, name)
+    for name in ("models", "runners"):
+        value = getattr(args, name, None)
+        if value is not None:
+            body[name] = None if value == "*" else [v for v in value.split(",") if v]
+    if args.allow_external is not None:
+        body["allow_external"] = args.allow_external
+    limits = {name: getattr(args, name) for name in _LIMIT_FLAGS if getattr(args, name) is not None}
+    if limits:
+        body["limits"] = limits
+    return body
+
+
+_LIMIT_FLAGS = ("requests_per_min", "tokens_per_min", "concurrency", "daily_tokens", "daily_cents")
+
+
+def _print_key(key: dict[str, Any]) -> None:
+    state = "revoked" if key.get("revoked_at") else "active"
+    models = ",".join(key["models"]) if key["models"] is not None else "*"
+    print(
+        f"{key['id']:<22} {key['prefix']}…  {key['tenant']:<14} {key['name']:<16} "
+        f"{key['max_class']:<11} models={models} {state}"
+    )
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    _, key = _admin_api(args).request("POST", "/admin/keys", _key_body(args))
+    _print_json(key)
+    print("the key is shown this once: store it now", file=sys.stderr)
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    path = "/admin/keys" + (f"?tenant={quote(args.tenant)}" if args.tenant else "")
+    _, body = _admin_api(args).request("GET", path)
+    if args.json:
+        _print_json(body)
+        return 0
+    for key in body["data"]:
+        _print_key(key)
+    return 0
+
+
+def cmd_keys_show(args: argparse.Namespace) -> int:
+    _, key = _admin_api(args).request("GET", f"/admin/keys/{quote(args.id)}")
+    _print_json(key)
+    return 0
+
+
+def cmd_keys_update(args: argparse.Namespace) -> int:
+    _, key = _admin_api(args).request("PATCH", f"/admin/keys/{quote(args.id)}", _key_body(args))
+    _print_json(key)
+    return 0
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    _, key = _admin_api(args).request("POST", f"/admin/keys/{quote(args.id)}/rotate")
+    _print_json(key)
+    print("the new key is shown this once; the old one stops working", file=sys.stderr)
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    _, key = _admin_api(args).request("DELETE", f"/admin/keys/{quote(args.id)}")
+    print(f"key {key['id']} ({key['prefix']}…) revoked at {key['revoked_at']}")
+    return 0
+
+
+def _key_fields_parent(*, creating: bool) -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--name", required=creating, help="what the key is for")
+    parent.add_argument("--tenant", required=creating, help="the team it belongs to")
+    parent.add_argument("--models", help="comma-separated models it may use; * for every one")
+    parent.add_argument(
+        "--max-class",
+        choices=["system", "interactive", "batch"],
+        help="the highest X-Request-Class it may use; higher is clamped down (default interactive)",
+    )
+    parent.add_argument("--runners", help="comma-separated runtimes its jobs may name; * for all")
+    parent.add_argument(
+        "--allow-external",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether it may use external upstreams (default no)",
+    )
+    for flag in _LIMIT_FLAGS:
+        kind = float if flag == "daily_cents" else int
+        parent.add_argument(f"--{flag.replace('_', '-')}", type=kind, help="a limit (default none)")
+    parent.add_argument("--expires-at", help="RFC 3339 time it stops working (default never)")
+    return parent
+
+
+def _add_keys_commands(sub: Any) -> None:
+    """keys create|list|show|update|rotate|revoke (client keys; the admin API)."""
+    p = sub.add_parser("keys", help="client keys of a running gateway (auth.mode: keys)")
+    keys = p.add_subparsers(dest="keys_command", required=True, metavar="KEYS_COMMAND")
+    admin = _admin_parent()
+    p = keys.add_parser(
+        "create",
+        parents=[admin, _key_fields_parent(creating=True)],
+        help="a new key; its secret is printed this once",
+    )
+    p.set_defaults(func=cmd_keys_create)
+    p = keys.add_parser("list", parents=[admin], help="every key: id, prefix, tenant, state")
+    p.add_argument("--tenant", help="only this tenant's keys")
+    p.add_argument("--json", action="store_true", help="the admin API's JSON as it is")
+    p.set_defaults(func=cmd_keys_list)
+    p = keys.add_parser("show", parents=[admin], help="one key (JSON; never its secret)")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_keys_show)
+    p = keys.add_parser(
+        "update",
+        parents=[admin, _key_fields_parent(creating=False)],
+        help="change the fields given (limits given replace all limits); audited",
+    )
+    p.add_argument("id")
+    p.set_defaults(func=cmd_keys_update)
+    p = keys.add_parser("rotate", parents=[admin], help="a new secret for the key (printed once)")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_keys_rotate)
+    p = keys.add_parser("revoke", parents=[admin], help="stop the key (every replica within 2 s)")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_keys_revoke)
+
+
 def _admin_parent() -> argparse.ArgumentParser:
     """``--gateway`` plus the admin token and the audit log's actor."""
     parent = argparse.ArgumentParser(add_help=False, parents=[_gateway_parent()])
@@ -609,6 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_jobs_commands(sub)
     _add_runtimes_commands(sub)
     _add_config_commands(sub)
+    _add_keys_commands(sub)
     _add_worker_command(sub)
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=cmd_version)

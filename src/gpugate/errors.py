@@ -13,13 +13,17 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │       └── BlobNotFound           BLOB_NOT_FOUND: no blob under that key
     ├── ListenError                    the listen address cannot be bound
     ├── ScrapeError                    SCRAPE_FAILED: an exporter's answer is not exposition text
-    │   └── NoGpuSeries                SCRAPE_NO_GPUS: it parses, but holds no DCGM GPU series
+    │   ├── NoGpuSeries                SCRAPE_NO_GPUS: it parses, but holds no DCGM GPU series
+    │   └── NoEngineSeries             SCRAPE_NO_ENGINE: it parses, but no vLLM/SGLang/TEI series
     ├── ClientError                    the request is wrong; retrying it unchanged will not help
     │   ├── BadRequest                 BAD_REQUEST
     │   ├── PayloadTooLarge            PAYLOAD_TOO_LARGE
     │   ├── NoSuchRoute                NOT_FOUND: no route has this path
     │   ├── MethodNotAllowed           METHOD_NOT_ALLOWED: the route takes other methods
     │   ├── Unauthorized               UNAUTHORIZED
+    │   ├── ModelNotAllowed            MODEL_NOT_ALLOWED: the client key may not use the model
+    │   ├── RunnerNotAllowed           RUNNER_NOT_ALLOWED: the client key may not use the runner
+    │   ├── KeyNotFound                KEY_NOT_FOUND: no client key has this id
     │   ├── CsrfRejected               CSRF_REJECTED: a console action without its session's token
     │   ├── TooManyAttempts            TOO_MANY_ATTEMPTS: too many wrong credentials from a client
     │   ├── UnknownModel               UNKNOWN_MODEL
@@ -40,6 +44,11 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── QueueTimeout               QUEUE_TIMEOUT
     │   ├── QueueFull                  QUEUE_FULL
     │   ├── NoHealthyUpstream          NO_HEALTHY_UPSTREAM
+    │   ├── KeyLimited                 a client key's limit (429, Retry-After)
+    │   │   ├── RateLimited            RATE_LIMITED: requests per minute
+    │   │   ├── TokenLimited           TOKEN_LIMITED: tokens per minute
+    │   │   ├── ConcurrencyLimited     CONCURRENCY_LIMITED: requests in flight
+    │   │   └── BudgetExceeded         BUDGET_EXCEEDED: the daily tokens or cents
     │   └── ShuttingDown               SHUTTING_DOWN: the replica stops; another will answer
     ├── UpstreamError                  the upstream failed us
     │   ├── UpstreamTimeout            UPSTREAM_TIMEOUT
@@ -158,6 +167,12 @@ class NoGpuSeries(ScrapeError):
     code = "SCRAPE_NO_GPUS"
 
 
+class NoEngineSeries(ScrapeError):
+    """The scrape parses, but holds no model-server series (vLLM, SGLang or TEI) to route on."""
+
+    code = "SCRAPE_NO_ENGINE"
+
+
 class ClientError(GpugateError):
     """The request is wrong; retrying it unchanged will not help."""
 
@@ -194,6 +209,24 @@ class Unauthorized(ClientError):
     code = "UNAUTHORIZED"
 
 
+class ModelNotAllowed(ClientError):
+    """This client key may not use that model."""
+
+    code = "MODEL_NOT_ALLOWED"
+
+
+class RunnerNotAllowed(ClientError):
+    """This client key may not use that runner."""
+
+    code = "RUNNER_NOT_ALLOWED"
+
+
+class KeyNotFound(ClientError):
+    """No client key has this id."""
+
+    code = "KEY_NOT_FOUND"
+
+
 class CsrfRejected(ClientError):
     """A console action came without the CSRF token of its session."""
 
@@ -222,6 +255,24 @@ class ExternalUpstreamForbidden(ClientError):
     """The request may not leave the building, and only external upstreams could serve it."""
 
     code = "EXTERNAL_UPSTREAM_FORBIDDEN"
+
+
+class HeadersTooLarge(ClientError):
+    """The request line and headers are larger, or more, than this gateway accepts."""
+
+    code = "HEADERS_TOO_LARGE"
+
+
+class RequestTimeout(ClientError):
+    """The client was too slow sending its request (headers or body)."""
+
+    code = "REQUEST_TIMEOUT"
+
+
+class RawForbidden(ClientError):
+    """This upstream is not reachable through /u/ for this method and path (its `raw:` opt-in)."""
+
+    code = "RAW_FORBIDDEN"
 
 
 class IdempotencyConflict(ClientError):
@@ -267,10 +318,51 @@ class ShuttingDown(Refused):
     code = "SHUTTING_DOWN"
 
 
+class TooManyConnections(Refused):
+    """This replica holds as many client connections as it accepts (server.max_connections)."""
+
+    code = "TOO_MANY_CONNECTIONS"
+
+
 class NoHealthyUpstream(Refused):
     """No healthy upstream serves this model right now."""
 
     code = "NO_HEALTHY_UPSTREAM"
+
+
+class KeyLimited(Refused):
+    """The client key is over one of its limits; retry after Retry-After."""
+
+    code = "KEY_LIMITED"
+
+
+class RateLimited(KeyLimited):
+    """The client key is over its requests per minute."""
+
+    code = "RATE_LIMITED"
+
+
+class TokenLimited(KeyLimited):
+    """The client key is over its tokens per minute."""
+
+    code = "TOKEN_LIMITED"
+
+
+class ConcurrencyLimited(KeyLimited):
+    """The client key has as many requests in flight as it may."""
+
+    code = "CONCURRENCY_LIMITED"
+
+
+class BudgetExceeded(KeyLimited):
+    """The client key has used its daily tokens or cents."""
+
+    code = "BUDGET_EXCEEDED"
+
+
+LIMIT_ERRORS: dict[str, type[KeyLimited]] = {
+    cls.code: cls for cls in (RateLimited, TokenLimited, ConcurrencyLimited, BudgetExceeded)
+}
 
 
 class UpstreamError(GpugateError):

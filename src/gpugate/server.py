@@ -31,10 +31,11 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from gpugate.clock import SystemClock
-from gpugate.config import GatewayConfig, TlsConfig
+from gpugate.config import GatewayConfig, ServerConfig, TlsConfig
 from gpugate.errors import ConfigError, ConfigProblem, ListenError
 from gpugate.services.readiness import Lifecycle
 from gpugate.web.app import create_app
+from gpugate.web.connections import ConnectionLimits, guarded_protocol
 from gpugate.web.listeners import ListenerSplit
 from gpugate.wiring import build_gateway
 
@@ -112,8 +113,10 @@ class DrainingServer(uvicorn.Server):
         drain_delay_s: float,
         lifecycle: Lifecycle,
         tls: ssl.SSLContext | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
-        super().__init__(_with_tls(_uvicorn_config(app, grace_s + CUT_MARGIN_S), tls))
+        config = _uvicorn_config(app, grace_s + CUT_MARGIN_S, limits or ConnectionLimits())
+        super().__init__(_with_tls(config, tls))
         self._grace_s = grace_s
         self._drain_delay_s = drain_delay_s
         self._lifecycle = lifecycle
@@ -158,11 +161,27 @@ class DrainingServer(uvicorn.Server):
 
 
 def make_server(
-    app: ASGIApp, grace_s: float, *, tls: ssl.SSLContext | None = None
+    app: ASGIApp,
+    grace_s: float,
+    *,
+    tls: ssl.SSLContext | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> uvicorn.Server:
     """A uvicorn server for ``app`` with gpugate's settings (serve it with pre-bound sockets),
-    speaking TLS with ``tls``."""
-    return uvicorn.Server(_with_tls(_uvicorn_config(app, grace_s), tls))
+    speaking TLS with ``tls``, each connection held to ``limits`` (default: the defaults)."""
+    config = _uvicorn_config(app, grace_s, limits or ConnectionLimits())
+    return uvicorn.Server(_with_tls(config, tls))
+
+
+def connection_limits(server: ServerConfig) -> ConnectionLimits:
+    """The ``server.*`` connection limits as the HTTP protocol applies them."""
+    return ConnectionLimits(
+        header_timeout_s=server.header_timeout_s,
+        max_header_bytes=server.max_header_bytes,
+        max_headers=server.max_headers,
+        body_timeout_s=server.body_timeout_s,
+        max_connections=server.max_connections,
+    )
 
 
 def _with_tls(config: uvicorn.Config, tls: ssl.SSLContext | None) -> uvicorn.Config:
@@ -172,11 +191,11 @@ def _with_tls(config: uvicorn.Config, tls: ssl.SSLContext | None) -> uvicorn.Con
     return config
 
 
-def _uvicorn_config(app: ASGIApp, grace_s: float) -> uvicorn.Config:
+def _uvicorn_config(app: ASGIApp, grace_s: float, limits: ConnectionLimits) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(limits),  # httptools, with header/body timeouts and caps
         lifespan="on",
         access_log=False,
         log_config=None,  # our logging (gpugate.logs) is already configured
@@ -198,6 +217,7 @@ async def serve(  # noqa: PLR0913 - the app and its socket, then keyword-only se
     on_started: Callable[[], Awaitable[None]] | None = None,
     admin_sock: socket.socket | None = None,
     tls: ssl.SSLContext | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> bool:
     """Serve until a signal (drained first); True when startup and shutdown were clean."""
     _absorb_reraised_sigterm()
@@ -207,6 +227,7 @@ async def serve(  # noqa: PLR0913 - the app and its socket, then keyword-only se
         drain_delay_s=drain_delay_s,
         lifecycle=lifecycle or Lifecycle(SystemClock()),
         tls=tls,
+        limits=limits,
     )
     sockets = [sock] if admin_sock is None else [sock, admin_sock]
     task = asyncio.create_task(server.serve(sockets=sockets))
@@ -251,4 +272,5 @@ async def serve_gateway(
             on_started=on_started,
             admin_sock=admin_sock,
             tls=tls,
+            limits=connection_limits(config.server),
         )

@@ -29,8 +29,14 @@ def test_every_backend_ships_the_same_migrations_numbered_from_one() -> None:
     postgres = load_migrations("postgres")
 
     assert [m.name for m in sqlite] == [m.name for m in postgres]
-    assert list(range(1, len(sqlite) + 1)) == [m.version for m in sqlite]
-    assert list(range(1, len(postgres) + 1)) == [m.version for m in postgres]
+    # Versions 8-15 are handed out to branches built side by side (jobs 8-9, hardenb 10-11,
+    # identity 12-15), so one branch alone may skip some of them; none may go unclaimed.
+    reserved = set(range(8, 16))
+    for migrations in (sqlite, postgres):
+        versions = [m.version for m in migrations]
+        newest = max(versions)
+        assert set(range(1, newest + 1)) - reserved <= set(versions)
+        assert sorted(versions) == versions
     assert ["0001_initial", "0002_idempotency"] == [m.name for m in sqlite][:2]
 
 

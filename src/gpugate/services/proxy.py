@@ -22,13 +22,13 @@ from typing import Any
 
 from gpugate.adapters.upstream_client import Timeouts, UpstreamClient, UpstreamResponse
 from gpugate.clock import Clock
-from gpugate.core import picking
+from gpugate.core import picking, raw_path
 from gpugate.core.admission import AdmissionPool, Slot
 from gpugate.core.classes import RequestClass
 from gpugate.core.picking import EndpointState
 from gpugate.core.registry import Registry, UpstreamState
 from gpugate.errors import GpugateError, UpstreamError
-from gpugate.metrics import Metrics
+from gpugate.metrics import Metrics, bounded
 from gpugate.services.shed import ShedGate
 
 
@@ -47,6 +47,9 @@ class Outbound:
     #: The request body parsed once by the data plane (a JSON object), or None when it was not
     #: parsed (raw pass-through, a streamed body). Read it; never parse ``body`` again.
     doc: dict[str, Any] | None = None
+    #: ``/u/{upstream}/{path}``: checked against the upstream's ``raw:`` opt-in, and sent
+    #: without the upstream's key unless ``raw.send_key`` (issue #15 finding 1).
+    raw: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -158,6 +161,8 @@ class Proxy:
         """The upstreams this request may go to (raises UnknownModel/UnknownUpstream/...)."""
         if out.upstream_id is not None:
             upstreams = [self.registry.upstream(out.upstream_id)]
+            if out.raw:
+                raw_path.check_allowed(upstreams[0].config, out.method, out.path)
         else:
             assert out.model is not None
             upstreams = self.registry.serving(out.model)
@@ -292,7 +297,7 @@ class Proxy:
         credential the client sent: ``Authorization: Bearer`` for OpenAI-compatible servers,
         ``Ocp-Apim-Subscription-Key`` for Azure Document Intelligence."""
         key_env = upstream.config.api_key_env
-        if key_env is None:
+        if key_env is None or (out.raw and not raw_path.sends_key(upstream.config)):
             return out.headers
         key = self._secrets.get(key_env, "").encode()
         headers = [(k, v) for k, v in out.headers if k.lower() not in _CREDENTIALS]
@@ -311,7 +316,7 @@ class Proxy:
 
     def finished(self, out: Outbound, upstream: UpstreamState | None, code: str) -> None:
         """Record one finished request (the reply's, or a refusal before any reply)."""
-        model = out.model or ""
+        model = bounded(out.model or "", self.registry.configured)  # never the client's own
         key = (model, upstream.id if upstream else "", out.cls.value, code)
         counter = self._counted.get(key)
         if counter is None:

@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.store.facade_base import FacadeStore
 from gpugate.store.jobs_base import JobStore
+from gpugate.store.keys import KeyStore
 from gpugate.store.ledger import LedgerStore
 from gpugate.store.replicas import ReplicaStore
+from gpugate.store.retention import RetentionStore
 from gpugate.store.runtime_state import RuntimeStateStore
 
 if TYPE_CHECKING:
@@ -157,7 +159,16 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-class Store(JobStore, RuntimeStateStore, FacadeStore, ReplicaStore, LedgerStore, Protocol):
+class Store(
+    JobStore,
+    RuntimeStateStore,
+    FacadeStore,
+    ReplicaStore,
+    LedgerStore,
+    RetentionStore,
+    KeyStore,
+    Protocol,
+):
     """The durable state of a gateway: config versions, audit trail, idempotency records, jobs,
     runtime states, the façades' files and batches, the replicas sharing it, the spend ledger."""
 

@@ -37,8 +37,10 @@ from gpugate.store.migrations import Migration, load_migrations, pending
 from gpugate.store.postgres_audit import audit_query, audit_record, insert_audit
 from gpugate.store.postgres_facade import PostgresFacade
 from gpugate.store.postgres_jobs import JOBS_CHANNEL, PostgresJobs
+from gpugate.store.postgres_keys import PostgresKeys
 from gpugate.store.postgres_ledger import PostgresLedger
 from gpugate.store.postgres_replicas import PostgresReplicas
+from gpugate.store.postgres_retention import PostgresRetention
 from gpugate.store.postgres_runtime_state import PostgresRuntimeState
 from gpugate.store.replicas import replica_id
 
@@ -105,7 +107,13 @@ log = logging.getLogger("gpugate.store")
 
 
 class PostgresStore(
-    PostgresJobs, PostgresRuntimeState, PostgresFacade, PostgresReplicas, PostgresLedger
+    PostgresJobs,
+    PostgresRuntimeState,
+    PostgresFacade,
+    PostgresReplicas,
+    PostgresLedger,
+    PostgresRetention,
+    PostgresKeys,
 ):
     """The shared store: PostgreSQL through a psycopg connection pool.
 

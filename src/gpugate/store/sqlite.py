@@ -39,8 +39,10 @@ from gpugate.store.sqlite_codec import text_time as _dt
 from gpugate.store.sqlite_codec import time_text as _ts
 from gpugate.store.sqlite_facade import SqliteFacade
 from gpugate.store.sqlite_jobs import SqliteJobs
+from gpugate.store.sqlite_keys import SqliteKeys
 from gpugate.store.sqlite_ledger import SqliteLedger
 from gpugate.store.sqlite_replicas import SqliteReplicas
+from gpugate.store.sqlite_retention import SqliteRetention
 from gpugate.store.sqlite_runtime_state import SqliteRuntimeState
 
 if TYPE_CHECKING:
@@ -112,7 +114,15 @@ WHERE key = :key AND owner = :owner AND state = 'in_flight' AND expires_at > :no
 _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= :now"
 
 
-class SqliteStore(SqliteJobs, SqliteRuntimeState, SqliteFacade, SqliteReplicas, SqliteLedger):
+class SqliteStore(
+    SqliteJobs,
+    SqliteRuntimeState,
+    SqliteFacade,
+    SqliteReplicas,
+    SqliteLedger,
+    SqliteRetention,
+    SqliteKeys,
+):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
 
     The job methods come from :class:`SqliteJobs`, the runtime states from

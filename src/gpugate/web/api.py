@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from gpugate.core.throttle import client_key
 from gpugate.errors import BadRequest, TooManyAttempts, Unauthorized
+from gpugate.web.auth import authorize_client
 from gpugate.web.bodies import json_body
 from gpugate.web.schemas.common import View, validation_message
 from gpugate.web.schemas.operation import Answer, RawBody, Security, Spec
@@ -113,6 +114,8 @@ class Endpoint:
         gateway: Gateway = request.app.state.gateway
         if self.spec.security is Security.ADMIN:
             authorize_admin(request, gateway)
+        elif self.spec.security is Security.CLIENT:
+            await authorize_client(request, gateway)
         given = {"request": request, "gateway": gateway}
         kwargs: dict[str, Any] = {name: given[name] for name in self._given}
         for part, model in self._parts.items():

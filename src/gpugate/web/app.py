@@ -15,6 +15,7 @@ from gpugate.errors import GpugateError
 from gpugate.web import (
     admin,
     admin_config,
+    admin_keys,
     admin_runtimes,
     azure_di,
     batches,
@@ -25,6 +26,7 @@ from gpugate.web import (
     ops,
     worker,
 )
+from gpugate.web.auth import ClientKeys
 from gpugate.web.dataplane import DataPlane
 from gpugate.web.errors import error_response, from_http_exception
 from gpugate.web.requestid import RequestIdMiddleware, RequestIds
@@ -62,6 +64,7 @@ def create_app(gateway: Gateway) -> ASGIApp:
         *worker.routes,
         *admin.routes,
         *admin_config.routes,
+        *admin_keys.routes,
         *admin_runtimes.routes,
         *console.routes(),
         *azure_di.routes,
@@ -77,6 +80,7 @@ def create_app(gateway: Gateway) -> ASGIApp:
         gateway.batch_runner.present = batches.present
     ids = RequestIds()
     served = ShutdownGuard(
-        DataPlane(RequestIdMiddleware(app, ids), gateway, ids), gateway.lifecycle
+        ClientKeys(DataPlane(RequestIdMiddleware(app, ids), gateway, ids), gateway, ids),
+        gateway.lifecycle,
     )
     return SecurityHeaders(served, behind_tls_proxy=gateway.config.server.behind_tls_proxy)

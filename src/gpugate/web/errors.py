@@ -31,6 +31,10 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.MethodNotAllowed: 405,
     errors.Unauthorized: 401,
     errors.CsrfRejected: 403,
+    errors.ModelNotAllowed: 403,
+    errors.RunnerNotAllowed: 403,
+    errors.KeyNotFound: 404,
+    errors.KeyLimited: 429,
     errors.TooManyAttempts: 429,
     errors.UnknownModel: 404,
     errors.UnknownUpstream: 404,
@@ -43,6 +47,9 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.WrongRuntime: 403,
     errors.LeaseTokenStale: 409,
     errors.ExternalUpstreamForbidden: 403,
+    errors.RawForbidden: 403,
+    errors.HeadersTooLarge: 431,
+    errors.RequestTimeout: 408,
     errors.IdempotencyConflict: 409,
     errors.IdempotencyKeyReused: 422,
     errors.Refused: 503,
@@ -62,6 +69,7 @@ _TYPES: dict[type[errors.GpugateError], str] = {
     errors.Unauthorized: "authentication_error",
     errors.Refused: "overloaded_error",
     errors.GpuSaturated: "rate_limit_error",
+    errors.KeyLimited: "rate_limit_error",
     errors.UpstreamError: "upstream_error",
 }
 

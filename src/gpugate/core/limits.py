@@ -1,0 +1,110 @@
+"""A key's limits as arithmetic: what a request is estimated to cost, and which window it counts in.
+
+Before admission the gateway reserves a request's *estimate* against the key's windows (the
+current UTC minute for ``requests_per_min``/``tokens_per_min``, the UTC day for
+``daily_tokens``/``daily_cents``) and one concurrency slot; when the response ends the estimate
+is replaced by the real usage (reconciled), and on a failure before the upstream answered the
+whole reservation is given back. The estimate is the prompt's size in tokens (about four bytes a
+token) plus the completion's ceiling (``max_completion_tokens`` / ``max_tokens``, else
+:data:`DEFAULT_COMPLETION_TOKENS`). Windows are fixed (not sliding): a key may send its minute's
+limit at the end of one minute and again at the start of the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gpugate.core.keys import Limits
+
+BYTES_PER_TOKEN = 4
+DEFAULT_COMPLETION_TOKENS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """A model's price: cents per 1000 prompt tokens and per 1000 completion tokens."""
+
+    prompt_per_1k_cents: float = 0.0
+    completion_per_1k_cents: float = 0.0
+
+    def cents(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (
+            prompt_tokens * self.prompt_per_1k_cents
+            + completion_tokens * self.completion_per_1k_cents
+        ) / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """What a request is expected to use, before it is sent."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cents: float
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def estimate(doc: dict[str, Any] | None, body_size: int, price: Price | None) -> Estimate:
+    """The estimate of a request from its parsed body (or only its size)."""
+    prompt = max(1, body_size // BYTES_PER_TOKEN)
+    ceiling: Any = None
+    if doc is not None:
+        ceiling = doc.get("max_completion_tokens", doc.get("max_tokens"))
+    is_int = isinstance(ceiling, int) and not isinstance(ceiling, bool)
+    completion = ceiling if is_int and ceiling >= 0 else DEFAULT_COMPLETION_TOKENS
+    cents = price.cents(prompt, completion) if price is not None else 0.0
+    return Estimate(prompt, completion, cents)
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """The windows a request counts in: its UTC minute and its UTC day."""
+
+    minute: str  # "2026-12-01T13:20"
+    day: str  # "2026-12-01"
+
+
+def windows(now: datetime) -> Windows:
+    return Windows(minute=now.strftime("%Y-%m-%dT%H:%M"), day=now.strftime("%Y-%m-%d"))
+
+
+def seconds_to_next_minute(now: datetime) -> float:
+    return 60.0 - now.second - now.microsecond / 1e6
+
+
+def seconds_to_next_day(now: datetime) -> float:
+    return 86400.0 - (now.hour * 3600 + now.minute * 60 + now.second)
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """A key's counters as the store holds them when a reservation is tried."""
+
+    minute_requests: int = 0
+    minute_tokens: int = 0
+    day_tokens: int = 0
+    day_cents: float = 0.0
+    inflight: int = 0
+
+
+def over_limit(limits: Limits, counts: Counts, est: Estimate) -> str | None:
+    """Which limit this request would break (its error code), or None: the check the store
+    runs under the key's lock, so it is one decision across replicas."""
+    if limits.concurrency is not None and counts.inflight + 1 > limits.concurrency:
+        return "CONCURRENCY_LIMITED"
+    if limits.requests_per_min is not None and counts.minute_requests + 1 > limits.requests_per_min:
+        return "RATE_LIMITED"
+    if limits.tokens_per_min is not None and counts.minute_tokens + est.tokens > (
+        limits.tokens_per_min
+    ):
+        return "TOKEN_LIMITED"
+    if limits.daily_tokens is not None and counts.day_tokens + est.tokens > limits.daily_tokens:
+        return "BUDGET_EXCEEDED"
+    if limits.daily_cents is not None and counts.day_cents + est.cents > limits.daily_cents:
+        return "BUDGET_EXCEEDED"
+    return None

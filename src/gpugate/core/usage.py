@@ -1,0 +1,116 @@
+"""Reading a response's token usage, and hiding the usage the gateway asked for.
+
+A JSON response carries ``usage`` at its top level. A stream carries it in a last chunk only
+when the request said ``stream_options: {include_usage: true}``; the gateway adds that option
+when a client did not ask (:func:`with_include_usage`), and :class:`StreamUsage` then takes the
+extra chunk out again (the usage-only event, and the ``"usage":null`` that every other chunk
+then carries), so the client receives the bytes it would have got without the option.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,')
+_MAX_EVENT = 1 << 20  # a single SSE event larger than this is passed on unread
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def usage_of(doc: Any) -> Usage | None:
+    """The ``usage`` of a parsed response or chunk, or None."""
+    if not isinstance(doc, dict):
+        return None
+    usage = doc.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens", 0)
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    return Usage(prompt, completion)
+
+
+def json_usage(body: bytes) -> Usage | None:
+    """The usage of a whole JSON response body."""
+    try:
+        return usage_of(json.loads(body))
+    except ValueError:
+        return None
+
+
+def asks_usage(doc: dict[str, Any]) -> bool:
+    options = doc.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def with_include_usage(doc: dict[str, Any]) -> bytes:
+    """The request body with ``stream_options.include_usage`` set (the rest kept)."""
+    options = doc.get("stream_options")
+    merged = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return json.dumps({**doc, "stream_options": merged}, separators=(",", ":")).encode()
+
+
+class StreamUsage:
+    """Watches an SSE stream go by: finds its usage and, when ``hide`` (the gateway asked for
+    it, not the client), removes what asking added. Feed it the body chunks in order; it
+    returns the bytes to send on (whole events; a partial one waits for its end)."""
+
+    def __init__(self, *, hide: bool) -> None:
+        self.hide = hide
+        self.usage: Usage | None = None
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not self.hide and self.usage is not None:
+            return chunk
+        data = self._buffer + chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            if len(data) > _MAX_EVENT:
+                self._buffer = b""
+                return data
+            self._buffer = data
+            return b""
+        ready, self._buffer = data[: end + 2], data[end + 2 :]
+        if not self.hide:
+            self._scan(ready)
+            return ready
+        return b"".join(self._keep(event) for event in ready.split(b"\n\n")[:-1])
+
+    def flush(self) -> bytes:
+        """What is left at the end of the stream (an unterminated last event)."""
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+    def _scan(self, ready: bytes) -> None:
+        for event in ready.split(b"\n\n"):
+            self._usage_in(event)
+
+    def _usage_in(self, event: bytes) -> dict[str, Any] | None:
+        if b'"usage"' not in event:
+            return None
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                try:
+                    doc = json.loads(line[5:])
+                except ValueError:
+                    return None
+                found = usage_of(doc)
+                if found is not None:
+                    self.usage = found
+                    return doc if isinstance(doc, dict) else None
+        return None
+
+    def _keep(self, event: bytes) -> bytes:
+        doc = self._usage_in(event)
+        if doc is not None and doc.get("choices") == []:
+            return b""  # the usage-only chunk the client did not ask for
+        return _NULL_USAGE.sub(b"", event) + b"\n\n"

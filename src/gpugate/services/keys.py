@@ -1,0 +1,255 @@
+"""Client keys as a service: create, update, rotate, revoke (audited), and authenticate requests.
+
+Authentication looks a secret's digest up in a small local cache before the store; an entry is
+trusted for ``auth.key_cache_s`` (default 2 s), so a key revoked or changed on one replica stops
+working on every other replica within that delay plus one lookup. Unknown secrets are cached
+too (so a flood of wrong keys costs one lookup per secret per TTL), and the cache is bounded
+(``auth.max_keys_cached``; the oldest entries go first).
+
+Bootstrap keys come from the environment variable named by ``auth.bootstrap_keys_env``: a JSON
+list of ``{"name", "tenant", "key", ...}`` objects, with the fields of ``POST /admin/keys``
+(``key`` is the secret, which must start with ``gk-``). Each is stored at start-up under the id
+``boot-<name>`` (its hash only); a secret changed in the environment replaces the old one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from gpugate.clock import Clock
+from gpugate.config import GatewayConfig
+from gpugate.core.classes import RequestClass
+from gpugate.core.keys import (
+    PREFIX_LENGTH,
+    SECRET_PREFIX,
+    ClientKey,
+    Limits,
+    Principal,
+    digest,
+    new_key_id,
+    new_secret,
+    prefix_of,
+)
+from gpugate.errors import ConfigError, ConfigProblem, KeyNotFound, Unauthorized
+from gpugate.store import Store
+from gpugate.store.keys import KEY_REVOKED, KEY_ROTATED, KEY_UPDATED
+
+log = logging.getLogger("gpugate.keys")
+
+_UNKNOWN = object()  # the cache's mark of a secret no key has
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    """What a key is made of, as the admin API and the CLI give it."""
+
+    name: str
+    tenant: str
+    models: tuple[str, ...] | None = None
+    max_class: RequestClass = RequestClass.INTERACTIVE
+    runners: tuple[str, ...] | None = None
+    allow_external: bool = False
+    limits: Limits = field(default_factory=Limits)
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Issued:
+    """A key just created or rotated, with its secret (shown this once)."""
+
+    key: ClientKey
+    secret: str
+
+
+class KeyCache:
+    """Digest → (key or unknown, when it was looked up): bounded, oldest first out."""
+
+    def __init__(self, ttl_s: float, size: int) -> None:
+        self.ttl_s = ttl_s
+        self.size = size
+        self._entries: OrderedDict[str, tuple[object, float]] = OrderedDict()
+
+    def get(self, key: str, now: float) -> object | None:
+        entry = self._entries.get(key)
+        if entry is None or now - entry[1] >= self.ttl_s:
+            return None
+        return entry[0]
+
+    def put(self, key: str, value: object, now: float) -> None:
+        self._entries[key] = (value, now)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+    def drop(self, key: str) -> None:
+        self._entries.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class Keys:
+    """The client keys of a gateway."""
+
+    def __init__(self, store: Store, config: Callable[[], GatewayConfig], clock: Clock) -> None:
+        self._store = store
+        self._config = config
+        self._clock = clock
+        auth = config().auth
+        self._cache = KeyCache(auth.key_cache_s, auth.max_keys_cached)
+
+    @property
+    def enforced(self) -> bool:
+        """Whether requests need a key (``auth.mode: keys``)."""
+        return self._config().auth.mode == "keys"
+
+    async def authenticate(self, secret: str | None) -> Principal:
+        """The principal of a request offering ``secret``; :class:`Unauthorized` for none, a
+        wrong, a revoked or an expired key (the message never repeats the secret)."""
+        if not secret or not secret.startswith(SECRET_PREFIX):
+            raise Unauthorized("a client key is required (Authorization: Bearer <key>)")
+        hashed = digest(secret)
+        now = self._clock.monotonic()
+        found = self._cache.get(hashed, now)
+        if found is None:
+            stored = await self._store.key_by_digest(hashed)
+            found = _UNKNOWN if stored is None else stored
+            self._cache.put(hashed, found, now)
+        if not isinstance(found, ClientKey):
+            raise Unauthorized("unknown client key")
+        refusal = found.refusal(self._clock.now())
+        if refusal is not None:
+            raise Unauthorized(f"{refusal} ({found.prefix}…)")
+        return Principal(found)
+
+    async def create(self, spec: KeySpec, *, actor: str) -> Issued:
+        secret = new_secret()
+        key = _key_of(spec, new_key_id(), prefix_of(secret))
+        stored = await self._store.create_key(key, digest(secret), actor=actor)
+        return Issued(stored, secret)
+
+    async def get(self, key_id: str) -> ClientKey | None:
+        return await self._store.get_key(key_id)
+
+    async def all(self, *, tenant: str | None = None) -> list[ClientKey]:
+        return await self._store.list_keys(tenant=tenant)
+
+    async def update(self, key_id: str, changes: Mapping[str, Any], *, actor: str) -> ClientKey:
+        """Change the named fields of a key (``limits`` replaced whole); audited."""
+        key = await self._existing(key_id)
+        fields = dict(changes.items())
+        if "limits" in fields and not isinstance(fields["limits"], Limits):
+            fields["limits"] = Limits.of(fields["limits"])
+        saved = await self._store.save_key(replace(key, **fields), actor=actor, action=KEY_UPDATED)
+        return _found(saved, key_id)
+
+    async def rotate(self, key_id: str, *, actor: str) -> Issued:
+        """A new secret for the key (the old one stops working at once here, within
+        ``auth.key_cache_s`` elsewhere); usage, limits and id stay."""
+        key = await self._existing(key_id)
+        secret = new_secret()
+        rotated = replace(key, prefix=prefix_of(secret))
+        saved = await self._store.save_key(
+            rotated, actor=actor, action=KEY_ROTATED, digest=digest(secret)
+        )
+        self._cache = KeyCache(self._cache.ttl_s, self._cache.size)  # this replica: at once
+        return Issued(_found(saved, key_id), secret)
+
+    async def revoke(self, key_id: str, *, actor: str) -> ClientKey:
+        key = await self._existing(key_id)
+        if key.revoked_at is not None:
+            return key
+        revoked = replace(key, revoked_at=self._clock.now())
+        saved = await self._store.save_key(revoked, actor=actor, action=KEY_REVOKED)
+        self._cache = KeyCache(self._cache.ttl_s, self._cache.size)  # this replica: at once
+        return _found(saved, key_id)
+
+    async def _existing(self, key_id: str) -> ClientKey:
+        return _found(await self._store.get_key(key_id), key_id)
+
+    async def load_bootstrap(self, environ: Mapping[str, str]) -> list[str]:
+        """Store the keys of ``auth.bootstrap_keys_env``; their ids."""
+        name = self._config().auth.bootstrap_keys_env
+        raw = environ.get(name) if name else None
+        if not raw:
+            return []
+        ids = []
+        for spec, secret in parse_bootstrap(raw, name or ""):
+            key = _key_of(spec, f"boot-{spec.name}", prefix_of(secret))
+            await self._store.put_bootstrap_key(key, digest(secret))
+            ids.append(key.id)
+        log.info("bootstrap client keys stored: %s", ", ".join(ids))
+        return ids
+
+    def __repr__(self) -> str:
+        return f"<Keys mode={self._config().auth.mode} cached={len(self._cache)}>"
+
+
+def _found(key: ClientKey | None, key_id: str) -> ClientKey:
+    if key is None:
+        raise KeyNotFound(f"no client key {key_id!r}")
+    return key
+
+
+def _key_of(spec: KeySpec, key_id: str, prefix: str) -> ClientKey:
+    return ClientKey(
+        id=key_id,
+        name=spec.name,
+        tenant=spec.tenant,
+        prefix=prefix,
+        models=spec.models,
+        max_class=spec.max_class,
+        runners=spec.runners,
+        allow_external=spec.allow_external,
+        limits=spec.limits,
+        expires_at=spec.expires_at,
+    )
+
+
+def parse_bootstrap(raw: str, env: str) -> list[tuple[KeySpec, str]]:
+    """The bootstrap keys in ``raw`` (a JSON list); :class:`ConfigError` naming the variable
+    and the entry, never the secret."""
+
+    def problem(where: str, message: str) -> ConfigError:
+        return ConfigError([ConfigProblem(f"{env}{where}", message)], source="environment")
+
+    try:
+        entries = json.loads(raw)
+    except ValueError as exc:
+        raise problem("", "is not JSON (expected a list of key objects)") from exc
+    if not isinstance(entries, list):
+        raise problem("", "expected a JSON list of key objects")
+    found = []
+    for index, entry in enumerate(entries):
+        where = f"[{index}]"
+        if not isinstance(entry, dict):
+            raise problem(where, "expected an object")
+        secret, name, tenant = entry.get("key"), entry.get("name"), entry.get("tenant")
+        if not isinstance(secret, str) or not secret.startswith(SECRET_PREFIX):
+            raise problem(f"{where}.key", f"expected a secret starting with {SECRET_PREFIX}")
+        if len(secret) < PREFIX_LENGTH + 16:
+            raise problem(f"{where}.key", f"too short: at least {PREFIX_LENGTH + 16} characters")
+        if not isinstance(name, str) or not name or not isinstance(tenant, str) or not tenant:
+            raise problem(where, "needs a `name` and a `tenant` (non-empty strings)")
+        try:
+            cls = RequestClass(entry.get("max_class", "interactive"))
+        except ValueError as exc:
+            raise problem(f"{where}.max_class", "expected system, interactive or batch") from exc
+        models, runners = entry.get("models"), entry.get("runners")
+        spec = KeySpec(
+            name=name,
+            tenant=tenant,
+            models=None if models is None else tuple(models),
+            max_class=cls,
+            runners=None if runners is None else tuple(runners),
+            allow_external=entry.get("allow_external") is True,
+            limits=Limits.of(entry.get("limits")),
+        )
+        found.append((spec, secret))
+    return found

@@ -1,0 +1,339 @@
+"""Client keys at the door (``auth.mode: keys``): who is calling, what the key allows, its limits,
+and the usage its responses report.
+
+:class:`ClientKeys` is ASGI middleware around the data plane. With ``auth.mode: open`` it passes
+every request through untouched. With ``keys``, on the data-plane routes it
+
+1. authenticates the key (``Authorization: Bearer``, ``api-key``, ``x-api-key``) → 401
+   ``UNAUTHORIZED``, and strips those headers (the key never reaches an upstream);
+2. reads the body (the data plane reads it whole anyway) for its ``model``: a model the key may
+   not use → 403 ``MODEL_NOT_ALLOWED``; a key without ``allow_external`` may not use a model an
+   ``external`` upstream serves (403 ``EXTERNAL_UPSTREAM_FORBIDDEN``), nor ``/u/`` to one;
+3. clamps ``X-Request-Class`` down to the key's ``max_class`` (never up, never refused);
+4. reserves the request's estimate against the key's limits (429 with the limit's code);
+5. for a stream whose client did not ask for usage, adds ``stream_options.include_usage`` and
+   takes the extra usage out of what the client receives;
+6. when the response ends, settles the reservation with the real usage and records it (per key,
+   model, upstream); an error response or a replay gives the reservation back.
+
+The job routes and ``/v1/models`` check keys in :func:`authorize_client`, called by
+:class:`gpugate.web.api.Endpoint` for every ``Security.CLIENT`` operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpugate.core.classes import RequestClass, parse_request_class
+from gpugate.core.keys import Principal, offered_secret
+from gpugate.core.usage import StreamUsage, asks_usage, json_usage, with_include_usage
+from gpugate.errors import (
+    BadRequest,
+    ExternalUpstreamForbidden,
+    GpugateError,
+    ModelNotAllowed,
+    PayloadTooLarge,
+)
+from gpugate.services.limits import Reservation
+from gpugate.web.bodies import json_document
+from gpugate.web.errors import error_body, error_headers, status_of
+from gpugate.web.requestid import HEADER as REQUEST_ID
+from gpugate.web.requestid import RequestIds
+from gpugate.wiring import Gateway
+
+OPENAI_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+RAW_PREFIX = "/u/"
+_KEY_HEADERS = frozenset({b"authorization", b"api-key", b"x-api-key"})
+_MAX_KEPT = 8 * 1024 * 1024  # a JSON response longer than this is not parsed for its usage
+log = logging.getLogger("gpugate.keys")
+
+
+async def authorize_client(request: Request, gateway: Gateway) -> Principal | None:
+    """The principal of a ``Security.CLIENT`` request (None with ``auth.mode: open``), kept on
+    ``request.state.principal``; :class:`Unauthorized` without a valid key."""
+    keys = gateway.keys
+    if keys is None or not keys.enforced:
+        request.state.principal = None
+        return None
+    principal = await keys.authenticate(offered_secret(request.headers.raw))
+    request.state.principal = principal
+    return principal
+
+
+def principal_of(request: Request) -> Principal | None:
+    """Who sent a ``Security.CLIENT`` request (None with ``auth.mode: open``)."""
+    found: Principal | None = getattr(request.state, "principal", None)
+    return found
+
+
+def tenant_of(request: Request) -> str | None:
+    """The tenant a job-route request acts for (None: open mode, which sees everything)."""
+    principal = principal_of(request)
+    return None if principal is None else principal.tenant
+
+
+class ClientKeys:
+    """The middleware of the module docstring."""
+
+    def __init__(self, app: ASGIApp, gateway: Gateway, ids: RequestIds) -> None:
+        self.app = app
+        self.gateway = gateway
+        self.ids = ids
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        keys = self.gateway.keys
+        if scope["type"] != "http" or keys is None or not keys.enforced:
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        openai = path in OPENAI_ROUTES and scope["method"] == "POST"
+        if not openai and not path.startswith(RAW_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        try:
+            principal = await keys.authenticate(offered_secret(scope["headers"]))
+            entry = await (self._openai if openai else self._raw)(principal, scope, receive)
+        except GpugateError as exc:
+            await self._refuse(scope, send, exc)
+            return
+        scope, receive, watch = entry
+        try:
+            await self.app(scope, receive, watch.send(send))
+        finally:
+            try:
+                await asyncio.shield(watch.end())
+            except GpugateError as exc:  # the answer is out already; the counts are late
+                log.warning("usage of key %s not settled: %s", principal.key.prefix, exc.message)
+
+    async def _openai(
+        self, principal: Principal, scope: Scope, receive: Receive
+    ) -> tuple[Scope, Receive, _Watch]:
+        gw = self.gateway
+        body = await _read_body(receive, gw.config.server.max_body_bytes)
+        doc = _json_object(body)
+        model = doc.get("model") if doc is not None else None
+        stream = doc is not None and doc.get("stream") is True
+        hide = False
+        if isinstance(model, str):
+            key = principal.key
+            if not key.may_use_model(model):
+                raise ModelNotAllowed(f"client key {key.prefix}… may not use model {model!r}")
+            if not key.allow_external and any(
+                u.external for u in gw.config.upstreams_serving(model)
+            ):
+                raise ExternalUpstreamForbidden(
+                    f"client key {key.prefix}… may not use an external upstream, and one "
+                    f"serves {model!r}"
+                )
+            if stream and doc is not None and not asks_usage(doc):
+                body, hide = with_include_usage(doc), True
+        held = await gw.quota.reserve(
+            principal, model if isinstance(model, str) else None, doc, len(body)
+        )
+        headers = _client_headers(scope["headers"], principal, body_length=len(body))
+        watch = _Watch(gw, principal, held, model if isinstance(model, str) else None, hide=hide)
+        return {**scope, "headers": headers}, _replay(body, receive), watch
+
+    async def _raw(
+        self, principal: Principal, scope: Scope, receive: Receive
+    ) -> tuple[Scope, Receive, _Watch]:
+        gw = self.gateway
+        key = principal.key
+        upstream_id = scope["path"][len(RAW_PREFIX) :].partition("/")[0]
+        upstream = next((u for u in gw.config.upstreams if u.id == upstream_id), None)
+        if upstream is not None:
+            if upstream.external and not key.allow_external:
+                raise ExternalUpstreamForbidden(
+                    f"client key {key.prefix}… may not use the external upstream {upstream_id!r}"
+                )
+            if key.models is not None and not set(upstream.models) <= set(key.models):
+                raise ModelNotAllowed(
+                    f"client key {key.prefix}… may not use every model of {upstream_id!r}"
+                )
+        length = _content_length(scope["headers"])
+        held = await gw.quota.reserve(principal, None, None, length)
+        headers = _client_headers(scope["headers"], principal, body_length=None)
+        return {**scope, "headers": headers}, receive, _Watch(gw, principal, held, None, hide=False)
+
+    async def _refuse(self, scope: Scope, send: Send, exc: GpugateError) -> None:
+        offered = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
+        rid = self.ids.choose(offered)
+        headers = [(b"content-type", b"application/json"), (REQUEST_ID, rid)]
+        headers += [(k.encode(), v.encode()) for k, v in error_headers(exc).items()]
+        await send({"type": "http.response.start", "status": status_of(exc), "headers": headers})
+        await send({"type": "http.response.body", "body": error_body(exc), "more_body": False})
+
+    def __repr__(self) -> str:
+        return f"<ClientKeys keys={self.gateway.keys!r}>"
+
+
+class _Watch:
+    """One keyed request's response as it goes out: its usage, and the end of its reservation."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        principal: Principal,
+        held: Reservation | None,
+        model: str | None,
+        *,
+        hide: bool,
+    ) -> None:
+        self.gateway = gateway
+        self.principal = principal
+        self.held = held
+        self.model = model
+        self.status: int | None = None
+        self.upstream: str | None = None
+        self.replayed = False
+        self.complete = False
+        self.stream: StreamUsage | None = None
+        self.hide = hide
+        self.kept: list[bytes] | None = None
+        self.kept_size = 0
+
+    def send(self, send: Send) -> Send:
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self._start(message)
+            elif message["type"] == "http.response.body":
+                message = self._body(message)
+            await send(message)
+
+        return watched
+
+    def _start(self, message: Message) -> None:
+        self.status = message["status"]
+        content_type = b""
+        for name, value in message.get("headers", []):
+            if name == b"x-gateway-upstream":
+                self.upstream = value.decode("latin-1")
+            elif name == b"idempotent-replayed":
+                self.replayed = True
+            elif name == b"content-type":
+                content_type = value
+        if self.status == 200 and not self.replayed:
+            if content_type.startswith(b"text/event-stream"):
+                self.stream = StreamUsage(hide=self.hide)
+            else:
+                self.kept = []
+
+    def _body(self, message: Message) -> Message:
+        chunk: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        if not more:
+            self.complete = True
+        if self.stream is not None:
+            out = self.stream.feed(chunk)
+            if not more:
+                out += self.stream.flush()
+            if out is not chunk:
+                message = {**message, "body": out}
+        elif self.kept is not None:
+            self.kept_size += len(chunk)
+            if self.kept_size > _MAX_KEPT:
+                self.kept = None
+            else:
+                self.kept.append(chunk)
+        return message
+
+    async def end(self) -> None:
+        gw = self.gateway
+        ok = self.status is not None and self.status < 400 and not self.replayed
+        if not ok:
+            await gw.quota.release(self.held)
+            return
+        if self.stream is not None:
+            usage = self.stream.usage
+        elif self.kept is not None:
+            usage = json_usage(b"".join(self.kept))
+        else:
+            usage = None
+        if usage is None and self.held is not None:
+            prompt, completion = (
+                self.held.estimate.prompt_tokens,
+                self.held.estimate.completion_tokens,
+            )
+        elif usage is None:
+            prompt = completion = 0
+        else:
+            prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        cents = await gw.quota.settle(self.held, prompt, completion, self.model)
+        gw.usage.record(
+            self.principal, self.model or "", self.upstream or "", prompt, completion, cents
+        )
+
+
+def _client_headers(
+    headers: list[tuple[bytes, bytes]], principal: Principal, *, body_length: int | None
+) -> list[tuple[bytes, bytes]]:
+    """The request's headers without its key, its class clamped, its length the body's."""
+    kept = []
+    requested: bytes | None = None
+    for name, value in headers:
+        if name in _KEY_HEADERS or name == b"x-request-class":
+            if name == b"x-request-class":
+                requested = value
+            continue
+        if name == b"content-length" and body_length is not None:
+            continue
+        if name == b"idempotency-key":  # one tenant's key never names another's response
+            kept.append((name, principal.tenant.encode() + b":" + value))
+        else:
+            kept.append((name, value))
+    if body_length is not None:
+        kept.append((b"content-length", str(body_length).encode()))
+    cls = parse_request_class(
+        None if requested is None else requested.decode("latin-1"),
+        default=RequestClass.INTERACTIVE,
+    )
+    kept.append((b"x-request-class", principal.key.clamp(cls).value.encode()))
+    return kept
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int:
+    for name, value in headers:
+        if name == b"content-length" and value.isdigit():
+            return int(value)
+    return 0
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    parts = []
+    size = 0
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise BadRequest("the client went away before sending its body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
+        parts.append(chunk)
+        more = message.get("more_body", False)
+    return b"".join(parts)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the already-read body over once, then the client's own."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    doc = json_document(body)  # BadRequest as the data plane would answer
+    return doc if isinstance(doc, dict) else None

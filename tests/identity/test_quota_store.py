@@ -1,0 +1,89 @@
+"""The key counters in the store (both backends): a reservation checks every limit and takes
+its share in one step, so concurrent reservations never take more than the limit; settling
+replaces the estimate with what was used, releasing gives it all back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+from gpugate.clock import ManualClock
+from gpugate.core.keys import ClientKey, Limits
+from gpugate.core.limits import Estimate, windows
+from gpugate.store import Store
+from gpugate.store.factory import open_store
+
+NOW = datetime(2026, 12, 1, 13, 0, 30, tzinfo=UTC)
+SPANS = windows(NOW)
+EST = Estimate(prompt_tokens=10, completion_tokens=90, cents=0.5)
+
+
+@pytest.fixture
+async def store(dsn: str) -> AsyncIterator[Store]:
+    opened = open_store(dsn, clock=ManualClock(start=NOW))
+    await opened.open()
+    await opened.migrate()
+    await opened.heartbeat()
+    await opened.create_key(
+        ClientKey(id="key_1", name="k", tenant="t", prefix="gk-abcdefgh"), "d1", actor="test"
+    )
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_concurrent_reservations_take_exactly_the_requests_per_minute(store: Store) -> None:
+    limits = Limits(requests_per_min=20)
+    codes = await asyncio.gather(
+        *(store.reserve_quota("key_1", limits, EST, SPANS) for _ in range(50))
+    )
+    assert 20 == codes.count(None)
+    assert {"RATE_LIMITED"} == set(codes) - {None}
+
+
+async def test_the_tokens_per_minute_count_the_estimate_until_it_is_settled(store: Store) -> None:
+    limits = Limits(tokens_per_min=250)
+    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
+    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
+    assert "TOKEN_LIMITED" == await store.reserve_quota("key_1", limits, EST, SPANS)
+    await store.settle_quota("key_1", SPANS, EST, tokens=20, cents=0.1, requests=1)
+    # 100 (the open estimate) + 20 (used) + 100 (this one) <= 250
+    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
+
+
+async def test_a_released_reservation_gives_back_its_request_tokens_and_slot(store: Store) -> None:
+    limits = Limits(requests_per_min=1, concurrency=1, daily_tokens=100)
+    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
+    assert "CONCURRENCY_LIMITED" == await store.reserve_quota("key_1", limits, EST, SPANS)
+    await store.settle_quota("key_1", SPANS, EST, tokens=0, cents=0.0, requests=0)
+    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
+
+
+async def test_the_daily_budget_counts_cents_across_minutes(store: Store) -> None:
+    limits = Limits(daily_cents=1.0)
+    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
+    await store.settle_quota("key_1", SPANS, EST, tokens=100, cents=0.6, requests=1)
+    later = windows(NOW.replace(minute=30))
+    assert "BUDGET_EXCEEDED" == await store.reserve_quota("key_1", limits, EST, later)
+    next_day = windows(NOW.replace(day=2))
+    assert await store.reserve_quota("key_1", limits, EST, next_day) is None
+
+
+async def test_usage_rows_add_up_per_day_key_model_and_upstream(store: Store) -> None:
+    from gpugate.store.keys import UsageRow
+
+    row = UsageRow(NOW.date(), "key_1", "t", "m", "u", 1, 10, 20, 0.5)
+    await store.add_usage([row, row])
+    await store.add_usage([row])
+    (found,) = await store.list_usage(tenant="t")
+    assert (3, 30, 60, 1.5) == (
+        found.requests,
+        found.prompt_tokens,
+        found.completion_tokens,
+        found.cents,
+    )
+    assert [] == await store.list_usage(tenant="other")

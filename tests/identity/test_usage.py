@@ -1,0 +1,84 @@
+"""Usage per key (issue #16, Done-when 4): what the fake model server says it used, for JSON and
+streamed answers, also for a stream whose client did not ask for usage — and that client gets
+the bytes it would have got without the gateway asking."""
+
+from __future__ import annotations
+
+import re
+
+import aiohttp
+import openai
+from keyed import ADMIN, ENVIRON, bearer, chat, create_key, keyed_config
+
+from harness import model_servers, serving
+
+CHAT = "/v1/chat/completions"
+_VARYING = re.compile(rb'"id":"[^"]*"|"created":\d+')
+
+
+def _same_shape(raw: bytes) -> bytes:
+    """A stream with its per-answer id and second stamped out (nothing else changes)."""
+    return _VARYING.sub(b"_", raw)
+
+
+async def test_usage_per_key_is_the_model_server_s_own_count_for_json_and_streams(
+    dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m"])) as (server,):
+        config = keyed_config(dsn, [server.url], ["m"])
+        async with serving(config, environ=ENVIRON) as gw:
+            created = await create_key(http, gw.url)
+            client = openai.AsyncOpenAI(base_url=gw.v1, api_key=created["key"], max_retries=0)
+            messages = [{"role": "user", "content": "count these five words"}]
+            answer = await client.chat.completions.create(model="m", messages=messages)
+            expected = [answer.usage]
+            stream = await client.chat.completions.create(
+                model="m", messages=messages, stream=True, stream_options={"include_usage": True}
+            )
+            chunks = [chunk async for chunk in stream]
+            expected.append(chunks[-1].usage)
+            unasked = await client.chat.completions.create(
+                model="m", messages=messages, stream=True
+            )
+            plain = [chunk async for chunk in unasked]
+            await client.close()
+            async with http.get(gw.url + f"/admin/usage?key={created['id']}", headers=ADMIN) as r:
+                usage = await r.json()
+            metrics = gw.gateway.metrics.tokens
+    assert all(u is not None for u in expected)
+    assert all(chunk.usage is None for chunk in plain)  # the client did not ask: none shown
+    prompt = sum(u.prompt_tokens for u in expected)  # type: ignore[union-attr]
+    completion = sum(u.completion_tokens for u in expected)  # type: ignore[union-attr]
+    # the unasked stream used what the asked one did (same prompt, same answer)
+    prompt += expected[1].prompt_tokens  # type: ignore[union-attr]
+    completion += expected[1].completion_tokens  # type: ignore[union-attr]
+    total = usage["by_key"][created["id"]]
+    assert (3, prompt, completion) == (
+        total["requests"],
+        total["prompt_tokens"],
+        total["completion_tokens"],
+    )
+    assert [("u", "m", "team-a")] == [
+        (r["upstream"], r["model"], r["tenant"]) for r in usage["data"]
+    ]
+    assert prompt == metrics.labels("team-a", "m", "prompt")._value.get()
+    assert completion == metrics.labels("team-a", "m", "completion")._value.get()
+
+
+async def test_a_stream_without_include_usage_is_byte_for_byte_what_the_server_would_send(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m"])) as (server,):
+        config = keyed_config(sqlite_dsn, [server.url], ["m"])
+        body = chat(stream=True)
+        async with http.post(server.url + CHAT, json=body) as direct:
+            expected = await direct.read()
+        async with serving(config, environ=ENVIRON) as gw:
+            created = await create_key(http, gw.url)
+            async with http.post(gw.url + CHAT, json=body, headers=bearer(created["key"])) as r:
+                got = await r.read()
+            async with http.get(gw.url + "/admin/usage", headers=ADMIN) as r:
+                usage = await r.json()
+    assert b"usage" not in got
+    assert _same_shape(expected) == _same_shape(got)
+    assert 0 < usage["by_key"][created["id"]]["completion_tokens"]
