@@ -137,3 +137,14 @@ async def test_the_loop_takes_a_sample_every_interval() -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert 2 == len(ring)
+
+
+def test_tokens_per_second_are_summed_by_tenant() -> None:
+    metrics, clock = Metrics(), ManualClock()
+    ring = sampler(metrics, clock)
+    ring.tick()
+    metrics.tokens.labels("acme", "m", "prompt").inc(40)
+    metrics.tokens.labels("acme", "m", "completion").inc(10)
+    clock.advance(EVERY_S)
+    ring.tick()
+    assert {"acme": [10.0]} == values(ring, "tokens")

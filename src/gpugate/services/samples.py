@@ -150,6 +150,7 @@ SERIES: tuple[Series, ...] = (
     Series("requests", "Requests by code", "req/s", rate("gateway_requests_total", ["code"])),
     Series("latency", "Request latency", "ms", quantiles("gateway_request_duration_seconds")),
     Series("ttfb", "Upstream time to first byte", "ms", quantiles("gateway_upstream_ttfb_seconds")),
+    Series("tokens", "Tokens by tenant", "tokens/s", rate("gateway_tokens_total", ["tenant"])),
     Series(
         "queue", "Requests queued by class", "requests", gauge("gateway_queue_depth", ["class"])
     ),

@@ -127,6 +127,8 @@ def fleet_charts(gateway: Gateway) -> list[Chart]:
         _line(ring, "ttfb", bands=faults),
         _line(ring, "queue", bands=faults),
     ]
+    if ring.window("tokens"):  # client keys (auth.mode: keys) count tokens
+        shown.append(_line(ring, "tokens", bands=faults))
     if gateway.monitor is not None:
         shown.append(_line(ring, "gpu_util", bands=faults, min_top=100))
         shown.append(_line(ring, "gpu_temp", bands=faults, min_top=100))
