@@ -185,7 +185,7 @@ async def test_the_fleet_page_charts_the_requests_the_gateway_answered(console: 
             "</figure>", page.index('id="chart-requests"')
         )
     ]
-    path = re.search(r'<path class="line s\d" data-series="200" d="([^"]+)"', chart)
+    path = re.search(r'<path class="line ok" data-series="200" d="([^"]+)"', chart)  # green
     assert path is not None, chart
     assert len(re.findall(r"[ML][\d.]+,[\d.]+", path.group(1))) >= 2
     assert '<li data-series="200">' in chart  # the legend
@@ -210,3 +210,11 @@ async def test_a_runtime_page_charts_its_queue_and_spend_per_day(console: Consol
         assert f'id="{chart_id}"' in page
         assert f'id="{chart_id}"' in fragment  # the live refresh redraws the charts
     assert '<li data-series="queued">' in page
+
+
+def test_answered_requests_are_green_and_each_error_code_has_a_warm_colour_of_its_own() -> None:
+    classes = views.code_classes(["503", "200", "NO_HEALTHY_UPSTREAM", "201"])
+    assert "ok" == classes["200"] == classes["201"]
+    errors = [classes["503"], classes["NO_HEALTHY_UPSTREAM"]]
+    assert len(set(errors)) == 2
+    assert not set(errors) & {"ok", "s0"}

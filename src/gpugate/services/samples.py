@@ -20,7 +20,9 @@ already keeps, is not sampled here: the console reads it from the ledger.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -196,9 +198,21 @@ class Sampler:
         self._before: Reading | None = None
         self._before_at = 0.0
         self.dropped_keys = 0
+        self._taking = threading.Lock()  # one sample at a time: each is a delta from the last
 
     def tick(self) -> Sample:
         """Take one sample and keep it (the oldest goes when the ring is full)."""
+        sample = self._take()
+        self._ring.append(sample)
+        return sample
+
+    def _take(self) -> Sample:
+        """Read the metrics and every series; the ring is not touched (this may run in a
+        thread while the event loop reads the ring)."""
+        with self._taking:
+            return self._take_locked()
+
+    def _take_locked(self) -> Sample:
         now, at = self._read(), self._clock.monotonic()
         seconds = at - self._before_at if self._before is not None else 0.0
         values = {}
@@ -207,14 +221,14 @@ class Sampler:
             kept = sorted(read)[:MAX_KEYS]
             self.dropped_keys += len(read) - len(kept)
             values[name] = {k: read[k] for k in kept}
-        sample = Sample(self._clock.now().timestamp(), values)
-        self._ring.append(sample)
         self._before, self._before_at = now, at
-        return sample
+        return Sample(self._clock.now().timestamp(), values)
 
     async def run(self) -> None:
+        """A sample every ``every_s``, read in a worker thread (a few ms with a big registry,
+        bench/console_samples.py) so requests on the event loop do not wait for it."""
         while True:
-            self.tick()
+            self._ring.append(await asyncio.to_thread(self._take))
             await self._clock.sleep(self.every_s)
 
     def window(self, name: str, keys: Iterable[str] | None = None) -> dict[str, list[Point]]:

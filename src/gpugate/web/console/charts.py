@@ -119,9 +119,11 @@ def line_chart(  # noqa: PLR0913 - a chart's parts, each named at the call
     min_top: float = 1.0,
     labels: Mapping[str, str] | None = None,
     rules: Sequence[tuple[str, float]] = (),
+    classes: Mapping[str, str] | None = None,
 ) -> Chart:
     """Lines over time from ``span[0]`` to ``span[1]`` (at least :data:`MIN_SPAN_S`); a gap
-    longer than ``gap_s`` between two samples breaks a line."""
+    longer than ``gap_s`` between two samples breaks a line; ``classes`` pins a series'
+    colour (``s0``..``s7``, ``ok``), the others take them in turn."""
     chart = Chart(chart_id, title, unit)
     now = span[1] if span else 0.0
     t0 = span[0] if span else now - MIN_SPAN_S
@@ -136,7 +138,7 @@ def line_chart(  # noqa: PLR0913 - a chart's parts, each named at the call
         return x0 + (x1 - x0) * (t - t0) / (t1 - t0), y1 - (y1 - y0) * v / top
 
     for i, (key, points) in enumerate(sorted(series.items())):
-        cls = f"s{i % COLOURS}"
+        cls = (classes or {}).get(key, f"s{i % COLOURS}")
         path, dots, last_t = [], [], None
         for t, v in points:
             x, y = xy(t, v)

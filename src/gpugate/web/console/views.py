@@ -9,10 +9,12 @@ a dict of plain data for its template.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from gpugate.errors import BadRequest
 from gpugate.services.jobs import event_view, job_view
+from gpugate.services.samples import MAX_KEYS
 from gpugate.store import JOB_STATES
 from gpugate.web.admin import gpus_view, upstream_view
 from gpugate.web.admin_config import version_view
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 
 PAGE = 50
 RECENT_JOBS = 10
+ERROR_CLASSES = ("s5", "s1", "s3", "s6", "s7")  # red, orange, purple, brown, slate
 GAP_SAMPLES = 2.5  # a line breaks where more than this many sample intervals are missing
 
 
@@ -114,6 +117,12 @@ def fault_bands(ring: Sampler) -> list[charts.Band]:
     return bands
 
 
+def code_classes(codes: Iterable[str]) -> dict[str, str]:
+    """Answered (``2xx``) in green, every error in a warm colour of its own."""
+    warm = iter(ERROR_CLASSES * (1 + MAX_KEYS // len(ERROR_CLASSES)))
+    return {code: "ok" if code.startswith("2") else next(warm) for code in sorted(codes)}
+
+
 def fleet_charts(gateway: Gateway) -> list[Chart]:
     """The incident at a glance: requests by code, latency, TTFB, queues, GPU util and
     temperature per GPU, every chart with the GPU faults shaded."""
@@ -121,8 +130,9 @@ def fleet_charts(gateway: Gateway) -> list[Chart]:
     if ring is None:
         return []
     faults = fault_bands(ring)
+    codes = ring.window("requests")
     shown = [
-        _line(ring, "requests", bands=faults),
+        _line(ring, "requests", bands=faults, classes=code_classes(codes)),
         _line(ring, "latency", bands=faults),
         _line(ring, "ttfb", bands=faults),
         _line(ring, "queue", bands=faults),
