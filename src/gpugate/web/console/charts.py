@@ -11,7 +11,7 @@ style or script, and a screenshot shows exactly what the server sent; docs/decis
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -139,30 +139,37 @@ def line_chart(  # noqa: PLR0913 - a chart's parts, each named at the call
 
     for i, (key, points) in enumerate(sorted(series.items())):
         cls = (classes or {}).get(key, f"s{i % COLOURS}")
-        path, dots, last_t = [], [], None
-        for t, v in points:
-            x, y = xy(t, v)
-            path.append(f"{'M' if last_t is None or t - last_t > gap_s else 'L'}{x:.1f},{y:.1f}")
-            last_t = t
-        for j, (t, v) in enumerate(points):  # a point with no neighbour drawn: a dot
-            near = [points[k][0] for k in (j - 1, j + 1) if 0 <= k < len(points)]
-            if not any(abs(t - other) <= gap_s for other in near):
-                dots.append(dict(zip(("x", "y"), xy(t, v), strict=True)))
-        name = (labels or {}).get(key, key)
-        chart.lines.append({"cls": cls, "key": key, "d": "".join(path), "dots": dots})
-        last = number(points[-1][1], unit) if points else ""
-        chart.legend.append({"cls": cls, "label": name, "last": last + _suffix(unit)})
+        chart.lines.append({"cls": cls, "key": key, **_path(points, xy, gap_s)})
+        last = number(points[-1][1], unit) + _suffix(unit) if points else ""
+        chart.legend.append({"cls": cls, "label": (labels or {}).get(key, key), "last": last})
     for band in bands:
         start, end = max(band.start, t0), min(band.end, t1)
         if end >= start:
-            bx, _ = xy(start, 0)
-            ex, _ = xy(end, 0)
-            width = max(ex - bx, 2.0)
+            (bx, _), (ex, _) = xy(start, 0), xy(end, 0)
+            width = min(max(ex - bx, 2.0), x1 - bx)
             chart.bands.append({"x": bx, "y": y0, "w": width, "h": y1 - y0, "label": band.label})
     _rules(chart, rules, top)
     if not values:
         chart.empty = "no samples yet" if span is None else "nothing to show in this window"
     return chart
+
+
+def _path(
+    points: Sequence[Point], xy: Callable[[float, float], tuple[float, float]], gap_s: float
+) -> dict[str, Any]:
+    """An SVG path through ``points``, a new stroke (``M``) after a gap longer than ``gap_s``,
+    and a dot for each point that no stroke reaches (no neighbour within ``gap_s``)."""
+    path, dots, last_t = [], [], None
+    for t, v in points:
+        x, y = xy(t, v)
+        path.append(f"{'M' if last_t is None or t - last_t > gap_s else 'L'}{x:.1f},{y:.1f}")
+        last_t = t
+    for j, (t, v) in enumerate(points):
+        near = [points[k][0] for k in (j - 1, j + 1) if 0 <= k < len(points)]
+        if not any(abs(t - other) <= gap_s for other in near):
+            x, y = xy(t, v)
+            dots.append({"x": x, "y": y})
+    return {"d": "".join(path), "dots": dots}
 
 
 def _rules(chart: Chart, rules: Sequence[tuple[str, float]], top: float) -> None:
