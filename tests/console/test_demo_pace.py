@@ -1,0 +1,35 @@
+"""``gpugate demo --scenario NAME --pace S``: the pace a person watches a scenario at."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpugate.demo import MAX_PACE_S, run_demo
+from gpugate.errors import GpugateError
+
+
+@pytest.mark.parametrize("pace", [-1.0, MAX_PACE_S + 1])
+async def test_a_pace_out_of_range_is_refused_before_anything_starts(
+    pace: float, tmp_path: Path
+) -> None:
+    with pytest.raises(GpugateError, match="--pace must be between 0 and 600 seconds"):
+        await run_demo("127.0.0.1", 0, workdir=tmp_path, scenario="xid", pace_s=pace)
+    assert not (tmp_path / "demo.yaml").exists()
+
+
+def test_the_demo_help_explains_the_pace() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpugate", "demo", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},  # one line per option: nothing wraps mid-phrase
+    )
+    assert "--pace S" in done.stdout
+    assert "hold each state S seconds" in done.stdout
