@@ -148,3 +148,17 @@ def test_tokens_per_second_are_summed_by_tenant() -> None:
     clock.advance(EVERY_S)
     ring.tick()
     assert {"acme": [10.0]} == values(ring, "tokens")
+
+
+def test_retries_and_fallbacks_are_rates_by_outcome_and_by_reason() -> None:
+    metrics, clock = Metrics(), ManualClock()
+    if not hasattr(metrics, "fallbacks"):
+        pytest.skip("gateway_fallbacks_total arrives with the resil branch (issue #13)")
+    ring = sampler(metrics, clock)
+    ring.tick()
+    metrics.upstream_attempts.labels("a", "retried").inc(5)
+    metrics.fallbacks.labels("m", "m-small", "unavailable").inc(10)
+    clock.advance(EVERY_S)
+    ring.tick()
+    assert {"retried": [1.0]} == values(ring, "attempts")
+    assert {"unavailable": [2.0]} == values(ring, "fallbacks")

@@ -152,6 +152,15 @@ SERIES: tuple[Series, ...] = (
     Series("requests", "Requests by code", "req/s", rate("gateway_requests_total", ["code"])),
     Series("latency", "Request latency", "ms", quantiles("gateway_request_duration_seconds")),
     Series("ttfb", "Upstream time to first byte", "ms", quantiles("gateway_upstream_ttfb_seconds")),
+    Series(
+        "attempts",
+        "Upstream tries by outcome",
+        "tries/s",
+        rate("gateway_upstream_attempts_total", ["outcome"]),
+    ),
+    Series(
+        "fallbacks", "Fallbacks by reason", "req/s", rate("gateway_fallbacks_total", ["reason"])
+    ),
     Series("tokens", "Tokens by tenant", "tokens/s", rate("gateway_tokens_total", ["tenant"])),
     Series(
         "queue", "Requests queued by class", "requests", gauge("gateway_queue_depth", ["class"])

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 PAGE = 50
 RECENT_JOBS = 10
 ERROR_CLASSES = ("s5", "s1", "s3", "s6", "s7")  # red, orange, purple, brown, slate
+OPTIONAL_CHARTS = ("attempts", "fallbacks", "tokens")  # retries, fallbacks; client keys' tokens
 GAP_SAMPLES = 2.5  # a line breaks where more than this many sample intervals are missing
 
 
@@ -137,8 +138,8 @@ def fleet_charts(gateway: Gateway) -> list[Chart]:
         _line(ring, "ttfb", bands=faults),
         _line(ring, "queue", bands=faults),
     ]
-    if ring.window("tokens"):  # client keys (auth.mode: keys) count tokens
-        shown.append(_line(ring, "tokens", bands=faults))
+    # drawn once their metric has counted anything
+    shown.extend(_line(ring, name, bands=faults) for name in OPTIONAL_CHARTS if ring.window(name))
     if gateway.monitor is not None:
         shown.append(_line(ring, "gpu_util", bands=faults, min_top=100))
         shown.append(_line(ring, "gpu_temp", bands=faults, min_top=100))
