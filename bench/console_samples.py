@@ -4,8 +4,9 @@ Fills a real :class:`~gpugate.metrics.Metrics` the way a busy gateway would (ups
 x codes of requests, per-model latency and per-upstream TTFB histograms, queues, GPUs, runtimes),
 then times, in the same run: ``Metrics.render()`` (one ``GET /metrics``, the baseline a scraper
 already costs every 15 s), one ``Sampler.tick()`` (what the console adds every
-``server.console_sample_s``), and the ring's size once full (an hour at 5 s). Prints the figures
-and the ratios.
+``server.console_sample_s``), the ring's size once full (an hour at 5 s), and drawing the fleet
+page's charts from it (each live refresh of an open console tab). Prints the figures and the
+ratios.
 
     python bench/console_samples.py            # ~10 s
     python bench/console_samples.py --quick    # smoke test
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from gpugate.clock import ManualClock
 from gpugate.metrics import Metrics
 from gpugate.services.samples import Sampler
+from gpugate.web.console.charts import line_chart
 
 CODES = ("200", "400", "429", "503", "NO_HEALTHY_UPSTREAM", "QUEUE_TIMEOUT", "UPSTREAM_TIMEOUT")
 CLASSES = ("interactive", "batch", "system")
@@ -92,6 +94,12 @@ def main(argv: list[str]) -> int:
     ring_bytes = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
 
+    def draw() -> None:  # what one live refresh of the fleet page computes from a full ring
+        for name in ("requests", "latency", "ttfb", "queue", "gpu_util", "gpu_temp"):
+            line_chart(name, name, "", full.window(name), span=full.span, gap_s=12.5)
+
+    draw_us = per_call_us(draw, seconds)
+
     print(
         f"fleet: {args.upstreams} upstreams x {len(CLASSES)} classes x {len(CODES)} codes, "
         f"{args.gpus} GPUs, {args.runtimes} runtimes; {series} sample names in the registry\n"
@@ -102,7 +110,9 @@ def main(argv: list[str]) -> int:
         f"  = {tick_us / render_us:.2f} x the scrape, every 5 s:"
         f" {tick_us / 5e6 * 100:.3f} % of one core\n"
         f"  a full ring (720 samples, 1 h at 5 s)            {ring_bytes / 1e6:9.2f} MB"
-        f" ({len(full)} kept after {720 + 10} ticks)"
+        f" ({len(full)} kept after {720 + 10} ticks)\n"
+        f"  the fleet page's 6 charts from the full ring     {draw_us:9.0f} us"
+        f"  = {draw_us / render_us:.2f} x the scrape, per open console tab every 3 s"
     )
     return 0
 

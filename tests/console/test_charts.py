@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import itertools
 
-from gpugate.web.console.charts import CHAR_W, Band, bar_chart, line_chart, nice_top, number
+from gpugate.web.console.charts import (
+    CHAR_W,
+    Band,
+    bar_chart,
+    line_chart,
+    nice_top,
+    number,
+    thin,
+)
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 
@@ -62,3 +70,13 @@ def test_the_bars_fill_the_plot_from_its_left_edge_to_its_right_edge() -> None:
     labels = [t["x"] for t in chart.x_ticks]
     assert all(b - a > 5 * CHAR_W for a, b in itertools.pairwise(labels))
     assert "01-14" == chart.x_ticks[-1]["label"]  # the newest day is always labelled
+
+
+def test_a_long_line_is_thinned_to_one_point_per_slice_keeping_its_peak() -> None:
+    points = [(T0 + 5 * i, 1.0) for i in range(720)]
+    points[333] = (points[333][0], 50.0)  # one 5 s spike in an hour
+    kept = thin(points, T0, T0 + 3595, 260)
+    assert len(kept) <= 261
+    assert 50.0 == max(v for _, v in kept)
+    chart = line_chart("c", "t", "req/s", {"a": points}, span=(T0, T0 + 3595), gap_s=12.5)
+    assert 1 == chart.lines[0]["d"].count("M")  # thinned, the line is still unbroken

@@ -208,12 +208,23 @@ class Sampler:
         self._before_at = 0.0
         self.dropped_keys = 0
         self._taking = threading.Lock()  # one sample at a time: each is a delta from the last
+        self._ring_lock = threading.Lock()
 
     def tick(self) -> Sample:
         """Take one sample and keep it (the oldest goes when the ring is full)."""
         sample = self._take()
-        self._ring.append(sample)
+        self._keep(sample)
         return sample
+
+    def _keep(self, sample: Sample) -> None:
+        with self._ring_lock:
+            self._ring.append(sample)
+
+    def _samples(self) -> tuple[Sample, ...]:
+        """The ring as it is now (a page may read it from a worker thread while the loop
+        appends)."""
+        with self._ring_lock:
+            return tuple(self._ring)
 
     def _take(self) -> Sample:
         """Read the metrics and every series; the ring is not touched (this may run in a
@@ -237,7 +248,7 @@ class Sampler:
         """A sample every ``every_s``, read in a worker thread (a few ms with a big registry,
         bench/console_samples.py) so requests on the event loop do not wait for it."""
         while True:
-            self._ring.append(await asyncio.to_thread(self._take))
+            self._keep(await asyncio.to_thread(self._take))
             await self._clock.sleep(self.every_s)
 
     def window(self, name: str, keys: Iterable[str] | None = None) -> dict[str, list[Point]]:
@@ -245,7 +256,7 @@ class Sampler:
         ``keys`` when given; a sample without a key leaves a gap, not a zero."""
         wanted = None if keys is None else set(keys)
         points: dict[str, list[Point]] = {}
-        for sample in self._ring:
+        for sample in self._samples():
             for key, value in sample.values.get(name, {}).items():
                 if wanted is None or key in wanted:
                     points.setdefault(key, []).append((sample.at, value))
@@ -254,9 +265,10 @@ class Sampler:
     @property
     def span(self) -> tuple[float, float] | None:
         """The first and last sample's times; None before the first."""
-        if not self._ring:
+        samples = self._samples()
+        if not samples:
             return None
-        return self._ring[0].at, self._ring[-1].at
+        return samples[0].at, samples[-1].at
 
     def __len__(self) -> int:
         return len(self._ring)

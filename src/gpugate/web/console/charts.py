@@ -23,6 +23,7 @@ LEFT, RIGHT, TOP, BOTTOM = 72.0, 16.0, 12.0, 24.0  # room for the y labels and t
 CHAR_W = 7.0  # a generous width of one 11 px character: labels are spaced by it
 MIN_SPAN_S = 60.0
 COLOURS = 8  # series classes s0..s7 in console.css
+MAX_POINTS = 260  # per line: about one per 2 units of the plot's width
 _TIME_STEPS = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200)
 _NICE = (1.0, 2.0, 2.5, 5.0, 10.0)
 
@@ -139,7 +140,9 @@ def line_chart(  # noqa: PLR0913 - a chart's parts, each named at the call
 
     for i, (key, points) in enumerate(sorted(series.items())):
         cls = (classes or {}).get(key, f"s{i % COLOURS}")
-        chart.lines.append({"cls": cls, "key": key, **_path(points, xy, gap_s)})
+        shown = thin(points, t0, t1, MAX_POINTS)
+        joined = max(gap_s, 2 * (t1 - t0) / MAX_POINTS) if len(shown) < len(points) else gap_s
+        chart.lines.append({"cls": cls, "key": key, **_path(shown, xy, joined)})
         last = number(points[-1][1], unit) + _suffix(unit) if points else ""
         chart.legend.append({"cls": cls, "label": (labels or {}).get(key, key), "last": last})
     for band in bands:
@@ -154,20 +157,37 @@ def line_chart(  # noqa: PLR0913 - a chart's parts, each named at the call
     return chart
 
 
+def thin(points: Sequence[Point], t0: float, t1: float, most: int) -> list[Point]:
+    """At most about ``most`` points: one per slice of time, the slice's highest (a spike stays
+    visible); ``points`` as they are when there are few enough."""
+    if len(points) <= most or t1 <= t0:
+        return list(points)
+    width = (t1 - t0) / most
+    kept: list[Point] = []
+    current = None
+    for t, v in points:
+        slot = int((t - t0) // width)
+        if slot != current:
+            kept.append((t, v))
+            current = slot
+        elif v > kept[-1][1]:
+            kept[-1] = (t, v)
+    return kept
+
+
 def _path(
     points: Sequence[Point], xy: Callable[[float, float], tuple[float, float]], gap_s: float
 ) -> dict[str, Any]:
     """An SVG path through ``points``, a new stroke (``M``) after a gap longer than ``gap_s``,
     and a dot for each point that no stroke reaches (no neighbour within ``gap_s``)."""
-    path, dots, last_t = [], [], None
-    for t, v in points:
+    path, dots = [], []
+    times = [t for t, _ in points]
+    for i, (t, v) in enumerate(points):
         x, y = xy(t, v)
-        path.append(f"{'M' if last_t is None or t - last_t > gap_s else 'L'}{x:.1f},{y:.1f}")
-        last_t = t
-    for j, (t, v) in enumerate(points):
-        near = [points[k][0] for k in (j - 1, j + 1) if 0 <= k < len(points)]
-        if not any(abs(t - other) <= gap_s for other in near):
-            x, y = xy(t, v)
+        joined_before = i > 0 and t - times[i - 1] <= gap_s
+        joined_after = i + 1 < len(times) and times[i + 1] - t <= gap_s
+        path.append(f"{'L' if joined_before else 'M'}{x:.1f},{y:.1f}")
+        if not joined_before and not joined_after:
             dots.append({"x": x, "y": y})
     return {"d": "".join(path), "dots": dots}
 

@@ -8,6 +8,7 @@ a dict of plain data for its template.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -71,7 +72,7 @@ async def overview(gateway: Gateway) -> dict[str, Any]:
         "shed_batch": bool(gpu_health and gpu_health.shed_batch),
         "runtimes": await runtimes(gateway),
         "config_version": gateway.config_version,
-        "charts": fleet_charts(gateway),
+        "charts": await asyncio.to_thread(fleet_charts, gateway),  # ~30 ms with a full ring
     }
 
 
@@ -187,7 +188,7 @@ async def runtime(gateway: Gateway, runtime_id: str) -> dict[str, Any]:
     recent = await gateway.jobs.list(state=None, runner=runtime_id, limit=RECENT_JOBS, cursor=None)
     return {
         "runtime": view,
-        "charts": runtime_charts(gateway, runtime_id, view["spend"]),
+        "charts": await asyncio.to_thread(runtime_charts, gateway, runtime_id, view["spend"]),
         "recent_jobs": [job_view(j) for j in recent.jobs],
     }
 
