@@ -147,7 +147,11 @@ def test_tokens_per_second_are_summed_by_tenant() -> None:
     metrics.tokens.labels("acme", "m", "completion").inc(10)
     clock.advance(EVERY_S)
     ring.tick()
-    assert {"acme": [10.0]} == values(ring, "tokens")
+    metrics.tokens_by_key.labels("gk_ab12", "prompt").inc(25)
+    clock.advance(EVERY_S)
+    ring.tick()
+    assert {"acme": [10.0, 0.0]} == values(ring, "tokens")
+    assert {"gk_ab12": [5.0]} == values(ring, "key_tokens")
 
 
 def test_retries_and_fallbacks_are_rates_by_outcome_and_by_reason() -> None:

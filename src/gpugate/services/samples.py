@@ -162,6 +162,7 @@ SERIES: tuple[Series, ...] = (
         "fallbacks", "Fallbacks by reason", "req/s", rate("gateway_fallbacks_total", ["reason"])
     ),
     Series("tokens", "Tokens by tenant", "tokens/s", rate("gateway_tokens_total", ["tenant"])),
+    Series("key_tokens", "Tokens by key", "tokens/s", rate("gateway_key_tokens_total", ["key"])),
     Series(
         "queue", "Requests queued by class", "requests", gauge("gateway_queue_depth", ["class"])
     ),

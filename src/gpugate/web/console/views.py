@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 PAGE = 50
 RECENT_JOBS = 10
 ERROR_CLASSES = ("s5", "s1", "s3", "s6", "s7")  # red, orange, purple, brown, slate
-OPTIONAL_CHARTS = ("attempts", "fallbacks", "tokens")  # retries, fallbacks; client keys' tokens
+OPTIONAL_CHARTS = ("attempts", "fallbacks", "tokens", "key_tokens")  # retries; keys' tokens
 GAP_SAMPLES = 2.5  # a line breaks where more than this many sample intervals are missing
 
 
