@@ -302,6 +302,9 @@ MEANING: dict[str, str] = {
     "server.max_body_bytes": "request bodies over this are refused (413 `PAYLOAD_TOO_LARGE`)",
     "server.idempotency_ttl_s": "how long a completed response is kept for `Idempotency-Key` "
     "replays",
+    "server.access_log": "one line per request at INFO on the `gpugate.access` logger (method, "
+    "path without its query, status, duration, and for the data plane the upstream, model and "
+    "attempts); probes and `/metrics` at DEBUG; false (or `serve --no-access-log`): none",
     "server.log_format": "`text` or `json` lines on stderr",
     "server.config_poll_s": "how often each replica looks for a new config version and runtime "
     "states",

@@ -108,6 +108,7 @@ class ServerConfig(ConfigModel):
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1)
     idempotency_ttl_s: PositiveSeconds = 86400.0
     log_format: Literal["text", "json"] = "text"
+    access_log: bool = True  # one INFO line per request (web/access_log.py)
     config_poll_s: PositiveSeconds = 2.0  # how often a replica looks for a new config/states
     behind_tls_proxy: bool = False  # clients reach us through a TLS-terminating proxy
     public_url: HttpUrl | None = None  # the gateway's address as clients know it
