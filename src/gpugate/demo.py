@@ -56,10 +56,14 @@ async def run_fleet(*, gpus: int = 2, host_label: HostLabel = "Hostname") -> Non
         await stop.wait()
 
 
-def demo_config(fleet: Fleet, *, store: Path, listen: str, worker_url: str) -> str:
+def demo_config(
+    fleet: Fleet, *, store: Path, listen: str, worker_url: str, access_log: bool = True
+) -> str:
     """The demo gateway's YAML: the seed's upstreams on the simulated fleet's ports, and a push
-    runtime ``home-1`` served by the demo's own push worker at ``worker_url``."""
+    runtime ``home-1`` served by the demo's own push worker at ``worker_url``. A scenario turns
+    the access log off (``access_log``): its background traffic would bury the narration."""
     s = fleet.servers
+    access = "true" if access_log else "false  # a scenario plays: its narration is the output"
     return f"""\
 # Written by `gpugate demo` for the simulated fleet started with it (ports change per run).
 listen: {listen}
@@ -106,6 +110,7 @@ fallback_chain: [local, home-1]
 server:
   shutdown_grace_s: 5
   console_sample_s: 2     # the console's charts move every 2 s in the demo
+  access_log: {access}
 """
 
 
@@ -187,7 +192,13 @@ async def run_demo(
     secret = environ.setdefault(WORKER_SECRET_ENV, secrets.token_urlsafe(16))
     async with Fleet(fleet_spec()) as fleet, DemoWorker(fleet, url, secret, workdir) as worker:
         config_path = workdir / "demo.yaml"
-        text = demo_config(fleet, store=db, listen=f"{host}:{actual_port}", worker_url=worker.url)
+        text = demo_config(
+            fleet,
+            store=db,
+            listen=f"{host}:{actual_port}",
+            worker_url=worker.url,
+            access_log=scenario is None,
+        )
         await asyncio.to_thread(config_path.write_text, text)
         config = load_config(config_path, environ=environ, require_env=True)
 
