@@ -359,6 +359,10 @@ MEANING: dict[str, str] = {
     "one more gets 503 `TOO_MANY_CONNECTIONS` with `Retry-After` (keep it below the fd limit)",
     "server.max_waiters": "`POST /v1/jobs?wait=` requests waiting at once; one more gets its "
     "job at once (202, created and running) and polls `GET /v1/jobs/{slug}`",
+    "server.console_sample_s": "how often the console's charts take a sample of the "
+    "gateway's own metrics (in process, no scrape; docs/console.md)",
+    "server.console_history_s": "how far back the console's charts reach: a ring of "
+    "`console_history_s / console_sample_s` samples (at most 17 280), in memory, per replica",
     "retention": "how long finished rows are kept; a purge loop on every replica deletes "
     "older ones in small batches (docs/security.md)",
     "retention.jobs_s": "finished (completed, failed, cancelled) jobs, with their events and "

@@ -110,7 +110,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     configure_logging("text", args.log_level)
     host, port = _split_listen(args.listen)
-    clean = _run(run_demo(host, port, workdir=Path(args.workdir), scenario=args.scenario))
+    workdir = Path(args.workdir)
+    clean = _run(run_demo(host, port, workdir=workdir, scenario=args.scenario, pace_s=args.pace))
     return 0 if clean else 1
 
 
@@ -454,6 +455,14 @@ def _add_process_commands(sub: Any) -> None:
         choices=list(SCENARIOS),
         metavar="NAME",
         help="play a scripted incident (listed below)",
+    )
+    p.add_argument(
+        "--pace",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="with --scenario: hold each state S seconds so a person can watch it in the console "
+        "(default 5; 30 makes a scenario last minutes); chat traffic runs while it plays",
     )
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
     p.add_argument("--workdir", default=".gpugate", help="state directory (default ./.gpugate)")

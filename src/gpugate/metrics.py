@@ -265,6 +265,15 @@ class Metrics:
         ``dispatched()`` and ``reaped()`` by outcome, ``stuck()`` by runtime."""
         self.registry.register(_JobTotals(dispatched, reaped, stuck))
 
+    def read(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """Every sample of every family now, by sample name (``x_total``, ``x_bucket``, ...):
+        what the console's sampler reads in process, with no scrape and no text parsing."""
+        samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+        return samples
+
     def render(self) -> bytes:
         """The exposition text of every family."""
         return generate_latest(self.registry)

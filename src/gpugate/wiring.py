@@ -8,6 +8,7 @@ the loops in reverse order and closes the store. Nothing else in gpugate names a
 from __future__ import annotations
 
 import logging
+import math
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -57,6 +58,7 @@ from gpugate.services.runtimes.modal import ModalRuntime
 from gpugate.services.runtimes.push import PushRuntime
 from gpugate.services.runtimes.push_reports import PushReports
 from gpugate.services.runtimes.upstream import UpstreamRuntime
+from gpugate.services.samples import Sampler
 from gpugate.services.shed import ShedGate
 from gpugate.services.stop_conditions import StopConditions
 from gpugate.services.supervisor import Supervisor
@@ -97,6 +99,7 @@ class Gateway:
     )
     push_reports: PushReports | None = None  # the worker routes' judge
     gauges: RuntimeGauges | None = None
+    samples: Sampler | None = None  # the console charts' ring of samples
     results: Results | None = None  # where job results are kept (inline or blobs)
     retention: Retention | None = None  # the purge of old rows (issue #15 finding 4)
     azure_di: AzureDocumentIntelligence | None = None
@@ -428,12 +431,24 @@ def _start_loops(
     )
     loops.start("retention", gateway.retention.run)
     loops.start("key-usage", gateway.usage.run)
+    gateway.samples = _sampler(gateway)
+    loops.start("console-samples", gateway.samples.run)
     if run_job_loops:
         store = gateway.store
         loops.start("dispatcher", dispatcher.run)
         loops.start("reaper", reaper.run)
         loops.start("job-wakeups", lambda: store.watch_jobs(dispatcher.wake))
         loops.start("batches", gateway.batch_runner.run)
+
+
+MAX_SAMPLES = 17_280  # a day at 5 s: the ring's bound whatever the config asks
+
+
+def _sampler(gateway: Gateway) -> Sampler:
+    """The console's ring: ``server.console_history_s`` of samples every ``console_sample_s``."""
+    server = gateway.config.server
+    keep = min(MAX_SAMPLES, math.ceil(server.console_history_s / server.console_sample_s))
+    return Sampler(gateway.metrics.read, gateway.clock, every_s=server.console_sample_s, keep=keep)
 
 
 CLAIMING_LOOPS = ("dispatcher", "job-wakeups", "batches")

@@ -130,6 +130,8 @@ class ServerConfig(ConfigModel):
     body_timeout_s: PositiveSeconds = 30.0
     max_connections: int = Field(2048, ge=1)
     max_waiters: int = Field(512, ge=0)  # POST /v1/jobs?wait= waiting at once
+    console_sample_s: float = Field(5.0, ge=0.5)  # the console charts' sample interval
+    console_history_s: float = Field(3600.0, gt=0, le=86400)  # how far back they reach
 
 
 def _implied_runtimes() -> list[RuntimeConfig]:
