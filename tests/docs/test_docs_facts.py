@@ -36,8 +36,9 @@ _KEY = re.compile(r"^[a-z][a-z_]*(?:\[\])?(?:\.[a-z][a-z_0-9]*(?:\[\])?)+$")
 #: Route shapes that name a documented *pattern* (``POST /v1/{operation}`` of a job's input),
 #: not one route of the app.
 _ROUTE_PATTERNS = {"/v1/{}", "/u", "/"}
-#: The push worker's routes (served by ``gpugate worker``, not the gateway).
-_WORKER_ROUTES = ("/calls", "/{}")
+#: The push worker's routes (served by ``gpugate worker``, not the gateway) and the simulated
+#: fleet's control routes (``/_control``, ``/_stats``).
+_WORKER_ROUTES = ("/calls", "/{}", "/_")
 #: Docs that discuss the code itself (module paths, attributes), not the config.
 _ABOUT_THE_CODE = {"decisions.md", "architecture.md"}
 
