@@ -44,12 +44,12 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── QueueTimeout               QUEUE_TIMEOUT
     │   ├── QueueFull                  QUEUE_FULL
     │   ├── NoHealthyUpstream          NO_HEALTHY_UPSTREAM
-    │   ├── GatewayOverloaded          GATEWAY_OVERLOADED: the gateway ran out of file descriptors
     │   ├── KeyLimited                 a client key's limit (429, Retry-After)
     │   │   ├── RateLimited            RATE_LIMITED: requests per minute
     │   │   ├── TokenLimited           TOKEN_LIMITED: tokens per minute
     │   │   ├── ConcurrencyLimited     CONCURRENCY_LIMITED: requests in flight
     │   │   └── BudgetExceeded         BUDGET_EXCEEDED: the daily tokens or cents
+    │   ├── GatewayOverloaded          GATEWAY_OVERLOADED: the gateway ran out of file descriptors
     │   └── ShuttingDown               SHUTTING_DOWN: the replica stops; another will answer
     ├── UpstreamError                  the upstream failed us
     │   ├── UpstreamTimeout            UPSTREAM_TIMEOUT

@@ -9,6 +9,13 @@ from pydantic import Field
 from gpugate.config.fields import ConfigModel, Name
 
 
+class PriceConfig(ConfigModel):
+    """What a model costs through a client key, in cents per 1000 tokens (issue #16)."""
+
+    prompt_per_1k_cents: float = Field(0.0, ge=0)
+    completion_per_1k_cents: float = Field(0.0, ge=0)
+
+
 class ModelConfig(ConfigModel):
     """One model's policy on the data plane (``routing`` is added by the routing work)."""
 
@@ -18,3 +25,5 @@ class ModelConfig(ConfigModel):
     fallbacks: list[Name] = Field(default_factory=list)
     #: Tried in order when the model answers 400 ``context_length_exceeded``.
     context_fallbacks: list[Name] = Field(default_factory=list)
+    #: Its price per 1000 tokens: usage per client key becomes cost, and daily_cents holds.
+    price: PriceConfig | None = None

@@ -43,6 +43,7 @@ from gpugate.core.admission import AdmissionPool, Slot
 from gpugate.core.classes import RequestClass
 from gpugate.core.picking import EndpointState
 from gpugate.core.registry import Registry, UpstreamState
+from gpugate.core.scoring import Route, Router
 from gpugate.errors import (
     GatewayOverloaded,
     GpugateError,
@@ -187,6 +188,14 @@ def json_or_text(body: bytes) -> Any:
 _CREDENTIALS = frozenset({b"authorization", b"ocp-apim-subscription-key"})
 
 
+def endpoint_label(upstream: UpstreamState, endpoint: EndpointState) -> str:
+    """How errors and open metrics name an endpoint: its upstream's id and its place in the
+    upstream's ``urls``, never the URL (issue #15 finding 8; ``/admin/upstreams`` has them)."""
+    if len(upstream.endpoints) == 1:
+        return f"upstream {upstream.id!r}"
+    return f"upstream {upstream.id!r} endpoint {upstream.endpoints.index(endpoint)}"
+
+
 def _inflight(pool: AdmissionPool) -> int:
     return pool.inflight
 
@@ -208,6 +217,8 @@ class Proxy:
     ) -> None:
         self.registry = registry
         self.gate = gate
+        #: Set by the composition root; None: wave 1's power of two choices (docs/routing.md).
+        self.router: Router | None = None
         self.clock = clock
         self._client = client
         self._metrics = metrics
@@ -217,6 +228,7 @@ class Proxy:
         self._attempt_counters: dict[tuple[str, str], Any] = {}
         self._models: dict[str, ModelConfig] = {m.name: m for m in models}
         self._timed: dict[tuple[str, str], Any] = {}
+        self._picked: dict[tuple[str, str], Any] = {}
         self.bind_gauges()
 
     def set_secrets(self, secrets: Mapping[str, str]) -> None:
@@ -335,10 +347,12 @@ class Proxy:
         tried: set[str] = set()
         tries = 0
         slept = False
+        route = self._route(out)
+        reason = "p2c"
         while True:
             now = self.clock.monotonic()
             try:
-                chosen = picking.pick(endpoints, self._rng, now, exclude=tried)
+                chosen, reason = self._pick(route, endpoints, tried)
             except NoHealthyUpstream as exc:
                 again = tries and run.last is not None and run.last.outcome is not Outcome.TIMEOUT
                 if not again:  # nothing (left) to try: out of rotation, or every one timed out
@@ -375,7 +389,9 @@ class Proxy:
             run.attempts += 1
             slot = upstream.pool.try_acquire() or await self._admit(upstream, out.cls)
             try:
-                reply = await self._send(run, out, upstream, slot, chosen, tried)
+                reply = await self._send(
+                    run, out, upstream, slot, chosen, tried, route=route, reason=reason
+                )
             except BaseException:
                 slot.release()
                 raise
@@ -408,6 +424,29 @@ class Proxy:
         retry = upstream.config.retry
         return Backoff(retry.backoff_s, retry.max_backoff_s, self._rng).delay(tries)
 
+    def _route(self, out: Outbound) -> Route | None:
+        """The request's routing facts (prompt hashed once), when a router routes models."""
+        if self.router is None or out.model is None:
+            return None
+        batch = out.cls is RequestClass.BATCH
+        return self.router.route(out.model, out.upstream_id, out.doc, out.headers, batch=batch)
+
+    def _picks(self, policy: str, reason: str) -> Any:
+        child = self._picked.get((policy, reason))
+        if child is None:
+            child = self._picked[policy, reason] = self._metrics.routing_picks.labels(
+                policy, reason
+            )
+        return child
+
+    def _pick(
+        self, route: Route | None, endpoints: Sequence[EndpointState], tried: set[str]
+    ) -> tuple[EndpointState, str]:
+        now = self.clock.monotonic()
+        if route is None or self.router is None:
+            return picking.pick(endpoints, self._rng, now, exclude=tried), "p2c"
+        return self.router.pick(route, endpoints, self._rng, now, exclude=tried)
+
     async def _admit(self, upstream: UpstreamState, cls: RequestClass) -> Slot:
         """Wait in the upstream's queue (the pool had no free slot)."""
         started = self.clock.monotonic()
@@ -417,7 +456,7 @@ class Proxy:
             waited = self.clock.monotonic() - started
             self._metrics.queue_wait.labels(upstream.id, cls.value).observe(waited)
 
-    async def _send(  # noqa: PLR0915 - one try, every way it can end
+    async def _send(  # noqa: PLR0913, PLR0915 - one try, every way it can end
         self,
         run: _Run,
         out: Outbound,
@@ -425,6 +464,9 @@ class Proxy:
         slot: Slot,
         endpoint: EndpointState,
         tried: set[str],
+        *,
+        route: Route | None = None,
+        reason: str = "p2c",
     ) -> Reply | None:
         """One try on ``endpoint``: the reply to relay, or None (recorded in ``run``) when it
         failed in a way worth another try. The slot is released on failure, kept by the reply
@@ -434,6 +476,9 @@ class Proxy:
             endpoint = picking.pick(upstream.endpoints, self._rng, now)
         probe = picking.claim(endpoint, now)
         tried.add(endpoint.url)
+        if route is not None and self.router is not None:
+            self.router.sent(route, endpoint)
+            self._picks(route.cfg.policy, reason).inc()
         sent_at = self.clock.monotonic()
         cfg = upstream.config
         try:
@@ -443,6 +488,7 @@ class Proxy:
                 self._headers(out, upstream),
                 out.body,
                 self._timeouts(upstream, stream=out.stream),
+                label=endpoint_label(upstream, endpoint),  # clients read the id, not the URL
             )
         except UpstreamError as exc:
             picking.release(endpoint, probe=probe)

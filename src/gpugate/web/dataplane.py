@@ -221,12 +221,16 @@ class DataPlane:
             raise
         code: str | None = None
         kept: list[bytes] | None = [] if ticket is not None and keep else None
+        kept_bytes, keep_at_most = 0, gw.idempotency.max_body_bytes
         try:
             await send(_start(reply, rid))
             try:
                 while chunk := await reply.read_chunk():
                     if kept is not None:
                         kept.append(chunk)
+                        kept_bytes += len(chunk)
+                        if kept_bytes > keep_at_most:
+                            kept = None  # too large to keep: the key is released at the end
                     last = ticket is None and reply.at_eof()  # end with the last chunk
                     await send({"type": "http.response.body", "body": chunk, "more_body": not last})
                     if last:
