@@ -78,6 +78,8 @@ class Scripted:
     name: str
     words: list[str]
     seen: list[Seen] = field(default_factory=list)
+    #: Until this time.monotonic(), every request is answered 503 (an outage), then the script.
+    down_until: float = 0.0
 
     @property
     def count(self) -> int:
@@ -97,7 +99,7 @@ async def _handle(request: web.Request) -> web.StreamResponse:  # noqa: C901, PL
     body = json.loads(raw or b"{}")
     n = server.count
     server.seen.append(Seen(time.monotonic(), body))
-    step = server.step(n)
+    step = server.step(n) if time.monotonic() >= server.down_until else Step(status=503)
     if step.hang_s:
         await asyncio.sleep(step.hang_s)
     if step.drop:

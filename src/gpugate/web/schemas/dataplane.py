@@ -102,7 +102,8 @@ _ERRORS = {
     429: "GPU_SATURATED (batch), RATE_LIMITED, TOKEN_LIMITED, CONCURRENCY_LIMITED, "
     "BUDGET_EXCEEDED; Retry-After",
     502: "UPSTREAM_UNREACHABLE",
-    503: "NO_HEALTHY_UPSTREAM, QUEUE_TIMEOUT, QUEUE_FULL; Retry-After",
+    503: "NO_HEALTHY_UPSTREAM (the whole fallback chain is out), QUEUE_TIMEOUT, QUEUE_FULL, "
+    "GATEWAY_OVERLOADED (the gateway is out of file descriptors); Retry-After",
     504: "UPSTREAM_TIMEOUT",
 }
 _RAW_ERRORS = {
