@@ -45,7 +45,7 @@ def router(
 ) -> Router:
     routing = RoutingConfig(policy=policy, **cfg)  # type: ignore[arg-type]
     table = signals or {}
-    return Router(lambda _m, _u: routing, signal=lambda url, _now: table.get(url))
+    return Router(lambda _m, _u: routing, signal=lambda _up, url, _now: table.get(url))
 
 
 def send(r: Router, eps: list[EndpointState], doc: dict[str, Any], **route: Any) -> EndpointState:
@@ -58,10 +58,16 @@ def send(r: Router, eps: list[EndpointState], doc: dict[str, Any], **route: Any)
 # -- load ------------------------------------------------------------------------------------
 
 
-def test_load_is_the_engines_queue_plus_what_gpugate_sent_since_the_scrape() -> None:
-    fresh = signal(running=4, waiting=1, kv=0.5, then=3)
+def test_load_is_outstanding_plus_what_only_the_engine_knows() -> None:
+    """Other clients' requests (6 on the engine, 3 of them ours when read), one extra per
+    waiting request, and KV pressure above 90 %."""
+    fresh = signal(running=4, waiting=2, kv=0.95, then=3)
 
-    assert 4 + 2 * 1 + 2 * 0.5 + (5 - 3) == load_of(5, fresh, CFG)
+    assert pytest.approx(5 + (6 - 3) + 1.0 * 2 + 2.0 * 0.5) == load_of(5, fresh, CFG)
+
+
+def test_a_cache_below_ninety_percent_full_adds_no_load() -> None:
+    assert 2.0 == load_of(2, signal(running=2, waiting=0, kv=0.85, then=2), CFG)
 
 
 def test_without_a_fresh_reading_load_is_gpugates_outstanding_count() -> None:

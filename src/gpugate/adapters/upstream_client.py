@@ -8,6 +8,8 @@ re-serialised on the way through.
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -15,7 +17,11 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from gpugate.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from gpugate.errors import GatewayOverloaded, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+
+log = logging.getLogger("gpugate.upstream")
+#: The gateway's own limits, not the upstream's fault (#14.5): out of file descriptors.
+_OWN_LIMITS = frozenset({errno.EMFILE, errno.ENFILE})
 
 # RFC 9110 §7.6.1 connection-specific fields, plus what the client library sets itself.
 HOP_BY_HOP = frozenset(
@@ -98,6 +104,16 @@ class UpstreamResponse:
         """Whether the whole body has been read."""
         return self._content.at_eof()
 
+    def set_idle_timeout(self, seconds: float | None) -> None:
+        """From now on, a silence longer than ``seconds`` between two pieces of the body fails
+        the next :meth:`read_chunk` with :class:`UpstreamTimeout` (aiohttp's socket read timer,
+        re-armed by each packet: no timer of our own per chunk)."""
+        connection = self._resp.connection
+        protocol = connection.protocol if connection is not None else None
+        if protocol is not None:
+            protocol.read_timeout = seconds
+            protocol.start_timeout()
+
     async def read(self) -> bytes:
         """The whole body (for small, non-streaming responses)."""
         parts = []
@@ -178,6 +194,13 @@ class UpstreamClient:
         except aiohttp.ConnectionTimeoutError as exc:
             raise UpstreamTimeout(f"connect to {where} timed out", connect_failed=True) from exc
         except aiohttp.ClientConnectorError as exc:
+            if exc.os_error.errno in _OWN_LIMITS:
+                log.error(  # noqa: TRY400 - our own limit, not a bug: no traceback
+                    "cannot connect to %s: the gateway is out of file descriptors", url
+                )
+                raise GatewayOverloaded(
+                    "the gateway is out of file descriptors; retry shortly", retry_after_s=1.0
+                ) from exc
             raise UpstreamUnreachable(
                 f"cannot connect to {where}: {_os_reason(exc.os_error, url)}",
                 connect_failed=True,
