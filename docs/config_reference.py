@@ -231,6 +231,50 @@ MEANING: dict[str, str] = {
     "`context_length_exceeded`",
     "upstreams[].health_path": "the path the active health probe GETs every 5 s",
     "upstreams[].api_key_env": "the variable holding a bearer key sent to this upstream",
+    "upstreams[].raw": "the opt-in for `/u/{id}/...` on an `azure-di`, `external` or keyed "
+    "upstream (without it such an upstream answers 403 `RAW_FORBIDDEN` there); null: `/u/` "
+    "reaches only internal upstreams without a key (docs/security.md)",
+    "upstreams[].raw.methods": "the HTTP methods `/u/` may forward to it",
+    "upstreams[].raw.path_prefixes": "the raw paths (below the upstream's base URL) `/u/` may "
+    "forward, by prefix",
+    "upstreams[].raw.send_key": "add the upstream's key (`api_key_env`) to `/u/` requests; "
+    "false: the client's headers go as they are, never the gateway's key",
+    "upstreams[].engine": "scrape the model server's own metrics (running/waiting requests, KV "
+    "use, prefix-cache hits, LoRA adapters) from each endpoint for routing; null: not scraped "
+    "(docs/routing.md)",
+    "upstreams[].engine.kind": "`auto` (read vLLM's, SGLang's or TEI's names, whichever the "
+    "scrape has), `vllm`, `sglang`, `tei`, or `none` (scrape nothing)",
+    "upstreams[].engine.metrics_path": "the path scraped on each endpoint",
+    "upstreams[].engine.poll_s": "how often each endpoint is scraped",
+    "upstreams[].engine.staleness_s": "a reading older than this is ignored: routing falls back "
+    "to gpugate's outstanding counts (fail open)",
+    "upstreams[].engine.scrape_timeout_s": "a scrape taking longer fails (counted, reading kept "
+    "until stale)",
+    "upstreams[].routing": "how this upstream's endpoints are chosen; null: the model's "
+    "`routing`, else the defaults (docs/routing.md)",
+    "upstreams[].routing.policy": "`least_outstanding` (power of two choices on gpugate's own "
+    "count), `engine_load` (least loaded by the engine's queue and KV use), `prefix_affinity` "
+    "(engine_load plus the prefix index, session and LoRA affinity)",
+    "upstreams[].routing.prefix_weight": "a prompt's leading blocks missing on an endpoint cost "
+    "this many queued requests there (scaled by the share of the prompt missing)",
+    "upstreams[].routing.waiting_weight": "how much a waiting request weighs against a running one",
+    "upstreams[].routing.kv_weight": "KV-cache use (0..1) times this is added to an endpoint's "
+    "load",
+    "upstreams[].routing.balance_abs": "affinity is ignored for an endpoint at least this much "
+    "busier than the least loaded one (and `balance_rel` times as busy)",
+    "upstreams[].routing.balance_rel": "... and at least this many times as busy",
+    "upstreams[].routing.session_weight": "the conversation's last endpoint (`X-Session-Id`, else "
+    "the body's `user`) is worth this many queued requests",
+    "upstreams[].routing.lora_weight": "an endpoint with the requested LoRA adapter resident is "
+    "worth this many queued requests",
+    "upstreams[].routing.saturated_penalty": "`batch` sees an endpoint on saturated GPUs as this "
+    "much busier",
+    "upstreams[].routing.prefix_block_chars": "the prefix index hashes the rendered prompt in "
+    "blocks of this many characters",
+    "upstreams[].routing.prefix_max_blocks": "block hashes remembered per model (least recently "
+    "used go first)",
+    "upstreams[].routing.max_sessions": "sessions remembered (least recently used go first); 0: "
+    "no session affinity",
     "runtimes": "where jobs run; absent ⇒ one runtime `local` of kind `upstream`",
     "runtimes[].id": "the runtime's name (`runner`, `fallback_chain`, the console)",
     "runtimes[].kind": "`upstream`: through the gateway's own upstreams; `push`: a machine "
@@ -276,6 +320,9 @@ MEANING: dict[str, str] = {
     "(then `LEASE_LOST`)",
     "jobs.dispatcher_lease_s": "the lease a dispatcher holds on a job while it submits",
     "jobs.max_attempts_per_runtime": "submits of one job to one runtime before the walk moves on",
+    "jobs.busy_deadline_s": "a job every runtime refuses as busy (a worker's 429) or at capacity "
+    "waits — deferred `RUNTIME_BUSY` with jittered backoff, no attempt spent — until this long "
+    "after it was created, then fails `BUSY_DEADLINE`",
     "server": "process settings",
     "server.shutdown_grace_s": "on SIGTERM, how long requests in flight may finish",
     "server.drain_delay_s": (
@@ -286,6 +333,9 @@ MEANING: dict[str, str] = {
     "server.max_body_bytes": "request bodies over this are refused (413 `PAYLOAD_TOO_LARGE`)",
     "server.idempotency_ttl_s": "how long a completed response is kept for `Idempotency-Key` "
     "replays",
+    "server.access_log": "one line per request at INFO on the `gpugate.access` logger (method, "
+    "path without its query, status, duration, and for the data plane the upstream, model and "
+    "attempts); probes and `/metrics` at DEBUG; false (or `serve --no-access-log`): none",
     "server.log_format": "`text` or `json` lines on stderr",
     "server.config_poll_s": "how often each replica looks for a new config version and runtime "
     "states",
@@ -294,6 +344,28 @@ MEANING: dict[str, str] = {
     "server.public_url": "the gateway's base URL as clients know it (e.g. "
     "`https://gpu.example.com`): the Azure DI facade builds `Operation-Location` from it; null: "
     "only a loopback or the `listen` host is accepted as `Host` there (docs/security.md)",
+    "server.header_timeout_s": "a client must send its request line and headers within this "
+    "(from connecting, or a keep-alive request's first byte), else 408 `REQUEST_TIMEOUT` and "
+    "the connection is closed",
+    "server.max_header_bytes": "the request line and headers together, at most (431 "
+    "`HEADERS_TOO_LARGE`)",
+    "server.max_headers": "request headers, at most (431 `HEADERS_TOO_LARGE`)",
+    "server.body_timeout_s": "the longest silence between two pieces of a request body while "
+    "the gateway waits for it (408 `REQUEST_TIMEOUT`)",
+    "server.max_connections": "client connections this replica serves at once; a request on "
+    "one more gets 503 `TOO_MANY_CONNECTIONS` with `Retry-After` (keep it below the fd limit)",
+    "server.max_waiters": "`POST /v1/jobs?wait=` requests waiting at once; one more gets its "
+    "job at once (202, created and running) and polls `GET /v1/jobs/{slug}`",
+    "retention": "how long finished rows are kept; a purge loop on every replica deletes "
+    "older ones in small batches (docs/security.md)",
+    "retention.jobs_s": "finished (completed, failed, cancelled) jobs, with their events and "
+    "blobs, and settled ledger entries are deleted this long after they finished",
+    "retention.audit_s": "audit events are deleted this long after they were written",
+    "retention.batches_s": "ended batches, with their lines and files, are deleted this long "
+    "after they ended; uploaded files no batch names, this long after the upload",
+    "retention.every_s": "how often the purge runs (and once at start)",
+    "retention.batch_rows": "rows deleted per transaction; a pass runs at most 50 of them per "
+    "kind and leaves the rest to the next",
     "blobs": "where large job results go",
     "blobs.kind": "`local` (a directory) or `s3` (S3-compatible; needed by `modal` runtimes)",
     "blobs.dir": "the directory of the `local` blob store",

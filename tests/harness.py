@@ -17,7 +17,7 @@ import pytest
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig, config_from_document
 from gpugate.fleet import ModelServer, ServerBehaviour
-from gpugate.server import bind, make_server
+from gpugate.server import bind, connection_limits, make_server
 from gpugate.web.app import create_app
 from gpugate.wiring import Gateway, build_gateway
 
@@ -72,7 +72,8 @@ async def serving(
         clock=clock,
         run_job_loops=run_job_loops,
     ) as gateway:
-        server = make_server(create_app(gateway), grace_s=1)
+        limits = connection_limits(config.server)
+        server = make_server(create_app(gateway), grace_s=1, limits=limits)
         task = asyncio.create_task(server.serve(sockets=[sock]))
         async with asyncio.timeout(10):
             while not server.started:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -186,9 +187,9 @@ _SERVER = web.AppKey("server", Scripted)
 
 @asynccontextmanager
 async def scripted(
-    *steps: Step, name: str = "s", words: list[str] | None = None
+    *steps: Step, name: str = "s", words: list[str] | None = None, sock: socket.socket | None = None
 ) -> AsyncIterator[Scripted]:
-    """Serve the script on 127.0.0.1 until the block ends."""
+    """Serve the script on 127.0.0.1 (or on ``sock``, bound already) until the block ends."""
     app = web.Application()
     server = Scripted("", list(steps) or [OK], name, list(words or WORDS))
     app[_SERVER] = server

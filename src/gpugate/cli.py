@@ -55,6 +55,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gpugate.server import bind, serve_gateway
 
     config = load_config(args.config, environ=os.environ, require_env=True)
+    if args.no_access_log:
+        config = config.model_copy(
+            update={"server": config.server.model_copy(update={"access_log": False})}
+        )
     configure_logging(args.log_format or config.server.log_format, args.log_level)
     host, port = (config.host, config.port) if args.listen is None else _split_listen(args.listen)
     sock = bind(host, port)
@@ -400,6 +404,11 @@ def _add_process_commands(sub: Any) -> None:
     p.add_argument("--listen", help="HOST:PORT, overrides `listen` in the file")
     p.add_argument("--log-format", choices=["text", "json"], help="overrides server.log_format")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="no line per request at INFO (overrides server.access_log)",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(

@@ -13,7 +13,8 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │       └── BlobNotFound           BLOB_NOT_FOUND: no blob under that key
     ├── ListenError                    the listen address cannot be bound
     ├── ScrapeError                    SCRAPE_FAILED: an exporter's answer is not exposition text
-    │   └── NoGpuSeries                SCRAPE_NO_GPUS: it parses, but holds no DCGM GPU series
+    │   ├── NoGpuSeries                SCRAPE_NO_GPUS: it parses, but holds no DCGM GPU series
+    │   └── NoEngineSeries             SCRAPE_NO_ENGINE: it parses, but no vLLM/SGLang/TEI series
     ├── ClientError                    the request is wrong; retrying it unchanged will not help
     │   ├── BadRequest                 BAD_REQUEST
     │   ├── PayloadTooLarge            PAYLOAD_TOO_LARGE
@@ -167,6 +168,12 @@ class NoGpuSeries(ScrapeError):
     code = "SCRAPE_NO_GPUS"
 
 
+class NoEngineSeries(ScrapeError):
+    """The scrape parses, but holds no model-server series (vLLM, SGLang or TEI) to route on."""
+
+    code = "SCRAPE_NO_ENGINE"
+
+
 class ClientError(GpugateError):
     """The request is wrong; retrying it unchanged will not help."""
 
@@ -251,6 +258,24 @@ class ExternalUpstreamForbidden(ClientError):
     code = "EXTERNAL_UPSTREAM_FORBIDDEN"
 
 
+class HeadersTooLarge(ClientError):
+    """The request line and headers are larger, or more, than this gateway accepts."""
+
+    code = "HEADERS_TOO_LARGE"
+
+
+class RequestTimeout(ClientError):
+    """The client was too slow sending its request (headers or body)."""
+
+    code = "REQUEST_TIMEOUT"
+
+
+class RawForbidden(ClientError):
+    """This upstream is not reachable through /u/ for this method and path (its `raw:` opt-in)."""
+
+    code = "RAW_FORBIDDEN"
+
+
 class IdempotencyConflict(ClientError):
     """A request with this Idempotency-Key is still in flight."""
 
@@ -292,6 +317,12 @@ class ShuttingDown(Refused):
     answers)."""
 
     code = "SHUTTING_DOWN"
+
+
+class TooManyConnections(Refused):
+    """This replica holds as many client connections as it accepts (server.max_connections)."""
+
+    code = "TOO_MANY_CONNECTIONS"
 
 
 class NoHealthyUpstream(Refused):

@@ -20,6 +20,18 @@ from gpugate import __version__
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
+#: The one label value for anything a client names that the config does not (a model no
+#: upstream serves, ...): a client's input never becomes a label value (issue #15 finding 2).
+UNKNOWN = "_unknown"
+#: A label value that comes from outside (an upstream's status line, ...) is cut to this length.
+MAX_LABEL_CHARS = 64
+
+
+def bounded(value: str, known: Callable[[str], bool]) -> str:
+    """``value`` as a label value when ``known(value)`` (the config names it), else
+    :data:`UNKNOWN`; never longer than :data:`MAX_LABEL_CHARS`."""
+    return value[:MAX_LABEL_CHARS] if value == "" or known(value) else UNKNOWN
+
 
 class Metrics:
     """The gateway's metric families on a private registry."""
@@ -213,6 +225,32 @@ class Metrics:
             "gateway_runtime_drained_calls",
             "Calls in flight cancelled because their runtime was drained or auto-disabled",
             ["runtime"],
+            registry=r,
+        )
+        self.loop_restarts = Counter(  # labels: the loop names wiring starts (a fixed set)
+            "gateway_loop_restarts",
+            "Background loops restarted by the supervisor after they raised, by loop",
+            ["loop"],
+            registry=r,
+        )
+        # routing that knows the engines (docs/routing.md)
+        self.engine_scrapes = Counter(
+            "gateway_engine_scrapes_total",
+            "Scrapes of model-server metrics by upstream and outcome (ok or error)",
+            ["upstream", "outcome"],
+            registry=r,
+        )
+        self.engine_load = Gauge(
+            "gateway_engine_load",
+            "An endpoint's engine as last read: running, waiting, kv_usage, prefix_hit_rate",
+            ["upstream", "endpoint", "signal"],
+            registry=r,
+        )
+        self.routing_picks = Counter(
+            "gateway_routing_picks_total",
+            "Endpoint choices by policy and what decided them (load, prefix, session, lora, "
+            "balance: affinity overridden by load)",
+            ["policy", "reason"],
             registry=r,
         )
 

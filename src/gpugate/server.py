@@ -20,6 +20,7 @@ import asyncio
 import errno
 import gc
 import logging
+import resource
 import signal
 import socket
 import ssl
@@ -31,10 +32,11 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from gpugate.clock import SystemClock
-from gpugate.config import GatewayConfig, TlsConfig
+from gpugate.config import GatewayConfig, ServerConfig, TlsConfig
 from gpugate.errors import ConfigError, ConfigProblem, ListenError
 from gpugate.services.readiness import Lifecycle
 from gpugate.web.app import create_app
+from gpugate.web.connections import ConnectionLimits, guarded_protocol
 from gpugate.web.listeners import ListenerSplit
 from gpugate.wiring import build_gateway
 
@@ -58,6 +60,24 @@ def bind(host: str, port: int) -> socket.socket:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     sock.setblocking(False)  # noqa: FBT003
     return sock
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft limit on open files to the hard limit (#14.5: every stream holds two
+    sockets; the default soft 1024 runs out long before the CPU does) and log both; returns
+    the (soft, hard) limits now in effect. A limit that cannot be raised is logged, not fatal."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("open-file limit stays %d (hard %d): %s", soft, hard, exc)
+            return soft, hard
+        log.info("open-file limit raised from %d to the hard limit %d", soft, target)
+        return target, hard
+    log.info("open-file limit %d (hard %d)", soft, hard)
+    return soft, hard
 
 
 def _absorb_reraised_sigterm() -> None:
@@ -112,8 +132,10 @@ class DrainingServer(uvicorn.Server):
         drain_delay_s: float,
         lifecycle: Lifecycle,
         tls: ssl.SSLContext | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
-        super().__init__(_with_tls(_uvicorn_config(app, grace_s + CUT_MARGIN_S), tls))
+        config = _uvicorn_config(app, grace_s + CUT_MARGIN_S, limits or ConnectionLimits())
+        super().__init__(_with_tls(config, tls))
         self._grace_s = grace_s
         self._drain_delay_s = drain_delay_s
         self._lifecycle = lifecycle
@@ -158,11 +180,27 @@ class DrainingServer(uvicorn.Server):
 
 
 def make_server(
-    app: ASGIApp, grace_s: float, *, tls: ssl.SSLContext | None = None
+    app: ASGIApp,
+    grace_s: float,
+    *,
+    tls: ssl.SSLContext | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> uvicorn.Server:
     """A uvicorn server for ``app`` with gpugate's settings (serve it with pre-bound sockets),
-    speaking TLS with ``tls``."""
-    return uvicorn.Server(_with_tls(_uvicorn_config(app, grace_s), tls))
+    speaking TLS with ``tls``, each connection held to ``limits`` (default: the defaults)."""
+    config = _uvicorn_config(app, grace_s, limits or ConnectionLimits())
+    return uvicorn.Server(_with_tls(config, tls))
+
+
+def connection_limits(server: ServerConfig) -> ConnectionLimits:
+    """The ``server.*`` connection limits as the HTTP protocol applies them."""
+    return ConnectionLimits(
+        header_timeout_s=server.header_timeout_s,
+        max_header_bytes=server.max_header_bytes,
+        max_headers=server.max_headers,
+        body_timeout_s=server.body_timeout_s,
+        max_connections=server.max_connections,
+    )
 
 
 def _with_tls(config: uvicorn.Config, tls: ssl.SSLContext | None) -> uvicorn.Config:
@@ -172,11 +210,11 @@ def _with_tls(config: uvicorn.Config, tls: ssl.SSLContext | None) -> uvicorn.Con
     return config
 
 
-def _uvicorn_config(app: ASGIApp, grace_s: float) -> uvicorn.Config:
+def _uvicorn_config(app: ASGIApp, grace_s: float, limits: ConnectionLimits) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(limits),  # httptools, with header/body timeouts and caps
         lifespan="on",
         access_log=False,
         log_config=None,  # our logging (gpugate.logs) is already configured
@@ -198,6 +236,7 @@ async def serve(  # noqa: PLR0913 - the app and its socket, then keyword-only se
     on_started: Callable[[], Awaitable[None]] | None = None,
     admin_sock: socket.socket | None = None,
     tls: ssl.SSLContext | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> bool:
     """Serve until a signal (drained first); True when startup and shutdown were clean."""
     _absorb_reraised_sigterm()
@@ -207,6 +246,7 @@ async def serve(  # noqa: PLR0913 - the app and its socket, then keyword-only se
         drain_delay_s=drain_delay_s,
         lifecycle=lifecycle or Lifecycle(SystemClock()),
         tls=tls,
+        limits=limits,
     )
     sockets = [sock] if admin_sock is None else [sock, admin_sock]
     task = asyncio.create_task(server.serve(sockets=sockets))
@@ -236,6 +276,7 @@ async def serve_gateway(
 ) -> bool:
     """Build the gateway, serve it until a signal, then stop it: the whole life of ``serve``."""
     tls = server_tls(config.tls)  # before anything starts: a wrong file is one clear error
+    raise_fd_limit()
     async with build_gateway(config, environ=environ) as gateway:
         app = gateway_app(create_app(gateway), admin_sock)
         # Everything built so far lives as long as the process: move it out of the collector's
@@ -251,4 +292,5 @@ async def serve_gateway(
             on_started=on_started,
             admin_sock=admin_sock,
             tls=tls,
+            limits=connection_limits(config.server),
         )

@@ -7,15 +7,13 @@ the loops in reverse order and closes the store. Nothing else in gpugate names a
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
 
 from gpugate.adapters.blobs import BlobStore, open_blobs
 from gpugate.adapters.modal_calls import ModalCalls
@@ -50,6 +48,7 @@ from gpugate.services.reaper import Reaper
 from gpugate.services.replicas import ReplicaHeartbeat
 from gpugate.services.result_cache import ResultCache
 from gpugate.services.results import Results
+from gpugate.services.retention import Retention
 from gpugate.services.runtime_ops import RuntimeOps
 from gpugate.services.runtimes.base import Runtime
 from gpugate.services.runtimes.modal import ModalRuntime
@@ -58,6 +57,7 @@ from gpugate.services.runtimes.push_reports import PushReports
 from gpugate.services.runtimes.upstream import UpstreamRuntime
 from gpugate.services.shed import ShedGate
 from gpugate.services.stop_conditions import StopConditions
+from gpugate.services.supervisor import Supervisor
 from gpugate.services.sync_front import SyncFront
 from gpugate.services.usage import UsageMeter
 from gpugate.store import JobRecord, Store
@@ -95,6 +95,7 @@ class Gateway:
     push_reports: PushReports | None = None  # the worker routes' judge
     gauges: RuntimeGauges | None = None
     results: Results | None = None  # where job results are kept (inline or blobs)
+    retention: Retention | None = None  # the purge of old rows (issue #15 finding 4)
     azure_di: AzureDocumentIntelligence | None = None
     sync_front: SyncFront | None = None
     batches: Batches | None = None
@@ -108,9 +109,12 @@ class Gateway:
     quota: Quota = field(init=False)  # their limits
     usage: UsageMeter = field(init=False)  # their usage
     lifecycle: Lifecycle = field(init=False)
+    loops: Supervisor = field(init=False)  # owns every background loop; /readyz asks it
 
     def __post_init__(self) -> None:
         self.lifecycle = Lifecycle(self.clock)
+        restarts = self.metrics.loop_restarts
+        self.loops = Supervisor(self.clock, on_restart=lambda loop: restarts.labels(loop).inc())
 
     @property
     def stopping(self) -> bool:
@@ -167,6 +171,11 @@ class Gateway:
         async def config_ok() -> str:
             return f"version {self.config_version} loaded"
 
+        async def loops_ok() -> str:
+            if problems := self.loops.problems():
+                raise GpugateError("; ".join(problems))
+            return "every loop runs"
+
         async def accepting() -> str:
             if self.lifecycle.phase == "draining":
                 raise GpugateError("draining: finishing what it has, taking no new work soon")
@@ -178,6 +187,7 @@ class Gateway:
             await probe("store", store_ok),
             await probe("config", config_ok),
             await probe("lifecycle", accepting),
+            await probe("loops", loops_ok),
         )
         return Readiness(checks)
 
@@ -374,16 +384,16 @@ def _start_loops(
     assert gateway.runtime_ops is not None
     assert gateway.guardrails is not None
     assert gateway.batch_runner is not None
-    loops = _Loops()
+    loops = gateway.loops
     stack.push_async_callback(loops.stop)
     stack.push_async_callback(_hand_back, gateway, loops)  # unwound first: before loops.stop
     gateway.lifecycle.on("draining", lambda: _stop_claiming(gateway, loops))
-    loops.start("prober", gateway.prober.run())
-    loops.start("config-versions", gateway.config_versions.run())
-    loops.start("runtime-states", gateway.runtime_ops.run())
-    loops.start("guardrails", gateway.guardrails.run())
+    loops.start("prober", gateway.prober.run)
+    loops.start("config-versions", gateway.config_versions.run)
+    loops.start("runtime-states", gateway.runtime_ops.run)
+    loops.start("guardrails", gateway.guardrails.run)
     if gateway.monitor is not None:
-        loops.start("gpu-monitor", gateway.monitor.run())
+        loops.start("gpu-monitor", gateway.monitor.run)
     gateway.metrics.count_jobs(
         lambda: asdict(dispatcher.totals),
         lambda: asdict(reaper.totals),
@@ -396,14 +406,19 @@ def _start_loops(
         gateway.clock,
         interval_s=gateway.config.server.config_poll_s,
     )
-    loops.start("job-gauges", gateway.gauges.run())
-    loops.start("replica-heartbeat", ReplicaHeartbeat(gateway.store, gateway.clock).run())
-    loops.start("key-usage", gateway.usage.run())
+    loops.start("job-gauges", gateway.gauges.run)
+    loops.start("replica-heartbeat", ReplicaHeartbeat(gateway.store, gateway.clock).run)
+    gateway.retention = Retention(
+        gateway.store, gateway.blobs, gateway.clock, lambda: gateway.config.retention
+    )
+    loops.start("retention", gateway.retention.run)
+    loops.start("key-usage", gateway.usage.run)
     if run_job_loops:
-        loops.start("dispatcher", dispatcher.run())
-        loops.start("reaper", reaper.run())
-        loops.start("job-wakeups", gateway.store.watch_jobs(dispatcher.wake))
-        loops.start("batches", gateway.batch_runner.run())
+        store = gateway.store
+        loops.start("dispatcher", dispatcher.run)
+        loops.start("reaper", reaper.run)
+        loops.start("job-wakeups", lambda: store.watch_jobs(dispatcher.wake))
+        loops.start("batches", gateway.batch_runner.run)
 
 
 CLAIMING_LOOPS = ("dispatcher", "job-wakeups", "batches")
@@ -412,7 +427,7 @@ other replicas take the queue while it finishes what it holds."""
 _LETS_FINISH = ("dispatcher",)  # told to stop and awaited: a cancel mid-walk loses a call
 
 
-def _stop_claiming(gateway: Gateway, loops: _Loops) -> None:
+def _stop_claiming(gateway: Gateway, loops: Supervisor) -> None:
     """The drain began: the dispatcher finishes the job it walks and claims no more; the
     other claiming loops are cancelled."""
     if gateway.dispatcher is not None:
@@ -420,7 +435,7 @@ def _stop_claiming(gateway: Gateway, loops: _Loops) -> None:
     loops.stop_soon(tuple(name for name in CLAIMING_LOOPS if name not in _LETS_FINISH))
 
 
-async def _hand_back(gateway: Gateway, loops: _Loops) -> None:
+async def _hand_back(gateway: Gateway, loops: Supervisor) -> None:
     """On the way out: claim nothing more; after a signal, let this process's own calls (the
     ``upstream`` runtime's) finish within what is left of the grace; then put the dispatcher
     claims still held back in the queue for the other replicas (not after a 30 s silence)."""
@@ -494,7 +509,7 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
 
     dispatcher = Dispatcher(store, runtimes, views, config, clock, on_stop=stops.fire)
 
-    waiter = JobWaiter(store, clock)
+    waiter = JobWaiter(store, clock, max_waiters=gateway.config.server.max_waiters)
 
     def call_ended() -> None:  # a slot is free, spend to settle, sync-front waiters look
         dispatcher.slot_freed()
@@ -665,46 +680,6 @@ def _gpu_health(
         registry.guard = monitor.guard
     gate = ShedGate(monitor, metrics, retry_after_s=cfg.poll_s) if cfg.shed_batch else None
     return monitor, gate
-
-
-class _Loops:
-    """Owns the gateway's background tasks: started by name, all cancelled and awaited at stop."""
-
-    def __init__(self) -> None:
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._stopping: asyncio.Task[None] | None = None
-
-    def start(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        self._tasks[name] = asyncio.create_task(coro, name=f"gpugate.{name}")
-        self._tasks[name].add_done_callback(self._report)
-
-    @staticmethod
-    def _report(task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("loop %s died", task.get_name(), exc_info=task.exception())
-
-    async def stop(self) -> None:
-        await self.stop_named(tuple(self._tasks))
-        if self._stopping is not None:
-            await self._stopping
-
-    async def stop_named(self, names: tuple[str, ...]) -> None:
-        """Cancel and await the named loops that run (the others go on)."""
-        tasks = [self._tasks.pop(name) for name in names if name in self._tasks]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def finish(self, names: tuple[str, ...], *, within_s: float) -> None:
-        """Wait (bounded) for the named loops to return by themselves; cancel what is left."""
-        tasks = [self._tasks[name] for name in names if name in self._tasks]
-        if tasks:
-            await asyncio.wait(tasks, timeout=within_s)
-        await self.stop_named(names)
-
-    def stop_soon(self, names: tuple[str, ...]) -> None:
-        """:meth:`stop_named` from synchronous code: the stopping task is owned here."""
-        self._stopping = asyncio.create_task(self.stop_named(names), name="gpugate.stop-loops")
 
 
 async def upgrade_store(dsn: str, *, clock: Clock | None = None) -> list[str]:

@@ -3,12 +3,12 @@ push worker, and leaves the fleet healthy again."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from e2e.jobs_e2e import free_port
 from gpugate.config import load_config
 from gpugate.demo import (
     DEMO_TOKEN,
@@ -23,6 +23,14 @@ from gpugate.demo_scenarios import SCENARIOS, Stage, play
 from gpugate.errors import GpugateError
 from gpugate.fleet import Fleet
 from harness import serving
+
+
+def free_port() -> int:
+    """A free loopback port (the gateway's URL must be known before its config is written)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
 
 # What the newcomer must see happen, per scenario (a line of its narration each).
 WITNESS = {

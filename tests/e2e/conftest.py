@@ -9,7 +9,8 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
-from children import kill_leftovers
+
+from e2e.children import kill_leftovers
 
 POSTGRES_ENV = "GPUGATE_TEST_POSTGRES"
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"

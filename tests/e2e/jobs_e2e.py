@@ -20,8 +20,8 @@ from typing import Self
 
 import aiohttp
 import pytest
-from children import track
 
+from e2e.children import track
 from gpugate.fleet import ModelServer
 
 GPUGATE = [sys.executable, "-m", "gpugate"]

@@ -38,7 +38,8 @@ from typing import Self
 import aiohttp
 import openai
 import psycopg
-from children import track
+
+from e2e.children import track
 
 GPUGATE = [sys.executable, "-m", "gpugate"]
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"

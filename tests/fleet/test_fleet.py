@@ -54,6 +54,7 @@ async def test_demo_fleet_serves_each_model_from_its_own_server() -> None:
 
     assert {
         "qwen-35b": ["qwen-35b"],
+        "qwen-7b": ["qwen-7b"],
         "cleanup-3b": ["cleanup-3b"],
         "tei-embeddings": ["bge-m3"],
         "doc-classifier": ["doc-classifier"],

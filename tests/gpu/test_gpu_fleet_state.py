@@ -207,8 +207,10 @@ def test_a_missing_gpu_that_returns_is_released_fault_hold_s_after_it_was_last_m
     assert "missing=0" in repr(gpus)
 
 
-def test_every_gpu_of_an_exporter_that_stopped_answering_goes_stale_and_fails_open() -> None:
-    """Down, timing out or garbage: no successful scrape is reported, so nothing refreshes."""
+def test_an_exporter_that_stopped_answering_fails_open_but_a_held_fault_keeps_holding() -> None:
+    """Down, timing out or garbage: no successful scrape is reported, so nothing refreshes.
+    The healthy GPU fails open; the one missing at 15 s keeps its fault's hold (issue 14 defect
+    12b: fail open is for no evidence, not for old evidence of a fault)."""
     gpus = fleet()  # staleness_s 60
     gpus.observe_scrape([reading(0), reading(1)], now=0.0)
     gpus.observe_scrape([reading(0)], now=15.0)  # GPU 1 missing: faulted
@@ -219,7 +221,7 @@ def test_every_gpu_of_an_exporter_that_stopped_answering_goes_stale_and_fails_op
         for now in (75.0, 76.0)
     ]
 
-    assert [(False, False), (True, False), (False, True), (True, False)] == actual
+    assert [(False, False), (True, False), (False, True), (True, True)] == actual
 
 
 def test_a_fault_of_a_missing_gpu_acts_again_when_its_exporter_answers_again() -> None:

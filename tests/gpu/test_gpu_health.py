@@ -140,18 +140,37 @@ def test_a_fault_holds_for_fault_hold_s_after_its_last_evidence() -> None:
     assert {now: now < 315 for now in faulted} == faulted
 
 
-def test_a_faulted_gpu_is_not_faulted_while_stale() -> None:
+def test_a_fault_inside_its_hold_keeps_holding_while_the_data_is_stale() -> None:
+    """Issue 14 defect 12b: on main a faulted GPU behind a hung exporter went back into
+    rotation once its data went stale, while its hold was still running."""
     state = fed([(0.0, reading(xid=0)), (15.0, reading(xid=79))])
 
     verdict = assess(state, 90.0, LIMITS)
 
-    assert (True, False) == (verdict.stale, verdict.faulted)
+    assert (True, True) == (verdict.stale, verdict.faulted)
     assert "XID 79 (GPU_HAS_FALLEN_OFF_THE_BUS): fatal" == verdict.fault_reason
 
 
-def test_a_fault_inside_its_hold_acts_again_when_fresh_data_returns() -> None:
+def test_a_stale_fault_ends_with_its_hold_and_the_gpu_then_fails_open() -> None:
     state = fed([(0.0, reading(xid=0)), (15.0, reading(xid=79))])
-    assert not assess(state, 120.0, LIMITS).faulted  # stale
+
+    held, ended = assess(state, 314.0, LIMITS), assess(state, 315.0, LIMITS)
+
+    assert (True, True) == (held.stale, held.faulted)
+    assert (True, False, None) == (ended.stale, ended.faulted, ended.fault_reason)
+
+
+def test_a_stale_gpu_without_a_fault_fails_open() -> None:
+    state = fed([(0.0, reading(xid=0)), (15.0, reading(xid=0, util=99)), (30.0, reading(util=99))])
+
+    verdict = assess(state, 200.0, LIMITS)
+
+    assert (True, False, False) == (verdict.stale, verdict.faulted, verdict.saturated)
+
+
+def test_a_fault_inside_its_hold_still_holds_when_fresh_data_returns() -> None:
+    state = fed([(0.0, reading(xid=0)), (15.0, reading(xid=79))])
+    assert assess(state, 120.0, LIMITS).faulted  # stale, still held
 
     observe(state, reading(xid=79), 130.0, TABLE, LIMITS)
 

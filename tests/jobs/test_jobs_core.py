@@ -11,6 +11,7 @@ from gpugate.core.jobs import (
     ChainWalk,
     Defer,
     Exhausted,
+    LearnedConcurrency,
     RuntimeView,
     Submit,
     Walk,
@@ -137,11 +138,76 @@ def test_a_runtime_at_capacity_is_passed_over_for_the_next_one_with_room() -> No
 def test_a_busy_runtime_that_stays_busy_defers_like_one_at_capacity() -> None:
     walk = walk_of(Job(runner="a"), ["a"], view("a"))
     walk.next()
-    walk.failed("a", "RUNTIME_BUSY: 429", retryable=True, busy=True)
-    walk.failed("a", "RUNTIME_BUSY: 429", retryable=True, busy=True)
+    assert isinstance(walk.failed("a", "RUNTIME_BUSY: 429", retryable=True, busy=True), Walk)
     end = walk.next()
     assert isinstance(end, Defer)
-    assert "AT_CAPACITY" == end.reason
+    assert "RUNTIME_BUSY" == end.reason
+
+
+def test_busy_is_not_a_failed_attempt_so_a_job_busy_many_times_is_never_spent() -> None:
+    """Issue 14 defect 3: a worker at its concurrency answers 429; the job's attempts on it
+    are its stored count, untouched, and the walk defers rather than failing."""
+    job = Job(runner="a", attempts={"a": 1})
+    for _ in range(5):
+        walk = walk_of(job, ["a"], view("a"), max_attempts=2)
+        assert Submit("a") == walk.next()
+        walk.failed("a", "RUNTIME_BUSY: 429", retryable=True, busy=True)
+        assert isinstance(walk.next(), Defer)
+
+
+def test_a_busy_walk_waits_the_given_backoff_until_its_deadline_then_fails_busy_deadline() -> None:
+    def walk(now: datetime) -> ChainWalk:
+        w = ChainWalk(
+            Job(runner="a"),
+            ["a"],
+            {"a": view("a")},
+            now=now,
+            max_attempts=2,
+            capacity_backoff_s=5.0,
+            busy_backoff_s=1.25,
+            busy_deadline=NOW + timedelta(seconds=60),
+        )
+        w.next()
+        w.failed("a", "RUNTIME_BUSY: 429", retryable=True, busy=True)
+        return w
+
+    before = walk(NOW + timedelta(seconds=59)).next()
+    after = walk(NOW + timedelta(seconds=60)).next()
+    assert Defer("RUNTIME_BUSY", NOW + timedelta(seconds=60.25)) == before
+    assert isinstance(after, Exhausted)
+    assert "BUSY_DEADLINE" == after.code
+    assert "a: busy past the deadline (RUNTIME_BUSY: 429)" == after.message
+
+
+def test_the_learned_limit_halves_on_a_429_and_never_stays_above_what_was_in_flight() -> None:
+    learned = LearnedConcurrency(8)
+    learned.refused(in_flight=6)
+    assert 4 == learned.limit
+    learned.refused(in_flight=1)
+    assert 1 == learned.limit
+    learned.refused(in_flight=0)  # the worker is busy with someone else's calls: floor 1
+    assert 1 == learned.limit
+
+
+def test_the_learned_limit_grows_back_after_successes_at_it_but_never_past_the_ceiling() -> None:
+    learned = LearnedConcurrency(2, probe_after=3)
+    learned.refused(in_flight=1)
+    for _ in range(2):
+        learned.accepted(in_flight=0)
+    assert 1 == learned.limit
+    learned.accepted(in_flight=0)
+    assert 2 == learned.limit
+    for _ in range(100):
+        learned.accepted(in_flight=1)
+    assert 2 == learned.limit
+
+
+def test_successes_below_the_learned_limit_teach_nothing() -> None:
+    learned = LearnedConcurrency(4, probe_after=1)
+    learned.refused(in_flight=2)
+    for _ in range(10):
+        learned.accepted(in_flight=0)  # one call of two allowed: the limit was not tested
+    assert 2 == learned.limit
 
 
 def test_a_job_that_may_not_leave_the_building_fails_forbidden_when_only_that_stopped_it() -> None:

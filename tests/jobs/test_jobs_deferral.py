@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from jobs_rig import Rig, push_runtime, rig
 
+from gpugate.errors import RuntimeBusy
 from gpugate.services.gpu_monitor import GpuMonitor
 from gpugate.store import JobRecord
 from harness import eventually
@@ -212,3 +213,69 @@ async def test_a_stopped_dispatcher_returns_from_its_loop_and_claims_nothing_mor
     assert task.done()
     assert not task.cancelled()
     assert (0, "queued") == (report.claimed, job.state)
+
+
+async def test_a_busy_worker_spends_no_attempt_and_the_job_runs_once_capacity_returns(
+    dsn: str,
+) -> None:
+    """Issue 14 defect 3: a push worker at its ``--concurrency`` answers 429 again and again;
+    on main the second walk found the attempts spent and failed the job ``CHAIN_EXHAUSTED``.
+    Busy is no failed attempt: the job waits ``RUNTIME_BUSY`` and runs when the worker has room."""
+    runtimes = [push_runtime("home-1", max_concurrency=4)]
+    async with rig(dsn, runtimes=runtimes, chain=["home-1"], default="home-1") as r:
+        home = r.scripted("home-1")
+        home.script = [RuntimeBusy("429 from the worker")] * 5
+        await r.submit("j1")
+        for _ in range(5):
+            report = await r.dispatcher.drain()
+            waiting = await r.job("j1")
+            assert (1, "queued") == (report.deferred, waiting.state)
+            assert waiting.not_before is not None
+            r.clock.advance(max(0.0, (waiting.not_before - r.clock.now()).total_seconds()))
+        taken = await r.dispatcher.drain()
+        job = await r.job("j1")
+        trail = await r.trail("j1")
+    assert 1 == taken.dispatched
+    assert job.call is not None
+    assert ("home-1", {"home-1": 1}) == (job.call[0], job.attempts)
+    assert 5 == trail.count(("deferred", "home-1", "RUNTIME_BUSY"))
+    assert [] == [code for status, _, code in trail if status == "failed"]
+    assert ["j1"] * 6 == home.submits
+
+
+async def test_a_job_busy_past_its_deadline_fails_busy_deadline_naming_the_runtime(
+    dsn: str,
+) -> None:
+    runtimes = [push_runtime("home-1", max_concurrency=4)]
+    jobs = {"busy_deadline_s": 30}
+    async with rig(dsn, runtimes=runtimes, chain=["home-1"], default="home-1", jobs=jobs) as r:
+        r.scripted("home-1").script = [RuntimeBusy("429 from the worker")] * 2
+        await r.submit("j1")
+        await r.dispatcher.drain()
+        r.clock.advance(30)
+        await r.dispatcher.drain()
+        job = await r.job("j1")
+    assert ("failed", "BUSY_DEADLINE") == (job.state, job.error_code)
+    assert "home-1: busy past the deadline (RUNTIME_BUSY: 429 from the worker)" == (
+        job.error_message
+    )
+
+
+async def test_a_429_teaches_the_dispatcher_the_workers_real_concurrency(dsn: str) -> None:
+    """A worker of concurrency 1 behind ``max_concurrency: 4``: the second submit is refused
+    with one call out, so the learned limit is 1 and the batch's other jobs wait without a
+    submit (no 429 for each of them)."""
+    runtimes = [push_runtime("home-1", max_concurrency=4)]
+    async with rig(dsn, runtimes=runtimes, chain=["home-1"], default="home-1") as r:
+        home = r.scripted("home-1")
+        home.script = [None, RuntimeBusy("429 from the worker")]
+        for slug in ("a", "b", "c", "d"):
+            await r.submit(slug)
+        report = await r.dispatcher.tick()
+        trails = {slug: await r.trail(slug) for slug in ("b", "c", "d")}
+    assert (1, 3) == (report.dispatched, report.deferred)
+    assert ["a", "b"] == home.submits
+    assert 1 == r.dispatcher.learned_limit("home-1", 4)
+    assert ("deferred", "home-1", "RUNTIME_BUSY") in trails["b"]
+    assert ("deferred", "home-1", "AT_CAPACITY") in trails["c"]
+    assert ("deferred", "home-1", "AT_CAPACITY") in trails["d"]

@@ -204,26 +204,41 @@ async def test_an_idempotent_replay_of_batch_is_served_while_the_gpus_are_satura
         assert 0 == gate.shed
 
 
-async def test_when_the_exporter_goes_down_nothing_is_faulted_or_shed_after_staleness(
-    sqlite_dsn: str,
+@pytest.mark.parametrize("mode", ["down", "hang"])
+async def test_when_the_exporter_goes_down_or_hangs_saturation_fails_open_a_held_fault_holds(
+    sqlite_dsn: str, mode: str
 ) -> None:
+    """Issue 14 defect 12b: stale data fails open — nothing is shed — but a fault inside its
+    hold is old evidence, not no evidence: its upstream stays out of rotation until the hold
+    (``fault_hold_s`` after its last evidence) runs out. On main it came back at staleness."""
     placement = {"q0": ("qwen", 0), "q1": ("qwen", 1)}
-    async with rig(sqlite_dsn, placement, shed_batch=True) as r:
+    hold = {"fault_hold_s": 300, "scrape_timeout_s": 0.2}
+    async with rig(sqlite_dsn, placement, shed_batch=True, **hold) as r:
         r.exporter.set_gpu(1, xid=79)
         r.exporter.set_gpu(0, util=99)
         await r.poll(2)
         assert r.monitor.guard("q1") is not None
-        r.exporter.set_mode("down")
+        r.exporter.set_mode(mode)
         await r.poll(1)
         assert r.monitor.guard("q1") is not None, "one failed scrape is no verdict"
         r.clock.advance(STALENESS_S)
         await r.poll(1)
-        assert r.monitor.guard("q1") is None
-        assert not r.monitor.saturated("q0")
+        stale_guard = r.monitor.guard("q1")
+        saturated = r.monitor.saturated("q0")
         batch, _, _ = await chat(r.gw, "qwen", cls="batch")
-        scrapes = r.exporter.scrapes
-    assert 200 == batch
-    assert scrapes >= 5
+        served_by_q1 = r.hits("q1")
+        r.clock.advance(300)  # past the hold, still no data: no evidence any more
+        await r.poll(1)
+        after_hold = r.monitor.guard("q1")
+        (exporter,) = r.monitor.exporters
+        failures = exporter.failures
+        r.exporter.set_mode("normal")  # let a hung scrape go
+    assert stale_guard is not None
+    assert "XID 79" in stale_guard
+    assert not saturated
+    assert (200, 0) == (batch, served_by_q1)  # q0 took it: not shed, not sent to the faulted GPU
+    assert after_hold is None
+    assert failures >= 3
 
 
 async def test_an_exporter_serving_garbage_is_a_counted_error_and_serving_goes_on(

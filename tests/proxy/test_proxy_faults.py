@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import resource
 import socket
 import time
+from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
 
 from gpugate.fleet import ServerBehaviour
+from gpugate.server import raise_fd_limit
 from harness import eventually, make_config, model_servers, serving, upstream
+from scripted_upstream import OK, scripted
 
 CHAT = [{"role": "user", "content": "hi"}]
 BODY = {"model": "m", "messages": CHAT}
@@ -244,3 +248,57 @@ async def test_a_connection_that_died_before_any_response_byte_is_retried_on_the
                     break
     assert (200, "2") == outcomes[-1]
     assert len(outcomes) == good.stats.requests["/v1/chat/completions"]
+
+
+@pytest.mark.skip(
+    reason="rig unfinished: the scripted upstream on a pre-bound socket refuses connections, so "
+    "the request never reaches the EMFILE; the adapter's EMFILE branch is not yet pinned"
+)
+async def test_running_out_of_file_descriptors_is_the_gateways_own_503_never_the_upstreams(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """#14.5: EMFILE on connect answers 503 GATEWAY_OVERLOADED with Retry-After, is counted,
+    and the healthy upstream is neither blamed nor ejected (it serves once fds are back).
+
+    The upstream's socket is bound but not listening while the gateway starts, so the start-up
+    probe leaves no pooled connection: the request needs a new socket, and there is none."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    config = make_config(sqlite_dsn, [upstream("u", [url], ["m"])])
+    async with serving(config) as gw, scripted(OK, sock=sock):
+        async with http.get(gw.url + "/healthz") as warm:  # the client's connection, kept
+            await warm.read()
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        statuses, codes = [], []
+        try:
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (len(list(Path("/proc/self/fd").iterdir())) - 1, hard)
+            )
+            for _ in range(6):
+                async with http.post(gw.v1 + "/chat/completions", json=BODY) as resp:
+                    statuses.append((resp.status, resp.headers.get("Retry-After")))
+                    codes.append((await resp.json())["error"]["code"])
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        endpoint = gw.gateway.registry.upstream("u").endpoints[0]
+        async with http.post(gw.v1 + "/chat/completions", json=BODY) as after:
+            assert 200 == after.status
+        metrics = await (await http.get(gw.url + "/metrics")).text()
+    assert [(503, "1")] * 6 == statuses
+    assert ["GATEWAY_OVERLOADED"] * 6 == codes
+    assert (None, 0) == (endpoint.ejected_until, endpoint.failure_streak)
+    assert 'gateway_overloaded_total{reason="file_descriptors"} 6.0' in metrics
+
+
+def test_the_soft_open_file_limit_is_raised_to_the_hard_limit_at_start() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = min(soft, 512)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+    try:
+        now_soft, now_hard = raise_fd_limit()
+        assert (now_soft, now_hard) == resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert now_hard == hard
+        assert hard in (now_soft, resource.RLIM_INFINITY)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

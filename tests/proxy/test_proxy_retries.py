@@ -176,3 +176,22 @@ def test_retry_defaults_and_limits_are_checked() -> None:
             "sqlite:///x.db",
             [upstream("u", ["http://h"], ["m"], retry={"backoff_s": 5, "max_backoff_s": 1})],
         )
+
+
+async def test_a_fast_failing_upstream_does_not_attract_all_the_traffic(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """#14.2: an endpoint answering 429 in 1 ms against a healthy peer 5 ms slower. 429 is a
+    load signal: that endpoint is backed off and its fast errors teach no latency, so the peer
+    gets the traffic (no retries here: the picker alone is under test)."""
+    once = {"attempts": 1}
+    async with (
+        scripted(Step(status=429), name="fast") as fast,
+        scripted(Step(delay_s=0.005), name="peer") as peer,
+    ):
+        config = make_config(sqlite_dsn, [upstream("u", [fast.url, peer.url], ["m"], retry=once)])
+        async with serving(config) as gw:
+            statuses = [(await post(http, gw.v1))[0] for _ in range(60)]
+    assert statuses.count(200) >= 55
+    assert fast.count <= 5
+    assert statuses.count(200) == peer.count

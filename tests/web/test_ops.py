@@ -34,7 +34,7 @@ async def test_readyz_lists_each_check_and_is_200_when_all_pass(
         body = await resp.json()
     assert 200 == resp.status
     assert {"ready": True} == {"ready": body["ready"]}
-    assert ["store", "config", "lifecycle"] == [c["name"] for c in body["checks"]]
+    assert ["store", "config", "lifecycle", "loops"] == [c["name"] for c in body["checks"]]
     assert all(c["ok"] for c in body["checks"])
     assert "version 1 loaded" == body["checks"][1]["detail"]
 

@@ -2,8 +2,8 @@
 
 The blocks live in their own modules (:mod:`.gpu_health`, :mod:`.upstream`, :mod:`.runtime`)
 and are re-exported here. The process keys (``listen``, ``store``, ``admin_token_env``,
-``gpu_health``, ``jobs``, ``server``, ``tls``, ``admin_listen``, ``import_env``, ...) come from
-the file only; the *gateway document*
+``gpu_health``, ``jobs``, ``server``, ``tls``, ``admin_listen``, ``import_env``,
+``retention``, ...) come from the file only; the *gateway document*
 (``upstreams``, ``runtimes``, ``fallback_chain``, ``default_runtime``, ``stop_conditions``)
 lives in the store as versions and is replaced with :meth:`GatewayConfig.with_gateway_document`.
 """
@@ -19,6 +19,7 @@ from gpugate.config import summary
 from gpugate.config.auth import AuthConfig
 from gpugate.config.blobs import BlobsConfig, S3Config
 from gpugate.config.cache import CacheConfig
+from gpugate.config.engine import EngineConfig, RoutingConfig
 from gpugate.config.environment import ImportEnvConfig
 from gpugate.config.fields import (
     ConfigModel,
@@ -33,6 +34,7 @@ from gpugate.config.fields import (
 from gpugate.config.gpu_health import ExporterConfig, GpuHealthConfig
 from gpugate.config.models import ModelConfig
 from gpugate.config.paths import Finding, describe, format_path, quoted_list
+from gpugate.config.retention import RetentionConfig
 from gpugate.config.rules import IMPLIED_RUNTIME_ID, resolve_implied, rule_findings
 from gpugate.config.runtime import (
     BudgetConfig,
@@ -55,6 +57,7 @@ __all__ = [
     "BlobsConfig",
     "BudgetConfig",
     "CacheConfig",
+    "EngineConfig",
     "ExporterConfig",
     "GatewayConfig",
     "GpuHealthConfig",
@@ -65,7 +68,9 @@ __all__ = [
     "ModelConfig",
     "PushConfig",
     "PushRuntimeConfig",
+    "RetentionConfig",
     "RetryConfig",
+    "RoutingConfig",
     "RuntimeConfig",
     "S3Config",
     "ServerConfig",
@@ -102,6 +107,7 @@ class JobsConfig(ConfigModel):
     max_rescues: int = Field(3, ge=0)
     dispatcher_lease_s: PositiveSeconds = 600.0
     max_attempts_per_runtime: int = Field(2, ge=1)
+    busy_deadline_s: PositiveSeconds = 3600.0  # no room this long after creation: fail
 
 
 class ServerConfig(ConfigModel):
@@ -112,9 +118,17 @@ class ServerConfig(ConfigModel):
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1)
     idempotency_ttl_s: PositiveSeconds = 86400.0
     log_format: Literal["text", "json"] = "text"
+    access_log: bool = True  # one INFO line per request (web/access_log.py)
     config_poll_s: PositiveSeconds = 2.0  # how often a replica looks for a new config/states
     behind_tls_proxy: bool = False  # clients reach us through a TLS-terminating proxy
     public_url: HttpUrl | None = None  # the gateway's address as clients know it
+    # connection limits (issue #15 finding 3): web/connections.py
+    header_timeout_s: PositiveSeconds = 10.0
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+    max_headers: int = Field(100, ge=1)
+    body_timeout_s: PositiveSeconds = 30.0
+    max_connections: int = Field(2048, ge=1)
+    max_waiters: int = Field(512, ge=0)  # POST /v1/jobs?wait= waiting at once
 
 
 def _implied_runtimes() -> list[RuntimeConfig]:
@@ -138,6 +152,7 @@ class GatewayConfig(ConfigModel):
     server: ServerConfig = ServerConfig()
     blobs: BlobsConfig = BlobsConfig()
     import_env: ImportEnvConfig = ImportEnvConfig()
+    retention: RetentionConfig = RetentionConfig()
     tls: TlsConfig | None = None  # HTTPS on listen and admin_listen; client_ca_file: mTLS
     admin_listen: ListenAddress | None = None  # /admin and /console on their own listener
     auth: AuthConfig = AuthConfig()  # client keys on the data plane and job routes

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from gpugate.config.cache import CacheConfig
+from gpugate.config.engine import EngineConfig, RoutingConfig
 from gpugate.config.fields import (
     ConfigModel,
     EnvName,
@@ -18,6 +19,21 @@ from gpugate.config.fields import (
     Seconds,
     UrlPath,
 )
+
+RawMethod = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def _get_and_post() -> list[RawMethod]:
+    return ["GET", "POST"]
+
+
+class RawConfig(ConfigModel):
+    """``upstreams[].raw``: what ``/u/{upstream}/{path}`` may forward to an ``azure-di``,
+    ``external`` or keyed upstream (none of them is reachable through ``/u/`` without it)."""
+
+    methods: list[RawMethod] = Field(default_factory=_get_and_post, min_length=1)
+    path_prefixes: list[UrlPath] = Field(default_factory=lambda: ["/v1/"], min_length=1)
+    send_key: bool = False
 
 
 class RetryConfig(ConfigModel):
@@ -80,6 +96,11 @@ class UpstreamConfig(ConfigModel):
     #: its key (``api_key_env``) goes in ``Ocp-Apim-Subscription-Key``.
     kind: Literal["openai", "azure-di"] = "openai"
     cache: CacheConfig | None = None
+    raw: RawConfig | None = None
+    #: The model server's own metrics (queue, KV cache, prefix hits, LoRA); null: not scraped.
+    engine: EngineConfig | None = None
+    #: How endpoints of this upstream are chosen; null: the model's ``routing``, else defaults.
+    routing: RoutingConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -51,6 +51,10 @@ RUNTIME_DRAINED = "RUNTIME_DRAINED"
 """The attempt failure of a call cancelled because its runtime was drained (or auto-disabled)."""
 SUBMIT_LIMIT = "SUBMIT_LIMIT"
 """A job submitted ``stop_conditions.max_submits_per_job`` times is not submitted again."""
+RUNTIME_BUSY = "RUNTIME_BUSY"
+"""The deferral of a job a runtime refused as busy (429): it waits with backoff, not failed."""
+BUSY_DEADLINE = "BUSY_DEADLINE"
+"""A job that found no room past ``jobs.busy_deadline_s`` after it was created fails."""
 
 
 class JobFacts(Protocol):
@@ -172,9 +176,9 @@ class Exhausted:
         return "; ".join(f"{runtime}: {error}" for runtime, error in self.errors.items())
 
 
-def at_capacity_until(now: datetime, backoff_s: float) -> Defer:
-    """The deferral of a job whose every live candidate is at capacity."""
-    return Defer(AT_CAPACITY, now + timedelta(seconds=backoff_s))
+def at_capacity_until(now: datetime, backoff_s: float, reason: str = AT_CAPACITY) -> Defer:
+    """The deferral of a job whose every live candidate is at capacity (or refused it busy)."""
+    return Defer(reason, now + timedelta(seconds=backoff_s))
 
 
 def saturated_until(now: datetime, backoff_s: float) -> Defer:
@@ -187,9 +191,12 @@ class ChainWalk:
 
     ``now`` and ``capacity_backoff_s`` date a :class:`Defer`; ``max_attempts`` is the per-runtime
     limit of submits plus failed attempts (the job's stored count, plus this walk's failures).
+    A runtime that refused the submit as busy (429) is no failed attempt: the job is deferred
+    ``RUNTIME_BUSY`` for ``busy_backoff_s`` (the dispatcher's jittered backoff) — unless the
+    walk runs past ``busy_deadline``, when the job fails ``BUSY_DEADLINE`` instead.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the job, its chain and views, then keyword-only knobs
         self,
         job: JobFacts,
         chain: Sequence[str],
@@ -198,12 +205,16 @@ class ChainWalk:
         now: datetime,
         max_attempts: int,
         capacity_backoff_s: float,
+        busy_backoff_s: float | None = None,
+        busy_deadline: datetime | None = None,
     ) -> None:
         self._job = job
         self._views = views
         self._now = now
         self._max_attempts = max_attempts
         self._backoff_s = capacity_backoff_s
+        self._busy_backoff_s = capacity_backoff_s if busy_backoff_s is None else busy_backoff_s
+        self._busy_deadline = busy_deadline
         self.order = candidates(job.runner, chain)
         self._next = 0
         self._attempts = dict(job.attempts)
@@ -211,6 +222,7 @@ class ChainWalk:
         self.skipped: dict[str, str] = {}
         self.errors: dict[str, str] = {}
         self.busy: list[str] = []
+        self.refusals: list[str] = []  # runtimes that answered busy (429) in this walk
 
     def next(self) -> Submit | Defer | Exhausted:
         """The next runtime to submit to, or how the walk ends."""
@@ -243,11 +255,16 @@ class ChainWalk:
     ) -> Submit | Walk:
         """A submit to ``runtime`` failed: retry once in place (retryable, attempts left) or walk.
 
-        ``busy`` marks a runtime that refused for lack of room: if the walk finds no home for
-        the job, it is deferred like one at capacity rather than failed.
+        ``busy`` marks a runtime that refused for lack of room (429, issue #14 defect 3): no
+        attempt is spent and it is not retried at once; if the walk finds no home for the job,
+        it is deferred with backoff rather than failed.
         """
-        self._attempts[runtime] = self._attempts.get(runtime, 0) + 1
         self.errors[runtime] = error
+        if busy:
+            self.busy.append(runtime)
+            self.refusals.append(runtime)
+            return Walk(runtime, error)
+        self._attempts[runtime] = self._attempts.get(runtime, 0) + 1
         if (
             retryable
             and runtime not in self._retried
@@ -255,12 +272,18 @@ class ChainWalk:
         ):
             self._retried.add(runtime)
             return Submit(runtime)
-        if busy:
-            self.busy.append(runtime)
         return Walk(runtime, error)
 
     def _end(self) -> Defer | Exhausted:
         if self.busy:
+            if self._busy_deadline is not None and self._now >= self._busy_deadline:
+                waited = {r: self.errors.get(r) or "at capacity" for r in self.busy}
+                return Exhausted(
+                    BUSY_DEADLINE,
+                    {r: f"busy past the deadline ({why})" for r, why in waited.items()},
+                )
+            if self.refusals:
+                return at_capacity_until(self._now, self._busy_backoff_s, RUNTIME_BUSY)
             return at_capacity_until(self._now, self._backoff_s)
         relevant = {r: why for r, why in self.skipped.items() if why not in _IRRELEVANT}
         if (
@@ -305,6 +328,47 @@ class _WithAttempts:
     @property
     def attempts(self) -> Mapping[str, int]:
         return self.counts
+
+
+@dataclass(slots=True)
+class LearnedConcurrency:
+    """How many calls a runtime really takes, learned from its 429s (AIMD, like TCP's window).
+
+    Starts at ``ceiling`` (the runtime's ``max_concurrency``, never exceeded). A busy answer
+    with ``in_flight`` calls already out halves the limit, and never leaves it above what was
+    out (:meth:`refused`); ``probe_after`` x ``limit`` submits accepted while the limit was
+    used up raise it by one (:meth:`accepted`), so a worker that gained capacity gets it back
+    and one that did not costs one 429 per probe. The floor is 1: a worker busy with others'
+    calls is still tried, one call at a time.
+    """
+
+    ceiling: int
+    probe_after: int = 8
+    limit: int = 0
+    _accepted: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= self.ceiling:
+            self.limit = self.ceiling
+
+    def refused(self, in_flight: int) -> None:
+        """The runtime answered busy with ``in_flight`` of our calls out: decrease."""
+        self.limit = max(1, min(in_flight, self.limit // 2))
+        self._accepted = 0
+
+    def accepted(self, in_flight: int) -> None:
+        """The runtime took a call with ``in_flight`` others out: increase, now and then."""
+        if self.limit >= self.ceiling or in_flight + 1 < self.limit:
+            return  # at the ceiling, or the limit was not used up: nothing learned
+        self._accepted += 1
+        if self._accepted >= self.probe_after * self.limit:
+            self.limit += 1
+            self._accepted = 0
+
+    def rebase(self, ceiling: int) -> None:
+        """The config's ``max_concurrency`` changed to ``ceiling``."""
+        self.ceiling = ceiling
+        self.limit = min(max(self.limit, 1), ceiling)
 
 
 def runtime_views(

@@ -89,6 +89,7 @@ class Registry:
                 by_model.setdefault(model, []).append(state)
         owner = {ep: state for state in by_id.values() for ep in state.endpoints}
         self._by_id, self._by_model, self._owner = by_id, by_model, owner
+        self._configured = frozenset(m for state in by_id.values() for m in state.config.models)
 
     def upstream(self, upstream_id: str) -> UpstreamState:
         try:
@@ -110,6 +111,10 @@ class Registry:
             return self._by_model[model]
         except KeyError:
             raise UnknownModel(f"no upstream serves model {model!r}") from None
+
+    def configured(self, model: str) -> bool:
+        """Whether any upstream (of any kind) names ``model``: what a metric label may say."""
+        return model in self._configured
 
     def out_of_rotation(self, upstream: UpstreamState) -> str | None:
         """Why the guard keeps ``upstream`` out of rotation, or None."""

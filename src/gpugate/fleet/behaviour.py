@@ -27,6 +27,12 @@ class ServerBehaviour:
     - `drop_connection`: abort the TCP connection of model requests before any byte of answer.
     - `health_status`: the status of ``GET /health``.
     - `max_running`: requests in flight beyond this count as waiting in the vLLM gauges.
+    - `answer_tokens`: answer chats with this many deterministic tokens of the model (one per
+      content chunk, `chunks` aside; `replies.token_text`), the same on every server serving the
+      model, so a replay elsewhere can be checked byte for byte. None: the echo answer.
+
+    Faults beyond these (429 with ``Retry-After``, a cut or stalled stream, content-policy
+    refusals, ...) are rules armed with ``POST /_control/faults`` (:mod:`gpugate.fleet.faults`).
     """
 
     delay_s: float = 0.0
@@ -38,6 +44,7 @@ class ServerBehaviour:
     drop_connection: bool = False
     health_status: int = 200
     max_running: int = 256
+    answer_tokens: int | None = None
 
     def patched(self, patch: object) -> ServerBehaviour:
         """This behaviour with the fields of a JSON control body replaced (ControlError if bad)."""
@@ -58,5 +65,6 @@ _CHECKS: MappingProxyType[str, Check] = MappingProxyType(
         "drop_connection": boolean(),
         "health_status": integer(100, 599),
         "max_running": integer(0, 1_000_000),
+        "answer_tokens": integer(0, 100_000, optional=True),
     }
 )

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from gpugate.fleet.behaviour import ServerBehaviour
+from gpugate.fleet.engine import EngineSpec
 from gpugate.fleet.exporter import DEFAULT_MODEL_NAME, FakeExporter, HostLabel
 from gpugate.fleet.exposition import DEFAULT_COUNTERS
+from gpugate.fleet.faults import Fault
 from gpugate.fleet.model_server import ModelServer
 
 EXPORTER = "exporter"
@@ -25,9 +27,12 @@ class ServerSpec:
     models: Sequence[str]
     behaviour: ServerBehaviour = field(default_factory=ServerBehaviour)
     embedding_dim: int = 8
+    engine: EngineSpec | None = None  # a simulated engine with a prefix cache times the answers
+    faults: Sequence[Fault] = ()  # rules armed from the start, e.g. one model rejects prefill
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "faults", tuple(self.faults))
         if not self.models:
             raise ValueError(f"server {self.name!r}: models must not be empty")
         if self.name == EXPORTER:
@@ -62,10 +67,12 @@ class FleetSpec:
 
 
 def demo_spec() -> FleetSpec:
-    """The seed's fleet: a chat model, a small cleanup model, embeddings, a classifier; 2 GPUs."""
+    """The seed's fleet: a chat model and its smaller stand-in, a small cleanup model,
+    embeddings, a classifier; 2 GPUs."""
     return FleetSpec(
         servers=(
             ServerSpec(name="qwen-35b", models=("qwen-35b",)),
+            ServerSpec(name="qwen-7b", models=("qwen-7b",)),
             ServerSpec(name="cleanup-3b", models=("cleanup-3b",)),
             ServerSpec(name="tei-embeddings", models=("bge-m3",)),
             ServerSpec(name="doc-classifier", models=("doc-classifier",)),
@@ -92,7 +99,12 @@ class Fleet:
             raise ValueError(f"ports for unknown servers {unknown}")
         self.servers: dict[str, ModelServer] = {
             s.name: ModelServer(
-                s.models, name=s.name, behaviour=s.behaviour, embedding_dim=s.embedding_dim
+                s.models,
+                name=s.name,
+                behaviour=s.behaviour,
+                embedding_dim=s.embedding_dim,
+                engine=s.engine,
+                faults=s.faults,
             )
             for s in spec.servers
         }

@@ -2,23 +2,28 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
 ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (vLLM's gauges); and for tests
-``GET|POST /_control``, ``POST /_control/reset``, ``GET /_stats``.
+``GET|POST /_control``, ``POST /_control/reset``, ``GET /_stats``, ``GET|POST|DELETE
+/_control/faults`` (fault rules, :mod:`gpugate.fleet.faults`), ``GET /_control/log`` (the
+requests it saw) and ``POST /_control/down`` (stop listening for a while).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self
 
 from aiohttp import web
 
-from gpugate.fleet import replies
+from gpugate.fleet import engine, faults, replies
 from gpugate.fleet.behaviour import ServerBehaviour
-from gpugate.fleet.control import ControlError
+from gpugate.fleet.control import ControlError, number
+from gpugate.fleet.engine import Engine, EngineSpec
+from gpugate.fleet.faults import Fault, FaultBook, RequestLog
 from gpugate.fleet.replies import Completion, InvalidRequestError
 from gpugate.fleet.server_stats import ServerStats
 from gpugate.fleet.site import LocalSite, abort
@@ -65,6 +70,8 @@ class ModelServer:
         name: str,
         behaviour: ServerBehaviour | None = None,
         embedding_dim: int = 8,
+        engine: EngineSpec | None = None,
+        faults: Sequence[Fault] = (),
     ) -> None:
         if not models:
             raise ValueError("a model server serves at least one model")
@@ -75,12 +82,20 @@ class ModelServer:
         self._initial = behaviour or ServerBehaviour()
         self._behaviour = self._initial
         self._stats = ServerStats(ROUTES, self.models)
+        self._initial_faults = tuple(faults)
+        self._faults = FaultBook(self._initial_faults)
+        self._log = RequestLog()
+        self._down: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._unhung = asyncio.Event()
         self._unhung.set()
         self._ids = itertools.count(1)
         self._site = LocalSite(self.make_app)
         self._models_body = replies.models_body(self.models, int(time.time()), "gpugate-fleet")
         self._headers = {"X-Fleet-Server": name}
+        #: With an `EngineSpec`, chat and completions are timed by a simulated engine with a
+        #: prefix cache (`gpugate.fleet.engine`), and /metrics is the engine's.
+        self.engine = Engine(engine) if engine is not None else None
         self._apply(self._initial)
 
     def __repr__(self) -> str:
@@ -101,14 +116,66 @@ class ModelServer:
     def stats(self) -> ServerStats:
         return self._stats
 
+    @property
+    def log(self) -> RequestLog:
+        """The model requests this server saw (``GET /_control/log``)."""
+        return self._log
+
+    @property
+    def faults(self) -> FaultBook:
+        return self._faults
+
+    def inject(self, kind: str, **fields: Any) -> int:
+        """Arm a fault rule (validated like ``POST /_control/faults``); returns its id."""
+        return self._faults.arm(Fault.from_json({"kind": kind, **fields}))
+
+    def arm(self, fault: Fault) -> int:
+        """Arm a fault rule built in process; returns its id."""
+        return self._faults.arm(fault)
+
+    def clear_faults(self) -> None:
+        """Disarm every fault rule, those it was built with too."""
+        self._faults.clear()
+
+    async def down_for(self, seconds: float) -> None:
+        """Go down now — stop listening (connections refused, open streams cut) — and listen
+        again on the same port after `seconds`: a server that crashed and came back. Returns
+        once it is down."""
+        self._cancel_down()
+        stopped = asyncio.Event()
+        self._down = asyncio.create_task(self._outage(seconds, stopped), name=f"{self.name}-down")
+        await stopped.wait()
+
+    @property
+    def up(self) -> bool:
+        """Whether it listens now (False while `down_for` runs, or stopped)."""
+        return self._site.running
+
+    async def _outage(self, seconds: float, stopped: asyncio.Event) -> None:
+        try:
+            await self._site.stop()
+        finally:
+            stopped.set()
+        await asyncio.sleep(seconds)
+        await self._site.start(None)
+        self._down = None
+
+    def _cancel_down(self) -> None:
+        if self._down is not None:
+            self._down.cancel()
+            self._down = None
+
     def update(self, **fields: Any) -> ServerBehaviour:
         """Change some behaviour fields (validated like ``POST /_control``)."""
         return self._apply(self._behaviour.patched(fields))
 
     def reset(self) -> None:
-        """Back to the behaviour it was built with, counters zeroed (``POST /_control/reset``)."""
+        """Back to the behaviour and faults it was built with, counters and log zeroed
+        (``POST /_control/reset``)."""
         self._apply(self._initial)
         self._stats = ServerStats(ROUTES, self.models)
+        self._faults = FaultBook(self._initial_faults)
+        self._log = RequestLog()
 
     def _apply(self, behaviour: ServerBehaviour) -> ServerBehaviour:
         self._behaviour = behaviour
@@ -122,12 +189,14 @@ class ModelServer:
 
     @property
     def url(self) -> str:
-        return self._site.url
+        """Its base URL; while `down_for` holds it down, the URL it listens on again."""
+        return self._site.last_url if self._down is not None else self._site.url
 
     async def start(self, host: str = "127.0.0.1", port: int | None = None) -> str:
         return await self._site.start(host, port)
 
     async def stop(self) -> None:
+        self._cancel_down()
         await self._site.stop()
 
     async def __aenter__(self) -> Self:
@@ -149,6 +218,12 @@ class ModelServer:
         app.router.add_post("/_control", self._post_control)
         app.router.add_post("/_control/reset", self._post_reset)
         app.router.add_get("/_stats", self._get_stats)
+        app.router.add_post("/_control/engine", self._post_engine)
+        app.router.add_get("/_control/faults", self._get_faults)
+        app.router.add_post("/_control/faults", self._post_faults)
+        app.router.add_delete("/_control/faults", self._delete_faults)
+        app.router.add_get("/_control/log", self._get_log)
+        app.router.add_post("/_control/down", self._post_down)
         return app
 
     # -- model routes -----------------------------------------------------------------------
@@ -164,7 +239,15 @@ class ModelServer:
 
     def _build_chat(self, body: dict[str, Any], model: str, b: ServerBehaviour) -> Completion:
         prompt, used = replies.chat_prompt(body)
-        pieces = replies.cut(replies.answer_text(self.name, prompt), b.chunks)
+        prefill = faults.prefill_of(body)
+        if b.answer_tokens is not None:
+            full = replies.token_pieces(model, prompt, b.answer_tokens)
+            pieces = replies.continued(full, prefill)
+        elif prefill is None:
+            pieces = replies.cut(replies.answer_text(self.name, prompt), b.chunks)
+        else:  # go on after the prefill where it is the start of the answer, else answer whole
+            text = replies.answer_text(self.name, prompt).removeprefix(prefill)
+            pieces = replies.cut(text, min(b.chunks, len(text))) if text else ()
         ident = f"chatcmpl-{self.name}-{next(self._ids)}"
         return Completion("chat", ident, int(time.time()), model, (pieces,), used)
 
@@ -195,9 +278,14 @@ class ModelServer:
         except InvalidRequestError as exc:
             return self._refuse(_RefusalError(400, str(exc), "invalid_request_error"))
         stream = body.get("stream") is True and isinstance(answer, Completion)
+        seen = self._log.record(route, body, replies.prompt_of(body), key)
+        fault = self._faults.take(model, stream=stream, prefill=seen["prefill"] is not None)
+        seen["fault"] = None if fault is None else fault.kind
         stats.opened(model, stream=stream)
         try:
-            return await self._perform(request, answer, stream=stream, body=body, key=key)
+            return await self._perform(
+                request, answer, stream=stream, body=body, seen=seen, fault=fault
+            )
         except asyncio.CancelledError:
             stats.disconnects += 1
             raise
@@ -233,36 +321,78 @@ class ModelServer:
         *,
         stream: bool,
         body: dict[str, Any],
-        key: str | None,
+        seen: dict[str, Any],
+        fault: Fault | None,
     ) -> web.StreamResponse:
         behaviour = self._behaviour
         if behaviour.hang:
-            self._stats.held += 1
-            try:
-                await self._unhung.wait()
-            finally:
-                self._stats.held -= 1
+            await self._held(self._unhung.wait())
             behaviour = self._behaviour
         if behaviour.delay_s > 0:
             await asyncio.sleep(behaviour.delay_s)
         if behaviour.fail_status is not None:
             message = f"{self.name}: injected failure (fail_status={behaviour.fail_status})"
+            seen["status"] = behaviour.fail_status
             return self._refuse(
                 _RefusalError(behaviour.fail_status, message, "server_error", "injected")
             )
+        if fault is not None:
+            early = await self._before_answer(request, fault, answer, stream=stream, seen=seen)
+            if early is not None:
+                return early
         if behaviour.drop_connection:
-            self._stats.resets += 1
-            abort(request)
-            return web.StreamResponse()
+            return self._reset(request, web.StreamResponse())
+        key = seen["key"]
+        if self.engine is not None and isinstance(answer, Completion):
+            return await engine.serve(self.engine, request, answer, body, self._headers, stream)
         if stream and isinstance(answer, Completion):
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
             events = answer.stream(include_usage=include_usage)
-            return await self._stream(request, events, behaviour, key)
+            seen["status"] = 200
+            return await self._stream(request, events, behaviour, key, fault)
         if key is not None:
             self._stats.executed(key)
         payload = answer if isinstance(answer, bytes) else answer.body()
+        if fault is not None and fault.kind == "malformed":
+            payload = payload[: len(payload) // 2]
+        seen["status"] = 200
         return web.Response(body=payload, content_type=_JSON, headers=self._headers)
+
+    async def _before_answer(
+        self,
+        request: web.Request,
+        fault: Fault,
+        answer: Completion | bytes,
+        *,
+        stream: bool,
+        seen: dict[str, Any],
+    ) -> web.StreamResponse | None:
+        """What `fault` does before an answer starts: a response instead of it, or None."""
+        prompt_tokens = answer.prompt_tokens if isinstance(answer, Completion) else 0
+        refusal = faults.refusal(fault, server=self.name, prompt_tokens=prompt_tokens)
+        if refusal is not None:
+            seen["status"] = refusal.status
+            return web.Response(
+                status=refusal.status,
+                body=refusal.body,
+                content_type=_JSON,
+                headers={**self._headers, **refusal.headers},
+            )
+        if fault.kind == "reset" or (fault.kind == "cut" and not stream):
+            return self._reset(request, web.StreamResponse())
+        if fault.kind == "silent":
+            await self._held(asyncio.Event().wait())
+        if fault.kind in ("slow_first_token", "stall") and not stream:
+            await asyncio.sleep(fault.seconds)
+        return None
+
+    async def _held(self, waiting: Awaitable[object]) -> None:
+        self._stats.held += 1
+        try:
+            await waiting
+        finally:
+            self._stats.held -= 1
 
     async def _stream(
         self,
@@ -270,29 +400,54 @@ class ModelServer:
         events: replies.Stream,
         behaviour: ServerBehaviour,
         key: str | None,
+        fault: Fault | None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={**_SSE_HEADERS, **self._headers})
         await response.prepare(request)
         reset_after = behaviour.reset_after_chunks
+        act = None if fault is None or fault.kind not in faults.STREAM_KINDS else fault
         try:
+            if act is not None and act.kind == "slow_first_token":
+                await self._pause(act.seconds)
             for event in events.head:
                 await response.write(event)
-            for sent, event in enumerate(events.steps):
+            for sent, event in enumerate((*events.steps, b"")):
                 if sent == reset_after:
                     return self._reset(request, response)
+                if (
+                    act is not None
+                    and sent == act.after
+                    and await self._midway(request, response, act)
+                ):
+                    return response
                 await self._pause(behaviour.chunk_delay_s)
-                await response.write(event)
-            if reset_after == len(events.steps):
-                return self._reset(request, response)
-            await self._pause(behaviour.chunk_delay_s)
+                if event:
+                    await response.write(event)
             if key is not None:  # the last token is out: the generation ran to its end
                 self._stats.executed(key)
-            for event in events.tail:
+            tail = events.tail
+            if act is not None and act.kind == "no_done":
+                tail = tail[:-1]
+            for event in tail:
                 await response.write(event)
             await response.write_eof()
         except ConnectionResetError:
             self._stats.disconnects += 1
         return response
+
+    async def _midway(self, request: web.Request, response: web.StreamResponse, act: Fault) -> bool:
+        """Do what `act` does at its point of a stream; True when that ended the stream."""
+        if act.kind == "cut":
+            self._reset(request, response)
+            return True
+        if act.kind == "no_done":  # a clean end, mid-answer
+            await response.write_eof()
+            return True
+        if act.kind == "stall":
+            await self._pause(act.seconds)
+        elif act.kind == "malformed":
+            await response.write(faults.MALFORMED_EVENT)
+        return False
 
     def _reset(self, request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
         self._stats.resets += 1
@@ -316,7 +471,11 @@ class ModelServer:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         self._stats.requests[METRICS] += 1
-        text = self._stats.exposition(self._behaviour.max_running)
+        text = (
+            self.engine.exposition(self.models)
+            if self.engine is not None
+            else self._stats.exposition(self._behaviour.max_running)
+        )
         return web.Response(
             text=text, content_type="text/plain", charset="utf-8", headers=self._headers
         )
@@ -332,9 +491,57 @@ class ModelServer:
             return web.json_response({"error": str(exc)}, status=400)
         return web.json_response(behaviour.as_json())
 
+    async def _post_engine(self, request: web.Request) -> web.Response:
+        if self.engine is None:
+            return web.json_response({"error": "this server runs no engine"}, status=404)
+        try:
+            spec = self.engine.update(json.loads(await request.read() or b"{}"))
+        except (ValueError, ControlError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(dataclasses.asdict(spec))
+
     async def _post_reset(self, _: web.Request) -> web.Response:
         self.reset()
         return web.json_response(self._behaviour.as_json())
 
     async def _get_stats(self, _: web.Request) -> web.Response:
         return web.json_response(self._stats.as_json())
+
+    async def _get_faults(self, _: web.Request) -> web.Response:
+        return web.json_response({"faults": self._faults.as_json()})
+
+    async def _post_faults(self, request: web.Request) -> web.Response:
+        try:
+            rules = faults.parse_rules(json.loads(await request.read() or b"null"))
+            ids = [self._faults.arm(rule) for rule in rules]
+        except (ValueError, ControlError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response({"armed": ids, "faults": self._faults.as_json()})
+
+    async def _delete_faults(self, _: web.Request) -> web.Response:
+        self.clear_faults()
+        return web.json_response({"faults": []})
+
+    async def _get_log(self, request: web.Request) -> web.Response:
+        since = request.query.get("since", "0")
+        if not since.isdigit() or len(since) > 18:
+            return web.json_response({"error": "since: expected a sequence number"}, status=400)
+        return web.json_response({"requests": self._log.entries(since=int(since))})
+
+    async def _post_down(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read() or b"null")
+            seconds = _down_seconds(body)
+        except (ValueError, ControlError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        # runs once this answer is out: the site lets running handlers finish before it closes
+        task = asyncio.get_running_loop().create_task(self.down_for(seconds))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return web.json_response({"down_for_s": seconds}, status=202)
+
+
+def _down_seconds(body: object) -> float:
+    if not isinstance(body, dict) or set(body) != {"for_s"}:
+        raise ControlError('expected {"for_s": seconds}')
+    return float(number(0.0, 3600.0)("for_s", body["for_s"]))

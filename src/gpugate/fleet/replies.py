@@ -36,6 +36,103 @@ def answer_text(server: str, prompt: str) -> str:
     return f"{server} answers: {echo}" if echo else f"{server} answers."
 
 
+_WORDS = (
+    "amber",
+    "basin",
+    "cedar",
+    "delta",
+    "ember",
+    "fjord",
+    "grove",
+    "harbor",
+    "inlet",
+    "jasper",
+    "kelp",
+    "lagoon",
+    "meadow",
+    "nectar",
+    "orchid",
+    "pebble",
+    "quartz",
+    "ridge",
+    "spruce",
+    "tundra",
+    "umber",
+    "valley",
+    "willow",
+    "xenon",
+    "yarrow",
+    "zephyr",
+    "atlas",
+    "breeze",
+    "canyon",
+    "dune",
+    "estuary",
+    "fern",
+    "glacier",
+    "heath",
+    "island",
+    "juniper",
+    "knoll",
+    "lichen",
+    "marsh",
+    "nimbus",
+    "oasis",
+    "prairie",
+    "quarry",
+    "reef",
+    "summit",
+    "thicket",
+    "upland",
+    "vapor",
+    "wharf",
+    "yonder",
+    "azure",
+    "birch",
+    "coral",
+    "dawn",
+    "echo",
+    "flint",
+    "granite",
+    "hollow",
+    "ivy",
+    "jade",
+    "kestrel",
+    "lumen",
+    "moss",
+    "north",
+)
+
+
+def token_pieces(model: str, prompt: str, count: int) -> tuple[str, ...]:
+    """`count` tokens of a deterministic answer of `model` to `prompt`: the same on every server
+    serving `model` (so a replay can be checked byte for byte), different between models.
+    Tokens are words, the first bare and each later one after a space."""
+    pieces: list[str] = []
+    for i in range(count):
+        digest = hashlib.blake2b(f"{model}\0{prompt}\0{i}".encode(), digest_size=2).digest()
+        word = _WORDS[int.from_bytes(digest, "big") % len(_WORDS)]
+        pieces.append(word if i == 0 else " " + word)
+    return tuple(pieces)
+
+
+def token_text(model: str, prompt: str, count: int) -> str:
+    """The whole deterministic answer of `token_pieces`."""
+    return "".join(token_pieces(model, prompt, count))
+
+
+def continued(pieces: tuple[str, ...], prefill: str | None) -> tuple[str, ...]:
+    """What a model whose answer is `pieces` writes after an assistant `prefill`.
+
+    A model continues its own answer from where the prefill leaves off: after as many tokens as
+    the prefill has words (the prefill's own words stay the client's; a model whose answer does
+    not begin with them still goes on from that position, as a model given another's text does).
+    """
+    if prefill is None:
+        return pieces
+    return pieces[len(prefill.split()) :]
+
+
 def cut(text: str, pieces: int) -> tuple[str, ...]:
     """`text` in `pieces` contiguous non-empty slices (padded with spaces when too short)."""
     text = text.ljust(pieces)
@@ -157,6 +254,18 @@ def chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
         if message.get("role") == "user":
             last_user = text
     return last_user, sum(tokens(text) for text in texts)
+
+
+def prompt_of(body: dict[str, Any]) -> str:
+    """The text a model request is about, for the request log: the last user message of a chat,
+    the (first) prompt of a completion, the (first) input of an embedding; "" if none."""
+    try:
+        if "messages" in body:
+            return chat_prompt(body)[0]
+        field = "prompt" if "prompt" in body else "input"
+        return _texts(body.get(field), field)[0]
+    except InvalidRequestError:
+        return ""
 
 
 def _message_text(content: object) -> str:

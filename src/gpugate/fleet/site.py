@@ -51,8 +51,14 @@ class LocalSite:
     def port(self) -> int:
         return self._port
 
-    async def start(self, host: str = "127.0.0.1", port: int | None = None) -> str:
-        """Serve on `host:port` (default: the previous port, else a free one); returns the URL."""
+    @property
+    def last_url(self) -> str:
+        """``http://host:port`` it serves or served last (for a site stopped for a while)."""
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self, host: str | None = "127.0.0.1", port: int | None = None) -> str:
+        """Serve on `host:port` (port default: the previous port, else a free one; host None:
+        the previous host); returns the URL."""
         if self._runner is not None:
             raise RuntimeError("the site is already running")
         runner = web.AppRunner(
@@ -62,6 +68,7 @@ class LocalSite:
             shutdown_timeout=self._shutdown_s,
         )
         await runner.setup()
+        host = self._host if host is None else host
         try:
             site = web.TCPSite(runner, host, self._port if port is None else port)
             await site.start()

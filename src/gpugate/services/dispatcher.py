@@ -15,6 +15,13 @@ Per claimed job (leased to ``<slug>-dispatcher@<replica>`` for ``dispatcher_leas
 * success: ``leased_by = "<runtime>:<call_id>"`` (``record_submit``), then the runtime is told
   it may start (:meth:`Runtime.confirm`);
 * shed (:class:`GpuSaturated`): the job goes back to the queue, deferred ``GPU_SATURATED``;
+* busy (a 429, :class:`RuntimeBusy`) is no failed attempt (issue #14 defect 3): the walk goes on,
+  and a job with no room anywhere is deferred ``RUNTIME_BUSY`` for a jittered backoff
+  (:class:`~gpugate.retry.Backoff`, growing with the consecutive busy answers); the runtime's
+  limit is learned from its 429s (:class:`~gpugate.core.jobs.LearnedConcurrency`: halved on a
+  429, raised again as submits succeed, never above ``max_concurrency``), so the gateway stops
+  sending a worker more calls than it takes. A job that finds no room for
+  ``jobs.busy_deadline_s`` after it was created fails ``BUSY_DEADLINE``;
 * no room anywhere: deferred ``AT_CAPACITY`` for a short backoff — and sooner, when a call
   finishes (:meth:`Dispatcher.slot_freed`);
 * nothing left: ``fail`` with ``CHAIN_EXHAUSTED`` naming each runtime's last error (or
@@ -48,6 +55,7 @@ from gpugate.core.jobs import (
     ChainWalk,
     Defer,
     Exhausted,
+    LearnedConcurrency,
     RuntimeView,
     Submit,
     saturated_until,
@@ -61,6 +69,7 @@ from gpugate.errors import (
     StaleLease,
     StoreError,
 )
+from gpugate.retry import Backoff
 from gpugate.services.runtimes.base import Runtime, Submission
 from gpugate.store import JobEvent, JobRecord, Store
 from gpugate.store.ledger import BUDGET_FACTOR, Cost
@@ -154,6 +163,9 @@ class Dispatcher:
         self._freed = False
         self._due: float | None = None  # monotonic time the earliest deferral here comes due
         self._stopping = False
+        self._learned: dict[str, LearnedConcurrency] = {}  # one per capped runtime
+        self._busy_streak = 0  # busy answers since a runtime last took a call
+        self._busy_backoff = Backoff(min(0.5, capacity_backoff_s), capacity_backoff_s)
         self.totals = DispatchReport()
 
     # -- waking ----------------------------------------------------------------------------
@@ -215,8 +227,41 @@ class Dispatcher:
                 views[runtime_id] = replace(view, implemented=False)
             elif view.max_concurrency is not None:
                 leased = await self._store.count_leased(runtime_id)
-                views[runtime_id] = replace(view, leased=leased)
+                limit = self.learned_limit(runtime_id, view.max_concurrency)
+                views[runtime_id] = replace(view, leased=leased, max_concurrency=limit)
         return views
+
+    def learned_limit(self, runtime_id: str, ceiling: int) -> int:
+        """The limit of calls in flight on ``runtime_id`` learned from its 429s (at most its
+        ``max_concurrency``, ``ceiling``)."""
+        learned = self._learned.get(runtime_id)
+        if learned is None:
+            learned = self._learned[runtime_id] = LearnedConcurrency(ceiling)
+        elif learned.ceiling != ceiling:
+            learned.rebase(ceiling)
+        return learned.limit
+
+    def _busy(self, name: str, views: dict[str, RuntimeView]) -> None:
+        """``name`` answered busy: lower its learned limit, for this batch's next walks too."""
+        self._busy_streak += 1
+        view, learned = views.get(name), self._learned.get(name)
+        if view is not None and learned is not None:
+            learned.refused(in_flight=view.leased)
+            views[name] = replace(view, max_concurrency=learned.limit)
+
+    def _took(self, name: str, views: dict[str, RuntimeView]) -> None:
+        """``name`` took a call: it counts as in flight for the batch's next walks."""
+        self._busy_streak = 0
+        view, learned = views.get(name), self._learned.get(name)
+        if view is None:
+            return
+        if learned is not None:
+            learned.accepted(in_flight=view.leased)
+        views[name] = replace(
+            view,
+            leased=view.leased + 1,
+            max_concurrency=learned.limit if learned is not None else view.max_concurrency,
+        )
 
     async def _dispatch_safely(
         self, job: JobRecord, views: dict[str, RuntimeView]
@@ -273,6 +318,8 @@ class Dispatcher:
             now=now,
             max_attempts=cfg.jobs.max_attempts_per_runtime,
             capacity_backoff_s=self._capacity_backoff_s,
+            busy_backoff_s=self._busy_backoff.delay(self._busy_streak + 1),
+            busy_deadline=job.created_at + timedelta(seconds=cfg.jobs.busy_deadline_s),
         )
         if job.rescue_count and job.submit_count >= cfg.stop_conditions.max_submits_per_job:
             await self._submit_limit(job, token, cfg.stop_conditions.max_submits_per_job)
@@ -297,6 +344,13 @@ class Dispatcher:
                 backoff = exc.retry_after_s or self._shed_backoff_s
                 await self._defer(job, token, saturated_until(now, backoff))
                 return "deferred", name
+            except RuntimeBusy as exc:  # not a failed attempt: walk on, or wait for room
+                await self._unreserve(job, token, name, views)
+                self._busy(name, views)
+                log.info("job %s: %s is busy: %s", job.slug, name, exc.message)
+                walk.failed(name, f"{exc.code}: {exc.message}", retryable=True, busy=True)
+                step = walk.next()
+                continue
             except GpugateError as exc:
                 await self._unreserve(job, token, name, views)
                 if isinstance(exc, RuntimeAuthFailed) and cfg.stop_conditions.disable_on_auth_error:
@@ -314,17 +368,10 @@ class Dispatcher:
                         actor=ACTOR,
                     )
                 )
-                decision = walk.failed(
-                    name,
-                    f"{exc.code}: {exc.message}",
-                    retryable=retryable,
-                    busy=isinstance(exc, RuntimeBusy),
-                )
+                decision = walk.failed(name, f"{exc.code}: {exc.message}", retryable=retryable)
                 step = decision if isinstance(decision, Submit) else walk.next()
                 continue
-            view = views.get(name)
-            if view is not None:  # taken now, for the walks of the batch's next jobs
-                views[name] = replace(view, leased=view.leased + 1)
+            self._took(name, views)
             return _Submitted(name, token, submission)
         if isinstance(step, Defer):
             await self._defer(job, token, step)
@@ -474,6 +521,8 @@ class Dispatcher:
                 await self.drain()
             except StoreError:
                 log.exception("dispatcher: the store failed; trying again at the next sweep")
+            except Exception:  # one bad pass must not end the loop (issue #17): next sweep
+                log.exception("dispatcher: a pass broke; trying again at the next sweep")
             if not self._stopping:
                 await self._wait()
 

@@ -5,7 +5,9 @@ successful scrapes into :class:`~gpugate.core.gpu.health.GpuFleetState`, then re
 what routing reads on every request: which upstreams are out of rotation (and why) and which are
 saturated. A failed scrape — down, hung, 5xx, garbage, no GPU series — is counted and logged and
 changes no verdict; after ``staleness_s`` without a good scrape its GPUs are stale and nothing
-acts on them (fail open). Nothing raises out of :meth:`GpuMonitor.tick`.
+new acts on them (fail open) — but a fault still inside its hold keeps its upstreams out of
+rotation (old evidence is not no evidence; :func:`~gpugate.core.gpu.health.assess`). Nothing
+raises out of :meth:`GpuMonitor.tick`.
 """
 
 from __future__ import annotations

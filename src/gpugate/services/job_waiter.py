@@ -5,6 +5,10 @@ calls, the push worker routes, the reaper) calls :meth:`JobWaiter.pulse`, and ev
 re-reads its job at once. A job finished by another replica sends no pulse here; a waiter
 re-reads its job every ``poll_s`` as well (a bounded poll of the store), so it sees that within
 ``poll_s``. A pulse costs one read per open waiter.
+
+At most ``max_waiters`` wait at once (``server.max_waiters``, issue #15 finding 3): a request
+beyond them is answered at once with its job as it is (``202``, created and running; the client
+polls ``GET /v1/jobs/{slug}``), so waiting clients cannot grow the reads without bound.
 """
 
 from __future__ import annotations
@@ -18,8 +22,12 @@ from gpugate.store import JobRecord, JobStore
 class JobWaiter:
     """Waits for jobs to reach a terminal state; see the module docstring."""
 
-    def __init__(self, store: JobStore, clock: Clock, *, poll_s: float = 1.0) -> None:
+    def __init__(
+        self, store: JobStore, clock: Clock, *, poll_s: float = 1.0, max_waiters: int = 512
+    ) -> None:
         self._store = store
+        self.max_waiters = max_waiters
+        self.turned_away = 0
         self._clock = clock
         self._poll_s = poll_s
         self._changed = asyncio.Event()
@@ -34,6 +42,9 @@ class JobWaiter:
 
     async def wait(self, job: JobRecord, timeout_s: float) -> JobRecord:
         """``job`` as it is once terminal, or as it is after ``timeout_s``."""
+        if self.waiting >= self.max_waiters:
+            self.turned_away += 1
+            return job
         deadline = self._clock.monotonic() + timeout_s
         self.waiting += 1
         try:
@@ -51,4 +62,7 @@ class JobWaiter:
             self.waiting -= 1
 
     def __repr__(self) -> str:
-        return f"<JobWaiter waiting={self.waiting} pulses={self.pulses}>"
+        return (
+            f"<JobWaiter waiting={self.waiting}/{self.max_waiters} pulses={self.pulses}"
+            f" turned_away={self.turned_away}>"
+        )

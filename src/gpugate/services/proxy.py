@@ -38,7 +38,7 @@ from typing import Any
 from gpugate.adapters.upstream_client import Timeouts, UpstreamClient, UpstreamResponse
 from gpugate.clock import Clock
 from gpugate.config import ModelConfig
-from gpugate.core import picking
+from gpugate.core import picking, raw_path
 from gpugate.core.admission import AdmissionPool, Slot
 from gpugate.core.classes import RequestClass
 from gpugate.core.picking import EndpointState
@@ -50,7 +50,7 @@ from gpugate.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gpugate.metrics import Metrics
+from gpugate.metrics import Metrics, bounded
 from gpugate.retry import Backoff, is_load_signal, parse_retry_after, retryable
 from gpugate.services.attempts import (
     KEEP_LIMIT,
@@ -69,6 +69,11 @@ log = logging.getLogger("gpugate.proxy")
 
 #: The longest an endpoint is backed off for one ``Retry-After`` (a bogus huge value is capped).
 MAX_ENDPOINT_BACKOFF_S = 60.0
+#: A 429/503 without ``Retry-After`` backs its endpoint off 1 s, doubling per signal in a row up
+#: to 8 s: long enough that the next requests go elsewhere, short enough that a recovered
+#: endpoint gets traffic back well within 10 s.
+LOAD_BACKOFF_S = 1.0
+MAX_LOAD_BACKOFF_S = 8.0
 _EVENT_STREAM = b"text/event-stream"
 
 
@@ -87,6 +92,9 @@ class Outbound:
     #: The request body parsed once by the data plane (a JSON object), or None when it was not
     #: parsed (raw pass-through, a streamed body). Read it; never parse ``body`` again.
     doc: dict[str, Any] | None = None
+    #: ``/u/{upstream}/{path}``: checked against the upstream's ``raw:`` opt-in, and sent
+    #: without the upstream's key unless ``raw.send_key`` (issue #15 finding 1).
+    raw: bool = False
     #: ``"stream": true``: the answer is an SSE stream (held until its first data event).
     stream: bool = False
     #: A fallback model may be served by an ``external`` upstream (jobs: ``allow_external``).
@@ -234,6 +242,8 @@ class Proxy:
         """The upstreams this request may go to (raises UnknownModel/UnknownUpstream/...)."""
         if out.upstream_id is not None:
             upstreams = [self.registry.upstream(out.upstream_id)]
+            if out.raw:
+                raw_path.check_allowed(upstreams[0].config, out.method, out.path)
         else:
             assert out.model is not None
             upstreams = self.registry.serving(out.model)
@@ -309,9 +319,7 @@ class Proxy:
         rules; the reply to relay, or None when every try failed (``run`` keeps why)."""
         try:
             upstreams = self.candidates(out)
-        except NoHealthyUpstream as exc:
-            if not (hop or last):
-                raise
+        except NoHealthyUpstream as exc:  # the whole model is out: the next one, at once
             run.fail(Failure(Outcome.BUSY_ENDPOINT, error=exc), Reason.OUT_OF_ROTATION)
             return None
         if hop and not out.allow_external:
@@ -527,11 +535,10 @@ class Proxy:
             if name == b"retry-after":
                 retry_after = parse_retry_after(value, datetime.now(UTC))
                 break
-        retry = upstream.config.retry
         if is_load_signal(status):
             wait = None if retry_after is None else min(retry_after, MAX_ENDPOINT_BACKOFF_S)
             picking.record_load_signal(
-                endpoint, now, wait, base_s=retry.backoff_s, max_s=retry.max_backoff_s
+                endpoint, now, wait, base_s=LOAD_BACKOFF_S, max_s=MAX_LOAD_BACKOFF_S
             )
             outcome = Outcome.RATE_LIMITED if status == 429 else Outcome.BUSY
         else:
@@ -635,7 +642,7 @@ class Proxy:
         credential the client sent: ``Authorization: Bearer`` for OpenAI-compatible servers,
         ``Ocp-Apim-Subscription-Key`` for Azure Document Intelligence."""
         key_env = upstream.config.api_key_env
-        if key_env is None:
+        if key_env is None or (out.raw and not raw_path.sends_key(upstream.config)):
             return out.headers
         key = self._secrets.get(key_env, "").encode()
         headers = [(k, v) for k, v in out.headers if k.lower() not in _CREDENTIALS]
@@ -659,7 +666,7 @@ class Proxy:
 
     def finished(self, out: Outbound, upstream: UpstreamState | None, code: str) -> None:
         """Record one finished request (the reply's, or a refusal before any reply)."""
-        model = out.model or ""
+        model = bounded(out.model or "", self.registry.configured)  # never the client's own
         key = (model, upstream.id if upstream else "", out.cls.value, code)
         counter = self._counted.get(key)
         if counter is None:

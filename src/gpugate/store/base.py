@@ -33,6 +33,7 @@ from gpugate.store.jobs_base import JobStore
 from gpugate.store.keys import KeyStore
 from gpugate.store.ledger import LedgerStore
 from gpugate.store.replicas import ReplicaStore
+from gpugate.store.retention import RetentionStore
 from gpugate.store.runtime_state import RuntimeStateStore
 
 if TYPE_CHECKING:
@@ -159,7 +160,14 @@ def check_limit(limit: int) -> int:
 
 
 class Store(
-    JobStore, RuntimeStateStore, FacadeStore, ReplicaStore, LedgerStore, KeyStore, Protocol
+    JobStore,
+    RuntimeStateStore,
+    FacadeStore,
+    ReplicaStore,
+    LedgerStore,
+    RetentionStore,
+    KeyStore,
+    Protocol,
 ):
     """The durable state of a gateway: config versions, audit trail, idempotency records, jobs,
     runtime states, the façades' files and batches, the replicas sharing it, the spend ledger."""

@@ -40,6 +40,7 @@ from gpugate.store.postgres_jobs import JOBS_CHANNEL, PostgresJobs
 from gpugate.store.postgres_keys import PostgresKeys
 from gpugate.store.postgres_ledger import PostgresLedger
 from gpugate.store.postgres_replicas import PostgresReplicas
+from gpugate.store.postgres_retention import PostgresRetention
 from gpugate.store.postgres_runtime_state import PostgresRuntimeState
 from gpugate.store.replicas import replica_id
 
@@ -111,6 +112,7 @@ class PostgresStore(
     PostgresFacade,
     PostgresReplicas,
     PostgresLedger,
+    PostgresRetention,
     PostgresKeys,
 ):
     """The shared store: PostgreSQL through a psycopg connection pool.

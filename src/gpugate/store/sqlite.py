@@ -42,6 +42,7 @@ from gpugate.store.sqlite_jobs import SqliteJobs
 from gpugate.store.sqlite_keys import SqliteKeys
 from gpugate.store.sqlite_ledger import SqliteLedger
 from gpugate.store.sqlite_replicas import SqliteReplicas
+from gpugate.store.sqlite_retention import SqliteRetention
 from gpugate.store.sqlite_runtime_state import SqliteRuntimeState
 
 if TYPE_CHECKING:
@@ -114,7 +115,13 @@ _IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= :now"
 
 
 class SqliteStore(
-    SqliteJobs, SqliteRuntimeState, SqliteFacade, SqliteReplicas, SqliteLedger, SqliteKeys
+    SqliteJobs,
+    SqliteRuntimeState,
+    SqliteFacade,
+    SqliteReplicas,
+    SqliteLedger,
+    SqliteRetention,
+    SqliteKeys,
 ):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpugate.core import raw_path
 from gpugate.core.classes import RequestClass, parse_request_class
 from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge, UpstreamError
 from gpugate.logs import request_id
@@ -138,21 +139,23 @@ class DataPlane:
     async def _raw(
         self, scope: Scope, receive: Receive, send: Send, seen: _Seen, rid: bytes
     ) -> None:
+        """``/u/{upstream}/{path}``: the raw path checked (:mod:`gpugate.core.raw_path`), the
+        whole body received and bounded *before* admission, so a client that trickles, aborts
+        or oversends holds no slot and is never counted against the upstream (#14 defect 1)."""
         gw = self.gateway
         received_at = gw.clock.monotonic()
-        upstream_id, _, tail = scope["path"][len(RAW_PREFIX) :].partition("/")
         out: Outbound | None = None
         try:
+            upstream_id, path = raw_path.split(_raw_path_of(scope))
             cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
-            limit = gw.config.server.max_body_bytes
-            _check_length(seen.content_length, limit)
-            body_done: asyncio.Event | None = None
-            body: AsyncIterator[bytes] | None = None
+            body: bytes | None = None
             if _has_body(scope["method"], scope["headers"]):
-                body_done = asyncio.Event()
-                body = _stream_body(receive, limit, body_done)
+                body = await _read_body(
+                    receive, seen.content_length, gw.config.server.max_body_bytes
+                )
             query = scope.get("query_string", b"")
-            path = "/" + tail + ("?" + query.decode("latin-1") if query else "")
+            if query:
+                path += "?" + query.decode("latin-1")
             out = Outbound(
                 scope["method"],
                 path,
@@ -161,8 +164,9 @@ class DataPlane:
                 cls,
                 received_at,
                 upstream_id=upstream_id,
+                raw=True,
             )
-            await self._forward(out, receive, send, rid, None, keep=False, body_done=body_done)
+            await self._forward(out, receive, send, rid, None, keep=False, body_done=None)
         except GpugateError as exc:
             if out is not None:
                 gw.proxy.refused(out, exc)
@@ -307,27 +311,18 @@ async def _read_body(receive: Receive, declared: int | None, limit: int) -> byte
     return body if len(parts) == 1 else b"".join(parts)
 
 
-async def _stream_body(receive: Receive, limit: int, done: asyncio.Event) -> AsyncIterator[bytes]:
-    size = 0
-    more = True
-    try:
-        while more:
-            chunk, more = await _receive_chunk(receive)
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
-            if chunk:
-                yield chunk
-    finally:
-        done.set()
-
-
 def _has_body(method: str, headers: list[tuple[bytes, bytes]]) -> bool:
     if method in ("GET", "HEAD", "OPTIONS", "DELETE"):
         return _header(headers, b"content-length") not in (None, "0") or (
             _header(headers, b"transfer-encoding") is not None
         )
     return True
+
+
+def _raw_path_of(scope: Scope) -> bytes:
+    """The path as the client sent it (percent-encoded), not the decoded ``path``."""
+    raw: bytes | None = scope.get("raw_path")
+    return raw if raw is not None else quote(scope["path"]).encode("ascii")
 
 
 def _check_length(declared: int | None, limit: int) -> None:

@@ -24,8 +24,11 @@ successful scrape and read by :func:`assess`. Times are seconds on a monotonic c
 * **Staleness fails open.** Staleness is the exporter's, not the row's: a row is fresh while its
   exporter's successful scrapes (at least one GPU) keep judging it, whether they show it or miss
   it. When the exporter has answered no successful scrape for longer than ``staleness_s`` (down,
-  timing out, garbage, no GPU series), every row of it is stale and nothing is faulted or
-  saturated; a fault still inside its hold acts again when fresh data returns.
+  timing out, garbage, no GPU series), every row of it is stale and nothing new is faulted or
+  saturated. Fail open is for *no* evidence, not for *old* evidence of a fault (issue #14
+  defect 12b): a fault still inside its hold keeps holding while the data is stale — until
+  ``fault_hold_s`` after its last evidence, or an operator's clear — so a faulted GPU behind a
+  hung exporter does not return to rotation because the exporter stopped answering.
 
 :class:`GpuFleetState` holds the states of every exporter and answers per configured GPU id
 (``0`` for the one exporter of ``dcgm_url``; ``"node-a/0"`` with many), folding MIG instances
@@ -217,7 +220,7 @@ def assess(state: GpuState | None, now: float, thresholds: Thresholds) -> GpuVer
     """``state``'s verdict at ``now``; a GPU never seen (None) is stale. Pure.
 
     Stale when no successful scrape of its exporter has judged the row (shown it or missed it)
-    for longer than ``staleness_s``.
+    for longer than ``staleness_s``. A fault inside its hold is faulted, stale or not.
     """
     if state is None or state.scraped_at is None:
         return NEVER_SEEN
@@ -238,7 +241,7 @@ def assess(state: GpuState | None, now: float, thresholds: Thresholds) -> GpuVer
         )
     return GpuVerdict(
         stale=stale,
-        faulted=held and not stale,
+        faulted=held,
         saturated=saturated,
         reasons=tuple(reasons),
         fault_reason=fault.reason if fault is not None and held else None,

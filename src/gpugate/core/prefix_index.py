@@ -1,0 +1,123 @@
+"""The approximate prefix index: which endpoint has probably cached which prompt prefix.
+
+No engine change is needed (llm-d's "approximate prefix" idea): the gateway renders each prompt
+canonically (:func:`prompt_text`), cuts it into blocks of ``block_chars`` characters and names each
+block by a hash chained over every block before it (:func:`block_hashes`), so one hash stands for
+the whole prefix up to its end. When a request is sent, the endpoint is remembered for each of its
+block hashes (:meth:`PrefixIndex.record`); a later request's match on an endpoint is the longest
+run of its *leading* blocks seen there (:meth:`PrefixIndex.match`) — a shared system prompt, the
+previous turns of a chat, an agent's growing transcript.
+
+Bounded: at most ``max_blocks`` hashes per model, least recently used first out, each remembering
+at most :data:`MAX_ENDPOINTS_PER_BLOCK` endpoints. The hash is Python's own (SipHash, keyed per
+process), so a client cannot aim collisions at it; the index lives in one replica's memory and a
+restart forgets it (the engines' caches outlive it, the index relearns in a few requests).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: Endpoints remembered per block: the newest few (a prefix on more endpoints than this is common
+#: enough that any of them will do).
+MAX_ENDPOINTS_PER_BLOCK = 4
+
+
+def prompt_text(doc: Mapping[str, Any] | None) -> str | None:
+    """A request body's prompt rendered canonically: each chat message as ``role`` NUL content
+    (text parts joined) RS, or a completion's string prompt. None when there is none to index."""
+    if doc is None:
+        return None
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        for message in messages:
+            if not isinstance(message, dict):
+                return None
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            parts.append(f"{message.get('role', '')}\x00{content or ''}\x1e")
+        return "".join(parts)
+    prompt = doc.get("prompt")
+    return prompt if isinstance(prompt, str) else None
+
+
+def block_hashes(text: str, block_chars: int) -> list[int]:
+    """The chained hash of each full block of ``text`` (a partial last block is not hashed)."""
+    hashes: list[int] = []
+    previous = 0
+    for start in range(0, len(text) - block_chars + 1, block_chars):
+        previous = hash((previous, text[start : start + block_chars]))
+        hashes.append(previous)
+    return hashes
+
+
+class PrefixIndex:
+    """Block hash → the endpoints (urls) that received it, per model; bounded, LRU."""
+
+    def __init__(self, block_chars: int = 256, max_blocks: int = 200_000) -> None:
+        self.block_chars = block_chars
+        self.max_blocks = max_blocks
+        self._models: dict[str, OrderedDict[int, tuple[str, ...]]] = {}
+
+    def __repr__(self) -> str:
+        blocks = sum(len(m) for m in self._models.values())
+        return f"<PrefixIndex models={len(self._models)} blocks={blocks}>"
+
+    def __len__(self) -> int:
+        return sum(len(m) for m in self._models.values())
+
+    def hashes(self, doc: Mapping[str, Any] | None) -> list[int]:
+        text = prompt_text(doc)
+        return [] if text is None else block_hashes(text, self.block_chars)
+
+    def match(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
+        """Per endpoint url, how many leading blocks of ``hashes`` it received (absent: 0)."""
+        blocks = self._models.get(model)
+        if not blocks or not hashes:
+            return {}
+        runs: dict[str, int] = {}
+        alive: set[str] | None = None
+        for depth, h in enumerate(hashes):
+            holders = blocks.get(h)
+            if holders is None:
+                break
+            here = set(holders) if alive is None else alive.intersection(holders)
+            if not here:
+                break
+            for url in here:
+                runs[url] = depth + 1
+            alive = here
+        return runs
+
+    def record(self, model: str, hashes: Sequence[int], url: str) -> None:
+        """``url`` has received a prompt with these block hashes (it will cache them)."""
+        if not hashes:
+            return
+        blocks = self._models.get(model)
+        if blocks is None:
+            blocks = self._models[model] = OrderedDict()
+        for h in hashes:
+            holders = blocks.get(h)
+            if holders is None:
+                blocks[h] = (url,)
+            else:
+                if holders[-1] != url:
+                    kept = tuple(u for u in holders if u != url)[-(MAX_ENDPOINTS_PER_BLOCK - 1) :]
+                    blocks[h] = (*kept, url)
+                blocks.move_to_end(h)
+        while len(blocks) > self.max_blocks:
+            blocks.popitem(last=False)
+
+    def forget(self, url: str) -> None:
+        """``url`` left the fleet (or restarted): drop it from every block."""
+        for blocks in self._models.values():
+            for h in [h for h, holders in blocks.items() if url in holders]:
+                left = tuple(u for u in blocks[h] if u != url)
+                if left:
+                    blocks[h] = left
+                else:
+                    del blocks[h]

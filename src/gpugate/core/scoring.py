@@ -1,0 +1,279 @@
+"""Routing that knows the engines: which endpoint gets a request, by cost (pure).
+
+:func:`choose` takes one :class:`Facts` per candidate endpoint and returns the cheapest. The
+cost of an endpoint is in units of "queued requests":
+
+    load      = running + waiting_weight * waiting + kv_weight * kv_use     (a fresh engine reading,
+                + (outstanding now - outstanding when read))                 else gpugate's own
+                                                                             outstanding count)
+    cost      = load
+              + saturated_penalty              if the request is batch and its GPUs are saturated
+              - prefix_weight * mine / blocks  the share of the prompt's leading blocks sent there
+              - session_weight                 if it served this conversation last
+              - lora_weight                    if the requested LoRA adapter is resident there
+
+**Load-balance override:** an endpoint at least ``balance_abs`` busier than the least loaded one
+and ``balance_rel`` times as busy gets no affinity credit at all (prefix, session, LoRA): a hot
+prefix cannot pile a queue onto one replica. Ties go at random.
+
+Policies: ``least_outstanding`` is wave 1's power of two choices
+(:func:`gpugate.core.picking.pick`); ``engine_load`` is load (and LoRA residency) only;
+``prefix_affinity`` is all of the above.
+Endpoints that are not available (ejected, down, probing, already tried) never compete, and the
+GPU guard has already taken upstreams on faulted GPUs out of the candidates (a hard filter).
+
+:class:`Router` gathers the facts for a request — its prompt's block hashes in the
+:class:`~gpugate.core.prefix_index.PrefixIndex`, its session, the engines' signals — calls
+:func:`choose` and remembers where the request went (:meth:`Router.sent`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from gpugate.config.engine import RoutingConfig
+from gpugate.core import picking
+from gpugate.core.prefix_index import PrefixIndex
+
+if TYPE_CHECKING:
+    import random
+
+    from gpugate.core.engine_metrics import EngineSignal
+    from gpugate.core.picking import EndpointState
+
+_MAX_SESSION_KEY = 128  # characters of a session id kept; a longer one is hashed
+_EPSILON = 1e-9
+
+
+class Reason(StrEnum):
+    """What decided a choice (``gateway_routing_picks_total{reason}``)."""
+
+    LOAD = "load"  # the least loaded won; affinity changed nothing
+    PREFIX = "prefix"
+    SESSION = "session"
+    LORA = "lora"
+    BALANCE = "balance"  # an endpoint with affinity was too busy: load won over it
+    P2C = "p2c"  # least_outstanding
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """One candidate endpoint as the scorer sees it."""
+
+    load: float
+    prefix_blocks: int = 0
+    session: bool = False
+    lora: bool = False
+    saturated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    index: int
+    reason: Reason
+
+
+def load_of(outstanding: int, signal: EngineSignal | None, cfg: RoutingConfig) -> float:
+    """An endpoint's load: the engine's queue as last read plus what gpugate sent since, or
+    gpugate's own outstanding count when there is no fresh reading (fail open)."""
+    if signal is None:
+        return float(outstanding)
+    r = signal.reading
+    load = (r.running or 0.0) + cfg.waiting_weight * (r.waiting or 0.0)
+    load += cfg.kv_weight * (r.kv_usage or 0.0)
+    return max(0.0, load + outstanding - signal.outstanding_then)
+
+
+def choose(
+    facts: Sequence[Facts],
+    cfg: RoutingConfig,
+    rng: random.Random,
+    *,
+    blocks: int = 0,
+    batch: bool = False,
+    affinity: bool = True,
+) -> Choice:
+    """The cheapest candidate (see the module docstring); ``blocks``: the prompt's block count.
+    ``affinity`` False: load and LoRA only (``engine_load``). ``facts`` must not be empty."""
+    loads = [f.load + (cfg.saturated_penalty if batch and f.saturated else 0.0) for f in facts]
+    least = min(loads)
+    best_prefix = max((f.prefix_blocks for f in facts), default=0) if affinity else 0
+    costs: list[float] = []
+    overridden = False
+    for f, load in zip(facts, loads, strict=True):
+        credit = 0.0
+        if best_prefix and blocks:
+            credit += cfg.prefix_weight * f.prefix_blocks / blocks
+        if affinity and f.session:
+            credit += cfg.session_weight
+        if f.lora:
+            credit += cfg.lora_weight
+        if credit and _too_busy(load, least, cfg):
+            credit, overridden = 0.0, True
+        costs.append(load - credit)
+    cheapest = min(costs)
+    ties = [i for i, cost in enumerate(costs) if cost <= cheapest + _EPSILON]
+    index = ties[0] if len(ties) == 1 else ties[rng.randrange(len(ties))]
+    return Choice(index, _reason(facts[index], loads[index], least, overridden, blocks))
+
+
+def _too_busy(load: float, least: float, cfg: RoutingConfig) -> bool:
+    return load - least >= cfg.balance_abs and load >= cfg.balance_rel * least
+
+
+def _reason(f: Facts, load: float, least: float, overridden: bool, blocks: int) -> Reason:
+    if load > least + _EPSILON:  # affinity pulled the request off the least loaded endpoint
+        if f.lora:
+            return Reason.LORA
+        if f.session and not (blocks and f.prefix_blocks):
+            return Reason.SESSION
+        return Reason.PREFIX if f.prefix_blocks else Reason.SESSION
+    return Reason.BALANCE if overridden else Reason.LOAD
+
+
+def session_key(headers: Sequence[tuple[bytes, bytes]], doc: Mapping[str, Any] | None) -> str:
+    """The conversation a request belongs to: ``X-Session-Id``, else the body's ``user``; ""."""
+    for name, value in headers:
+        if name.lower() == b"x-session-id" and value:
+            return _bounded(value.decode("latin-1"))
+    user = doc.get("user") if doc is not None else None
+    return _bounded(user) if isinstance(user, str) else ""
+
+
+def _bounded(key: str) -> str:
+    return key if len(key) <= _MAX_SESSION_KEY else f"#{hash(key):x}"
+
+
+@dataclass(slots=True)
+class Route:
+    """One request's routing facts, computed once and kept across its tries."""
+
+    model: str
+    hashes: list[int]
+    session: str
+    batch: bool
+    cfg: RoutingConfig
+
+
+class Router:
+    """Chooses endpoints for requests and remembers where prompts and sessions went.
+
+    ``policy(model, upstream_id)`` gives the routing config, ``signal(url, now)`` a fresh engine
+    reading or None, ``saturated(upstream_id)`` whether its GPUs are. State is per model and
+    bounded (``prefix_max_blocks`` hashes, ``max_sessions`` sessions, LRU).
+    """
+
+    def __init__(
+        self,
+        policy: Callable[[str, str | None], RoutingConfig],
+        *,
+        signal: Callable[[str, float], EngineSignal | None] | None = None,
+        saturated: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.signal = signal or (lambda _url, _now: None)
+        self.saturated = saturated or (lambda _upstream: False)
+        self._indexes: dict[str, PrefixIndex] = {}
+        self._sessions: dict[str, OrderedDict[str, str]] = {}
+
+    def __repr__(self) -> str:
+        blocks = sum(len(i) for i in self._indexes.values())
+        sessions = sum(len(s) for s in self._sessions.values())
+        return f"<Router models={len(self._indexes)} blocks={blocks} sessions={sessions}>"
+
+    def route(
+        self,
+        model: str,
+        upstream_id: str | None,
+        doc: Mapping[str, Any] | None,
+        headers: Sequence[tuple[bytes, bytes]] = (),
+        *,
+        batch: bool = False,
+    ) -> Route:
+        """The facts of one request (its prompt hashed once, here)."""
+        cfg = self.policy(model, upstream_id)
+        hashes: list[int] = []
+        session = ""
+        if cfg.policy == "prefix_affinity":
+            hashes = self._index(model, cfg).hashes(doc)
+            session = session_key(headers, doc) if cfg.max_sessions else ""
+        return Route(model, hashes, session, batch, cfg)
+
+    def pick(
+        self,
+        route: Route,
+        candidates: Sequence[EndpointState],
+        rng: random.Random,
+        now: float,
+        *,
+        exclude: Collection[str] = frozenset(),
+    ) -> tuple[EndpointState, Reason]:
+        """The endpoint for ``route`` among ``candidates`` (NoHealthyUpstream if none is
+        available). Pure but for the random tie-break; call :meth:`sent` once it is claimed."""
+        cfg = route.cfg
+        if cfg.policy == "least_outstanding":
+            return picking.pick(candidates, rng, now, exclude=exclude), Reason.P2C
+        available = [
+            ep for ep in candidates if ep.url not in exclude and picking.is_available(ep, now)
+        ]
+        if len(available) <= 1:
+            return picking.pick(candidates, rng, now, exclude=exclude), Reason.LOAD
+        affinity = cfg.policy == "prefix_affinity"
+        runs = self._index(route.model, cfg).match(route.model, route.hashes) if affinity else {}
+        sessions = self._sessions.get(route.model)
+        last = sessions.get(route.session) if sessions is not None and route.session else None
+        facts = []
+        for ep in available:
+            signal = self.signal(ep.url, now)
+            loras = signal.reading.loras if signal is not None else frozenset()
+            facts.append(
+                Facts(
+                    load=load_of(ep.outstanding, signal, cfg),
+                    prefix_blocks=runs.get(ep.url, 0),
+                    session=ep.url == last,
+                    lora=route.model in loras,
+                    saturated=route.batch and self.saturated(ep.upstream_id),
+                )
+            )
+        choice = choose(
+            facts, cfg, rng, blocks=len(route.hashes), batch=route.batch, affinity=affinity
+        )
+        return available[choice.index], choice.reason
+
+    def sent(self, route: Route, endpoint: EndpointState) -> None:
+        """``route``'s request went to ``endpoint``: it will cache the prompt; the session
+        continues there."""
+        cfg = route.cfg
+        if cfg.policy != "prefix_affinity":
+            return
+        self._index(route.model, cfg).record(route.model, route.hashes, endpoint.url)
+        if route.session:
+            sessions = self._sessions.setdefault(route.model, OrderedDict())
+            sessions[route.session] = endpoint.url
+            sessions.move_to_end(route.session)
+            while len(sessions) > cfg.max_sessions:
+                sessions.popitem(last=False)
+
+    def forget(self, url: str) -> None:
+        """``url`` left the fleet: drop it from every index."""
+        for index in self._indexes.values():
+            index.forget(url)
+
+    def _index(self, model: str, cfg: RoutingConfig) -> PrefixIndex:
+        index = self._indexes.get(model)
+        if index is None:
+            index = self._indexes[model] = PrefixIndex(
+                cfg.prefix_block_chars, cfg.prefix_max_blocks
+            )
+        return index
+
+
+def default_policy(_model: str, _upstream: str | None) -> RoutingConfig:
+    return _DEFAULT
+
+
+_DEFAULT = RoutingConfig()
