@@ -78,6 +78,7 @@ from proxy_targets import (
     serve_model,
     start_all,
 )
+from routing_cost import memory_per_10k, picker_costs
 from venvs import CANDIDATES, VLLM_ROUTER, VenvError, candidate_env
 
 # -- the phases ---------------------------------------------------------------------------------
@@ -149,6 +150,44 @@ def phase_ttfb(setup: Setup, report: Report) -> None:
         if r.errors or not r.ttfb_ms:
             report.problems.append(f"slow streams via {target}: {r.errors} failed")
     print(ttfb_table(report))
+
+
+def phase_routing_rps(setup: Setup, wrk: str, report: Report) -> None:
+    """gpugate with the default routing against gpugate with wave 1's picker, in A B B A order
+    (the machine's noise drifts; neither gets the quiet seconds), per mix: req/s and CPU."""
+    pair = ("gpugate", "gpugate-p2c")
+    if not all(t in setup.targets for t in pair):
+        return
+    duration = report.settings.duration
+    print(f"\n== Routing: {pair[0]} vs {pair[1]}, wrk -c64 {duration} s runs, A B B A ==")
+    for mix in ("chat", "sse"):
+        lane, path = MIXES[mix]
+        totals = {t: [0, 0.0, 0.0] for t in pair}  # requests, seconds, CPU us x requests
+        for target in (*pair, *reversed(pair)):
+            url, pid = setup.url(target, lane, path), setup.pid(target, lane)
+            load = run_wrk(wrk, url, BODIES[mix], duration, pid)
+            totals[target][0] += load.requests
+            totals[target][1] += duration
+            totals[target][2] += load.cpu_us * load.requests
+        (a, b) = ((n / s, cpu / n) for n, s, cpu in (totals[t] for t in pair))
+        print(
+            f"  {mix:<5} {pair[0]} {a[0]:8,.0f} req/s {a[1]:6.0f} us CPU/req | {pair[1]}"
+            f" {b[0]:8,.0f} req/s {b[1]:6.0f} us CPU/req | req/s ratio {a[0] / b[0]:.3f},"
+            f" CPU ratio {a[1] / b[1]:.3f}"
+        )
+
+
+def phase_picker() -> None:
+    """The picker's CPU per request in process (issue #18): wave 1's beside each policy's; the
+    throughput tables compare gpugate (prefix_affinity, the default) with gpugate-p2c."""
+    print("\n== Routing: the picker's CPU per request, 4 endpoints, a 2,000-token chat ==")
+    costs = picker_costs()
+    base = costs[0][1]
+    for what, us in costs:
+        print(f"  {what:<50} {us:7.1f} us  ({us / base:5.1f}x wave 1)")
+    print("  prefix index + sessions per 10,000 four-turn conversations:")
+    for label, blocks, mb in memory_per_10k():
+        print(f"    {label:<40} {blocks:>9,} blocks {mb:7.1f} MB")
 
 
 def read_rss(setup: Setup, report: Report, moment: str) -> None:
@@ -246,12 +285,14 @@ def run(settings: Settings, targets: tuple[str, ...], cores: Cores) -> int:
         report.targets, report.proxies = setup.targets, setup.proxies
         read_rss(setup, report, "idle")
         phase_throughput(setup, wrk, report)
+        phase_routing_rps(setup, wrk, report)
         read_rss(setup, report, "loaded")
         phase_bursts(setup, report)
         phase_latency(setup, report)
         phase_ttfb(setup, report)
         phase_held(setup, report)
         procs.check()
+    phase_picker()
     print_summary(report)
     if report.problems:
         print("\nFAILED:\n" + "\n".join(f"  - {p}" for p in report.problems), file=sys.stderr)

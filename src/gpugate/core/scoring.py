@@ -35,7 +35,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpugate.config.engine import RoutingConfig
 from gpugate.core import picking
@@ -65,9 +65,8 @@ class Reason(StrEnum):
     P2C = "p2c"  # least_outstanding
 
 
-@dataclass(frozen=True, slots=True)
-class Facts:
-    """One candidate endpoint as the scorer sees it."""
+class Facts(NamedTuple):
+    """One candidate endpoint as the scorer sees it (a tuple: built per candidate per request)."""
 
     load: float
     prefix_blocks: int = 0
