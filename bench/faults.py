@@ -45,12 +45,16 @@ import openai
 from openai import AsyncOpenAI
 
 from gpugate.fleet import Fault, ModelServer, ServerBehaviour, token_text
+from gpugate.worker import WorkerSettings
+from gpugate.worker.server import running_worker
 
 PRIMARY, FALLBACK, PAIR, FROZEN = "m", "fb", "pair", "frozen"
 TOKENS, CUT = 60, 40
 DEADLINE_S = 2.0  # the primary's and fallback's first_byte / first_token / stream_idle timeouts
 BARE_WAIT_S = 10.0  # a bare client gives up after this: "no answer in 10 s"
 GATEWAY_WAIT_S = 120.0
+WORKER_SECRET = "faults-bench-worker-secret"  # a loopback bench's shared secret
+BUSY_JOBS = 10
 TOKEN = "faults-bench-admin"  # a loopback bench's admin token
 RETRY = {"attempts": 3, "backoff_s": 0.1, "max_backoff_s": 0.5, "retry_after_max_s": 5}
 
@@ -158,7 +162,9 @@ FROZEN_SERVER = textwrap.dedent(
 ).replace("TOKENS", str(TOKENS))
 
 
-def config_yaml(rig: Rig, *, store: Path, listen: str, frozen_url: str, wave1: bool) -> str:
+def config_yaml(
+    rig: Rig, *, store: Path, listen: str, frozen_url: str, worker_url: str, wave1: bool
+) -> str:
     def upstream(uid: str, url: str, model: str, **extra: Any) -> dict[str, Any]:
         return {"id": uid, "url": url, "models": [model], **extra}
 
@@ -188,10 +194,23 @@ def config_yaml(rig: Rig, *, store: Path, listen: str, frozen_url: str, wave1: b
             upstream("pair-b", rig.pair_b.url, PAIR),
             upstream("frozen", frozen_url, FROZEN),  # the default deadlines
         ],
+        "runtimes": [  # a push worker of --concurrency 1, told 4: "busy" answers 429
+            {
+                "id": "busy-1",
+                "kind": "push",
+                "models": [PRIMARY],
+                "push": {"url": f"{worker_url}/calls", "secret_env": "FAULTS_WORKER_SECRET"},
+                "max_concurrency": 4,
+            }
+        ],
     }
     if wave1:
         del document["models"]
     return json.dumps(document, indent=2)  # JSON is YAML
+
+
+EMFILE_SPARE_FDS = 24
+"""File descriptors the EMFILE gateway may open beyond those it holds once ready."""
 
 
 @dataclass
@@ -200,6 +219,8 @@ class Rig:
     fallback: ModelServer
     pair_a: ModelServer
     pair_b: ModelServer
+    jobs: ModelServer
+    workdir: Path = Path()
     gateway_url: str = ""
     frozen_pid: int = 0
     gateway: AsyncOpenAI | None = None
@@ -227,7 +248,7 @@ class Rig:
         return self.http
 
     def clear(self) -> None:
-        for server in (self.primary, self.fallback, self.pair_a, self.pair_b):
+        for server in (self.primary, self.fallback, self.pair_a, self.pair_b, self.jobs):
             server.clear_faults()
 
     async def settle(self, within_s: float = 20.0) -> bool:
@@ -264,16 +285,31 @@ async def running(workdir: Path, *, wave1: bool) -> AsyncIterator[Rig]:
             ModelServer([FALLBACK], name="fallback", behaviour=behaviour),
             ModelServer([PAIR], name="pair-a", behaviour=behaviour),
             ModelServer([PAIR], name="pair-b", behaviour=pair_b),
+            ModelServer([PRIMARY], name="jobs", behaviour=ServerBehaviour(delay_s=0.3)),
         ]
         for server in servers:
             await stack.enter_async_context(server)
-        rig = Rig(*servers)
+        rig = Rig(*servers, workdir=workdir)
         frozen_port = free_port()
         frozen = await stack.enter_async_context(
             child([sys.executable, "-c", FROZEN_SERVER, str(frozen_port)], ready=b"ready")
         )
         rig.frozen_pid = frozen.pid
         port = free_port()
+        worker = await stack.enter_async_context(
+            running_worker(
+                WorkerSettings(
+                    runtime_id="busy-1",
+                    secret=WORKER_SECRET,
+                    gateway_url=f"http://127.0.0.1:{port}",
+                    upstream_url=rig.jobs.url,
+                    state_dir=workdir / "worker",
+                    concurrency=1,
+                ),
+                "127.0.0.1",
+                0,
+            )
+        )
         config = workdir / "faults.yaml"
         config.write_text(
             config_yaml(
@@ -281,11 +317,12 @@ async def running(workdir: Path, *, wave1: bool) -> AsyncIterator[Rig]:
                 store=workdir / "faults.db",
                 listen=f"127.0.0.1:{port}",
                 frozen_url=f"http://127.0.0.1:{frozen_port}",
+                worker_url=worker.url,
                 wave1=wave1,
             )
         )
         gpugate = Path(sys.executable).with_name("gpugate")
-        env = {**os.environ, "GPUGATE_ADMIN_TOKEN": TOKEN}
+        env = {**os.environ, "GPUGATE_ADMIN_TOKEN": TOKEN, "FAULTS_WORKER_SECRET": WORKER_SECRET}
         await stack.enter_async_context(
             child(
                 [str(gpugate), "serve", "--config", str(config), "--log-level", "WARNING"], env=env
@@ -305,9 +342,16 @@ async def running(workdir: Path, *, wave1: bool) -> AsyncIterator[Rig]:
 
 @contextlib.asynccontextmanager
 async def child(
-    argv: list[str], *, env: dict[str, str] | None = None, ready: bytes | None = None
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    ready: bytes | None = None,
+    max_fds: int | None = None,
 ) -> AsyncIterator[subprocess.Popen[bytes]]:
-    """A subprocess for the block: killed (SIGCONT first, should it be stopped) at the end."""
+    """A subprocess for the block: killed (SIGCONT first, should it be stopped) at the end;
+    `max_fds`: its soft and hard RLIMIT_NOFILE (util-linux ``prlimit``)."""
+    if max_fds is not None:
+        argv = ["prlimit", f"--nofile={max_fds}:{max_fds}", *argv]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if ready else None)
     try:
         if ready is not None:
@@ -559,6 +603,91 @@ async def aborted_uploads(rig: Rig, _: argparse.Namespace) -> list[Row]:
     ]
 
 
+async def busy_worker(rig: Rig, _: argparse.Namespace) -> list[Row]:
+    """Issue #14.3: a push worker at its --concurrency answers 429 ("busy"); jobs must wait for
+    capacity, not fail: 10 jobs through a worker of concurrency 1 told max_concurrency 4."""
+    slugs = []
+    for i in range(BUSY_JOBS):
+        body = {
+            "model": PRIMARY,
+            "runner": "busy-1",
+            "input": {"messages": [{"role": "user", "content": f"busy job {i}"}]},
+        }
+        async with rig.session.post(rig.gateway_url + "/v1/jobs", json=body) as response:
+            slugs.append((await response.json())["slug"])
+    states: dict[str, str] = {}
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        for slug in slugs:
+            async with rig.session.get(f"{rig.gateway_url}/v1/jobs/{slug}") as response:
+                states[slug] = (await response.json())["state"]
+        if all(state in ("completed", "failed", "cancelled") for state in states.values()):
+            break
+        await asyncio.sleep(0.5)
+    done = sum(state == "completed" for state in states.values())
+    failed = sum(state == "failed" for state in states.values())
+    return [
+        Row(
+            f"#14.3 {BUSY_JOBS} jobs, a push worker of concurrency 1 (max_concurrency 4)",
+            "all complete, none fails",
+            "—",
+            f"{done} completed, {failed} failed, {BUSY_JOBS - done - failed} still open",
+            done == BUSY_JOBS,
+        )
+    ]
+
+
+async def out_of_fds(rig: Rig, _: argparse.Namespace) -> list[Row]:
+    """Issue #14.5: a gateway out of file descriptors is overloaded itself; it must not blame
+    (and eject) the upstream. A second gateway whose hard fd limit is what it holds when ready
+    plus 24, 80 concurrent requests to an upstream answering in 0.3 s, then 20 in a row."""
+    gpugate = str(Path(sys.executable).with_name("gpugate"))
+    port = free_port()
+    document = {
+        "listen": f"127.0.0.1:{port}",
+        "store": f"sqlite:///{rig.workdir / 'emfile.db'}",
+        "upstreams": [{"id": "slow", "url": rig.jobs.url, "models": [PRIMARY]}],
+    }
+    config = rig.workdir / "emfile.yaml"
+    config.write_text(json.dumps(document))
+    url = f"http://127.0.0.1:{port}"
+    argv = [gpugate, "serve", "--config", str(config), "--log-level", "ERROR"]
+    async with child(argv) as probe:  # how many fds it holds when ready
+        await until_ready(rig.session, url + "/readyz")
+        held = sum(1 for _ in Path(f"/proc/{probe.pid}/fd").iterdir())
+    async with child(argv, max_fds=held + EMFILE_SPARE_FDS):
+        await until_ready(rig.session, url + "/readyz")
+        body = {"model": PRIMARY, "messages": [{"role": "user", "content": "emfile"}]}
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as burst_session:
+            burst = await asyncio.gather(
+                *(one_request(burst_session, url, body) for _ in range(80))
+            )
+        statuses = [await one_request(rig.session, url, body) for _ in range(20)]
+    codes = sorted({str(code) for code in burst})
+    after = statuses.count(200)
+    blamed = sum(code == 502 for code in burst)
+    return [
+        Row(
+            "#14.5 out of file descriptors (80 at once, fds for ~24)",
+            "no 502; the upstream stays in (20/20 after)",
+            "—",
+            f"burst: {', '.join(f'{c} x{[str(b) for b in burst].count(c)}' for c in codes)};"
+            f" then {after}/20 answered",
+            blamed == 0 and after == 20,
+        )
+    ]
+
+
+async def one_request(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> int | str:
+    try:
+        async with http.post(url + "/v1/chat/completions", json=body) as response:
+            await response.read()
+            return response.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return type(exc).__name__
+
+
 def rows_of_issue_13() -> list[tuple[str, Scenario]]:
     f = Fault
     return [
@@ -628,7 +757,12 @@ def rows_of_issue_13() -> list[tuple[str, Scenario]]:
 
 
 def rows_of_issue_14() -> list[tuple[str, Scenario]]:
-    return [("fast-429", fast_429), ("aborted-uploads", aborted_uploads)]
+    return [
+        ("fast-429", fast_429),
+        ("busy-worker", busy_worker),
+        ("emfile", out_of_fds),
+        ("aborted-uploads", aborted_uploads),  # last: on an older main it ejects the primary
+    ]
 
 
 def table(rows: list[Row]) -> str:

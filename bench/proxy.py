@@ -38,6 +38,7 @@ from functools import partial
 from pathlib import Path
 
 import uvloop
+from proxy_keys import phase_keys
 from proxy_load import (
     BODIES,
     BURST,
@@ -272,7 +273,7 @@ def ensure_venvs(targets: tuple[str, ...]) -> Tools:
     return Tools(router, None, None)
 
 
-def run(settings: Settings, targets: tuple[str, ...], cores: Cores) -> int:
+def run(settings: Settings, targets: tuple[str, ...], cores: Cores, *, keys: bool = True) -> int:
     wrk, nginx = ensure_tools()
     tools = ensure_venvs(targets)
     raise_fd_limit()
@@ -286,6 +287,8 @@ def run(settings: Settings, targets: tuple[str, ...], cores: Cores) -> int:
         read_rss(setup, report, "idle")
         phase_throughput(setup, wrk, report)
         phase_routing_rps(setup, wrk, report)
+        if keys:
+            report.problems += phase_keys(setup, wrk, procs, cores, settings.duration)
         read_rss(setup, report, "loaded")
         phase_bursts(setup, report)
         phase_latency(setup, report)
@@ -324,6 +327,9 @@ def main() -> int:
         help=f"comma-separated targets (direct is always measured); any of:"
         f" {', '.join([*TARGETS, *PROTOTYPES])}",
     )
+    parser.add_argument(
+        "--no-keys", action="store_true", help="skip the auth.mode keys vs open phase"
+    )
     parser.add_argument("--no-pin", action="store_true", help="let every process run on every core")
     parser.add_argument(
         "--workers",
@@ -342,7 +348,7 @@ def main() -> int:
         settings = Settings(duration=args.duration, warmup=True, ttfb_clients=256, held=1000)
     try:
         pin = not (args.no_pin or args.workers)
-        return run(settings, choose_targets(args), Cores.split(pin=pin))
+        return run(settings, choose_targets(args), Cores.split(pin=pin), keys=not args.no_keys)
     except (BenchError, VenvError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

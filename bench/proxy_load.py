@@ -92,11 +92,15 @@ def parse_wrk(text: str, cpu: float) -> Load:
     )
 
 
-def run_wrk(wrk: str, url: str, body: bytes, duration: int, pid: int) -> Load:
-    """``wrk -t1 -c64 --latency`` POSTing ``body`` (bench/post.lua); the target's CPU is read
-    around the run."""
+def run_wrk(
+    wrk: str, url: str, body: bytes, duration: int, pid: int, *, bearer: str | None = None
+) -> Load:
+    """``wrk -t1 -c64 --latency`` POSTing ``body`` (bench/post.lua), with ``Authorization:
+    Bearer <bearer>`` when given; the target's CPU is read around the run."""
     argv = [wrk, "-t1", "-c64", f"-d{duration}s", "--latency", "-s", str(HERE / "post.lua"), url]
     env = {**os.environ, "BENCH_BODY": body.decode()}
+    if bearer is not None:
+        env["BENCH_BEARER"] = bearer
     cpu_before = cpu_s(pid)
     done = subprocess.run(
         argv, capture_output=True, text=True, env=env, timeout=duration + 60, check=False

@@ -197,7 +197,38 @@ MEANING: dict[str, str] = {
     "upstreams[].external": "a third-party API: jobs with `allow_external: false` never go here",
     "upstreams[].max_queue": "requests waiting beyond this are refused at once (503 `QUEUE_FULL`)",
     "upstreams[].connect_timeout_s": "time to connect to an endpoint",
-    "upstreams[].first_byte_timeout_s": "time to the response's first byte; null: `timeout_s`",
+    "upstreams[].first_byte_timeout_s": "non-streaming: send → the response's first byte, per "
+    "try (then 504 `UPSTREAM_TIMEOUT` or the next candidate); null: `timeout_s` "
+    "(docs/dataplane.md: why 45 s)",
+    "upstreams[].first_token_timeout_s": "streaming: send → the first SSE data event, per try; "
+    "the client's response headers are held until then, so a silent or failing start is "
+    "retried or failed over invisibly",
+    "upstreams[].stream_idle_timeout_s": "streaming: the longest silence between two events "
+    "once the stream has begun (then a continuation, or the terminal `event: error`)",
+    "upstreams[].retry": "how the sync path tries again on 429, 500/502/503/504, a connection "
+    "that died before any response byte, or a missed deadline (docs/dataplane.md)",
+    "upstreams[].retry.attempts": "tries of one request on this upstream's model, the first "
+    "included (1 = no retry); retries also stay within a budget of 20 % of the upstream's "
+    "requests over 10 s (at least 10)",
+    "upstreams[].retry.backoff_s": "the first retry's backoff ceiling (full jitter: uniform in "
+    "[0, ceiling], doubling per retry)",
+    "upstreams[].retry.max_backoff_s": "the largest backoff ceiling",
+    "upstreams[].retry.retry_after_max_s": "the longest `Retry-After` waited for; a longer one "
+    "goes to the next candidate (or back to the client) at once",
+    "upstreams[].continuation": "how a stream broken mid-way may be continued on this upstream: "
+    "`prefill` (the delivered text is sent as a trailing assistant message), `replay` (the "
+    "same request again, output suppressed until it has passed the delivered text byte for "
+    "byte; only for a deterministic request: `temperature` 0 or a `seed`), `none`",
+    "models": "per-model policy of the sync path; a model not listed has no fallbacks",
+    "models[].name": "the model (as the request body's `model` names it)",
+    "models[].fallbacks": "models tried in order when this one cannot answer: every upstream "
+    "failed (after retries), is out of rotation or answers 429/5xx",
+    "models[].price": "what the model costs through a client key (`/admin/usage` cents, the "
+    "`daily_cents` limit); null: free",
+    "models[].price.prompt_per_1k_cents": "cents per 1000 prompt tokens",
+    "models[].price.completion_per_1k_cents": "cents per 1000 completion tokens",
+    "models[].context_fallbacks": "models tried in order when this one answers 400 "
+    "`context_length_exceeded`",
     "upstreams[].health_path": "the path the active health probe GETs every 5 s",
     "upstreams[].api_key_env": "the variable holding a bearer key sent to this upstream",
     "upstreams[].raw": "the opt-in for `/u/{id}/...` on an `azure-di`, `external` or keyed "
@@ -303,6 +334,11 @@ MEANING: dict[str, str] = {
     "server.max_body_bytes": "request bodies over this are refused (413 `PAYLOAD_TOO_LARGE`)",
     "server.idempotency_ttl_s": "how long a completed response is kept for `Idempotency-Key` "
     "replays",
+    "server.access_log": "one line per request at INFO on the `gpugate.access` logger (method, "
+    "path without its query, status, duration, and for the data plane the upstream, model and "
+    "attempts); probes and `/metrics` at DEBUG; false (or `serve --no-access-log`): none",
+    "server.max_idempotent_response_bytes": "a response body larger than this is not kept for "
+    "`Idempotency-Key` replays (the key is released; a retry is sent again)",
     "server.log_format": "`text` or `json` lines on stderr",
     "server.config_poll_s": "how often each replica looks for a new config version and runtime "
     "states",
@@ -323,6 +359,10 @@ MEANING: dict[str, str] = {
     "one more gets 503 `TOO_MANY_CONNECTIONS` with `Retry-After` (keep it below the fd limit)",
     "server.max_waiters": "`POST /v1/jobs?wait=` requests waiting at once; one more gets its "
     "job at once (202, created and running) and polls `GET /v1/jobs/{slug}`",
+    "server.console_sample_s": "how often the console's charts take a sample of the "
+    "gateway's own metrics (in process, no scrape; docs/console.md)",
+    "server.console_history_s": "how far back the console's charts reach: a ring of "
+    "`console_history_s / console_sample_s` samples (at most 17 280), in memory, per replica",
     "retention": "how long finished rows are kept; a purge loop on every replica deletes "
     "older ones in small batches (docs/security.md)",
     "retention.jobs_s": "finished (completed, failed, cancelled) jobs, with their events and "
@@ -381,6 +421,17 @@ MEANING: dict[str, str] = {
     "import_env.allow": "and these names (besides those the file's own gateway document names); "
     "never a variable a process key names (the admin token's, the blob store's keys)",
 }
+# models[].routing has the keys and meanings of upstreams[].routing (one RoutingConfig)
+MEANING["models[].routing"] = (
+    "how this model's endpoints are chosen; an upstream's own `routing` wins (docs/routing.md)"
+)
+MEANING.update(
+    {
+        key.replace("upstreams[]", "models[]", 1): meaning
+        for key, meaning in list(MEANING.items())
+        if key.startswith("upstreams[].routing.")
+    }
+)
 
 
 def all_keys() -> list[Key]:

@@ -55,6 +55,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gpugate.server import bind, serve_gateway
 
     config = load_config(args.config, environ=os.environ, require_env=True)
+    if args.no_access_log:
+        config = config.model_copy(
+            update={"server": config.server.model_copy(update={"access_log": False})}
+        )
     configure_logging(args.log_format or config.server.log_format, args.log_level)
     host, port = (config.host, config.port) if args.listen is None else _split_listen(args.listen)
     sock = bind(host, port)
@@ -106,7 +110,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     configure_logging("text", args.log_level)
     host, port = _split_listen(args.listen)
-    clean = _run(run_demo(host, port, workdir=Path(args.workdir), scenario=args.scenario))
+    workdir = Path(args.workdir)
+    clean = _run(run_demo(host, port, workdir=workdir, scenario=args.scenario, pace_s=args.pace))
     return 0 if clean else 1
 
 
@@ -400,6 +405,11 @@ def _add_process_commands(sub: Any) -> None:
     p.add_argument("--listen", help="HOST:PORT, overrides `listen` in the file")
     p.add_argument("--log-format", choices=["text", "json"], help="overrides server.log_format")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="no line per request at INFO (overrides server.access_log)",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(
@@ -445,6 +455,14 @@ def _add_process_commands(sub: Any) -> None:
         choices=list(SCENARIOS),
         metavar="NAME",
         help="play a scripted incident (listed below)",
+    )
+    p.add_argument(
+        "--pace",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="with --scenario: hold each state S seconds so a person can watch it in the console "
+        "(default 5; 30 makes a scenario last minutes); chat traffic runs while it plays",
     )
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
     p.add_argument("--workdir", default=".gpugate", help="state directory (default ./.gpugate)")

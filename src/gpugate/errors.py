@@ -49,6 +49,7 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   │   ├── TokenLimited           TOKEN_LIMITED: tokens per minute
     │   │   ├── ConcurrencyLimited     CONCURRENCY_LIMITED: requests in flight
     │   │   └── BudgetExceeded         BUDGET_EXCEEDED: the daily tokens or cents
+    │   ├── GatewayOverloaded          GATEWAY_OVERLOADED: the gateway ran out of file descriptors
     │   └── ShuttingDown               SHUTTING_DOWN: the replica stops; another will answer
     ├── UpstreamError                  the upstream failed us
     │   ├── UpstreamTimeout            UPSTREAM_TIMEOUT
@@ -363,6 +364,12 @@ class BudgetExceeded(KeyLimited):
 LIMIT_ERRORS: dict[str, type[KeyLimited]] = {
     cls.code: cls for cls in (RateLimited, TokenLimited, ConcurrencyLimited, BudgetExceeded)
 }
+
+
+class GatewayOverloaded(Refused):
+    """The gateway is overloaded (it ran out of file descriptors); retry shortly."""
+
+    code = "GATEWAY_OVERLOADED"
 
 
 class UpstreamError(GpugateError):

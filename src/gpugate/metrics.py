@@ -79,6 +79,31 @@ class Metrics:
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
+        # The sync path's rescues (issue #13): every try, every fallback, every continuation.
+        self.upstream_attempts = Counter(
+            "gateway_upstream_attempts_total",
+            "Tries sent to an upstream by the sync path, by how each ended",
+            ["upstream", "outcome"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "gateway_fallbacks_total",
+            "Requests that went on to a fallback model, by model, fallback and reason",
+            ["model", "to", "reason"],
+            registry=r,
+        )
+        self.continuations = Counter(
+            "gateway_continuations_total",
+            "Streams broken after bytes reached the client, by model and how they were continued",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.overloaded = Counter(
+            "gateway_overloaded_total",
+            "Requests refused because the gateway itself ran out of a resource (file descriptors)",
+            ["reason"],
+            registry=r,
+        )
         self.upstream_inflight = Gauge(
             "gateway_upstream_inflight",
             "Requests admitted to an upstream and not finished",
@@ -93,7 +118,8 @@ class Metrics:
         )
         self.endpoint_healthy = Gauge(
             "gateway_endpoint_healthy",
-            "1 when the endpoint is in rotation, 0 when ejected or failing its probe",
+            "1 when the endpoint is in rotation, 0 when ejected or failing its probe"
+            " (endpoint: its index in the upstream's urls)",
             ["upstream", "endpoint"],
             registry=r,
         )
@@ -238,6 +264,15 @@ class Metrics:
         """Export this process's job-loop totals, read when scraped (nothing on the hot path):
         ``dispatched()`` and ``reaped()`` by outcome, ``stuck()`` by runtime."""
         self.registry.register(_JobTotals(dispatched, reaped, stuck))
+
+    def read(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """Every sample of every family now, by sample name (``x_total``, ``x_bucket``, ...):
+        what the console's sampler reads in process, with no scrape and no text parsing."""
+        samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+        return samples
 
     def render(self) -> bytes:
         """The exposition text of every family."""

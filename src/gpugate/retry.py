@@ -10,6 +10,8 @@ import only the foundation — uses the same rules as the gateway's sync path an
   Backoff And Jitter"): the n-th wait is uniform in ``[0, min(max_s, base_s * 2**(n-1))]``, which
   spreads retries of many clients best for the least total wait.
 * :func:`parse_retry_after` — RFC 9110 §10.2.3 ``Retry-After``: delay-seconds or an HTTP-date.
+* :class:`RetryBudget` — retries of one destination stay a fraction of its requests over a
+  rolling window (Finagle's and gRPC's retry budgets), so a dying upstream is not hammered.
 """
 
 from __future__ import annotations
@@ -96,3 +98,58 @@ def _seconds_until(http_date: str, now: datetime) -> float | None:
     if when.tzinfo is None:  # RFC 9110 dates are GMT; a naive parse means "-0000"
         when = when.replace(tzinfo=UTC)
     return max(0.0, (when - now).total_seconds())
+
+
+class RetryBudget:
+    """Retries ≤ ``ratio`` x requests over the last ``window_s`` seconds, with ``floor`` retries
+    always allowed (so a quiet upstream still gets its few retries).
+
+    Counted in one-second buckets: :meth:`note_request` and :meth:`try_spend` are O(1) and
+    allocate nothing. ``now`` is any monotonic clock in seconds.
+    """
+
+    __slots__ = ("_requests", "_retries", "_stamp", "floor", "ratio", "window_s")
+
+    def __init__(self, *, ratio: float = 0.2, floor: int = 10, window_s: int = 10) -> None:
+        if not (0 <= ratio <= 1 and floor >= 0 and window_s >= 1):
+            raise ValueError("a retry budget needs 0 <= ratio <= 1, floor >= 0, window_s >= 1")
+        self.ratio = ratio
+        self.floor = floor
+        self.window_s = window_s
+        self._requests = [0] * window_s
+        self._retries = [0] * window_s
+        self._stamp = [-1] * window_s  # the second each bucket holds
+
+    def _bucket(self, now: float) -> int:
+        second = int(now)
+        i = second % self.window_s
+        if self._stamp[i] != second:
+            self._stamp[i] = second
+            self._requests[i] = 0
+            self._retries[i] = 0
+        return i
+
+    def note_request(self, now: float) -> None:
+        """A first try went out."""
+        self._requests[self._bucket(now)] += 1
+
+    def _sums(self, now: float) -> tuple[int, int]:
+        oldest = int(now) - self.window_s
+        requests = retries = 0
+        for i in range(self.window_s):
+            if self._stamp[i] > oldest:
+                requests += self._requests[i]
+                retries += self._retries[i]
+        return requests, retries
+
+    def try_spend(self, now: float) -> bool:
+        """Take one retry from the budget if it has one; whether it did."""
+        i = self._bucket(now)
+        requests, retries = self._sums(now)
+        if retries >= max(self.floor, self.ratio * requests):
+            return False
+        self._retries[i] += 1
+        return True
+
+    def __repr__(self) -> str:
+        return f"<RetryBudget {self.ratio:.0%} over {self.window_s}s, floor {self.floor}>"

@@ -20,6 +20,7 @@ import asyncio
 import errno
 import gc
 import logging
+import resource
 import signal
 import socket
 import ssl
@@ -59,6 +60,24 @@ def bind(host: str, port: int) -> socket.socket:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     sock.setblocking(False)  # noqa: FBT003
     return sock
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft limit on open files to the hard limit (#14.5: every stream holds two
+    sockets; the default soft 1024 runs out long before the CPU does) and log both; returns
+    the (soft, hard) limits now in effect. A limit that cannot be raised is logged, not fatal."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("open-file limit stays %d (hard %d): %s", soft, hard, exc)
+            return soft, hard
+        log.info("open-file limit raised from %d to the hard limit %d", soft, target)
+        return target, hard
+    log.info("open-file limit %d (hard %d)", soft, hard)
+    return soft, hard
 
 
 def _absorb_reraised_sigterm() -> None:
@@ -257,6 +276,7 @@ async def serve_gateway(
 ) -> bool:
     """Build the gateway, serve it until a signal, then stop it: the whole life of ``serve``."""
     tls = server_tls(config.tls)  # before anything starts: a wrong file is one clear error
+    raise_fd_limit()
     async with build_gateway(config, environ=environ) as gateway:
         app = gateway_app(create_app(gateway), admin_sock)
         # Everything built so far lives as long as the process: move it out of the collector's

@@ -8,6 +8,7 @@ the loops in reverse order and closes the store. Nothing else in gpugate names a
 from __future__ import annotations
 
 import logging
+import math
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -57,6 +58,7 @@ from gpugate.services.runtimes.modal import ModalRuntime
 from gpugate.services.runtimes.push import PushRuntime
 from gpugate.services.runtimes.push_reports import PushReports
 from gpugate.services.runtimes.upstream import UpstreamRuntime
+from gpugate.services.samples import Sampler
 from gpugate.services.shed import ShedGate
 from gpugate.services.stop_conditions import StopConditions
 from gpugate.services.supervisor import Supervisor
@@ -97,6 +99,7 @@ class Gateway:
     )
     push_reports: PushReports | None = None  # the worker routes' judge
     gauges: RuntimeGauges | None = None
+    samples: Sampler | None = None  # the console charts' ring of samples
     results: Results | None = None  # where job results are kept (inline or blobs)
     retention: Retention | None = None  # the purge of old rows (issue #15 finding 4)
     azure_di: AzureDocumentIntelligence | None = None
@@ -138,13 +141,14 @@ class Gateway:
         one); the chain and the runtimes' views follow ``self.config``."""
         self.registry.reconfigure(config.upstreams)
         self.proxy.set_secrets(_secrets(config, self.environ))
+        self.proxy.set_models(config.models)
         self.proxy.bind_gauges()
         if self.monitor is not None:
             self.monitor.reconfigure(config.upstreams)
         if self.engine_monitor is not None:
             self.engine_monitor.reconfigure(config.upstreams)
         if self.proxy.router is not None:
-            self.proxy.router.policy = scoring.policy_table(config.upstreams)
+            self.proxy.router.policy = scoring.policy_table(config.upstreams, config.models)
         if self.new_runtime is not None:
             before = {entry.id: entry for entry in self.config.runtimes}
             for entry in config.runtimes:
@@ -304,7 +308,13 @@ async def build_gateway(
         registry = Registry(config.upstreams, clock)
         monitor, gate = _gpu_health(config, registry, client, clock, metrics)
         proxy = Proxy(
-            registry, client, clock, metrics, secrets=_secrets(config, environ), gate=gate
+            registry,
+            client,
+            clock,
+            metrics,
+            secrets=_secrets(config, environ),
+            gate=gate,
+            models=config.models,
         )
         engine_monitor = _routing(config, registry, proxy, monitor, client, clock, metrics)
         prober = Prober(registry, client, clock, metrics, interval_s=probe_interval_s)
@@ -320,7 +330,11 @@ async def build_gateway(
             started_at=clock.now(),
             registry=registry,
             proxy=proxy,
-            idempotency=Idempotency(store, config.server.idempotency_ttl_s),
+            idempotency=Idempotency(
+                store,
+                config.server.idempotency_ttl_s,
+                max_body_bytes=config.server.max_idempotent_response_bytes,
+            ),
             prober=prober,
             blobs=blobs,
             monitor=monitor,
@@ -417,12 +431,24 @@ def _start_loops(
     )
     loops.start("retention", gateway.retention.run)
     loops.start("key-usage", gateway.usage.run)
+    gateway.samples = _sampler(gateway)
+    loops.start("console-samples", gateway.samples.run)
     if run_job_loops:
         store = gateway.store
         loops.start("dispatcher", dispatcher.run)
         loops.start("reaper", reaper.run)
         loops.start("job-wakeups", lambda: store.watch_jobs(dispatcher.wake))
         loops.start("batches", gateway.batch_runner.run)
+
+
+MAX_SAMPLES = 17_280  # a day at 5 s: the ring's bound whatever the config asks
+
+
+def _sampler(gateway: Gateway) -> Sampler:
+    """The console's ring: ``server.console_history_s`` of samples every ``console_sample_s``."""
+    server = gateway.config.server
+    keep = min(MAX_SAMPLES, math.ceil(server.console_history_s / server.console_sample_s))
+    return Sampler(gateway.metrics.read, gateway.clock, every_s=server.console_sample_s, keep=keep)
 
 
 CLAIMING_LOOPS = ("dispatcher", "job-wakeups", "batches")
@@ -688,7 +714,7 @@ def _routing(
 
     engines = EngineMonitor(config.upstreams, client, clock, metrics, outstanding=outstanding)
     proxy.router = scoring.Router(
-        scoring.policy_table(config.upstreams),
+        scoring.policy_table(config.upstreams, config.models),
         signal=engines.signal,
         saturated=monitor.saturated if monitor is not None else None,
     )

@@ -46,7 +46,7 @@ def test_a_new_gateway_document_replaces_the_old_whole_and_keeps_the_process_key
 
     replaced = config.with_gateway_document(new)
 
-    assert ["llama"] == replaced.models()
+    assert ["llama"] == replaced.served_models()
     assert ["local"] == replaced.fallback_chain
     assert config.process_document() == replaced.process_document()
     assert 1 == replaced.source_map.line(("listen",))
@@ -70,7 +70,7 @@ def test_an_invalid_gateway_document_is_refused_with_all_its_problems() -> None:
         "fallback_chain[1]: names runtime 'cloud', which is not defined (defined: home-1)",
         (
             "listen: not part of the gateway config (allowed: upstreams, runtimes, fallback_chain,"
-            " default_runtime, stop_conditions)"
+            " default_runtime, stop_conditions, models)"
         ),
     ] == [str(problem) for problem in caught.value.problems]
 

@@ -127,7 +127,7 @@ def test_a_file_with_one_upstream_gets_every_default() -> None:
         == config.server
     )
     upstream = config.upstream("qwen")
-    assert (64, 30.0, 300.0, False, 1024, 5.0, None, "/health", None, []) == (
+    assert (64, 30.0, 300.0, False, 1024, 5.0, 45.0, "/health", None, []) == (
         upstream.max_inflight,
         upstream.queue_timeout_s,
         upstream.timeout_s,

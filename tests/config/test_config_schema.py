@@ -184,9 +184,13 @@ def test_endpoints_come_from_url_or_urls_without_trailing_slashes() -> None:
     assert ("http://127.0.0.1:8001", "https://h/v") == many.endpoints
 
 
-def test_the_first_byte_timeout_defaults_to_the_timeout() -> None:
-    assert (
-        300.0 == UpstreamConfig(id="a", url="http://h", models=["m"]).effective_first_byte_timeout_s
+def test_the_first_byte_timeout_defaults_to_45_s_and_null_means_the_timeout() -> None:
+    """45 s: a silent provider holds a client well under ~100 s (issue #13; docs/dataplane.md)."""
+    default = UpstreamConfig(id="a", url="http://h", models=["m"])
+    unset = UpstreamConfig(id="a", url="http://h", models=["m"], first_byte_timeout_s=None)
+    assert (45.0, 300.0) == (
+        default.effective_first_byte_timeout_s,
+        unset.effective_first_byte_timeout_s,
     )
 
 
@@ -201,7 +205,7 @@ def test_lookups_find_upstreams_runtimes_and_models() -> None:
 
     assert "tei" == config.upstream("tei").id
     assert "push" == config.runtime("home-1").kind
-    assert ["bge", "qwen", "qwen-mini"] == config.models()
+    assert ["bge", "qwen", "qwen-mini"] == config.served_models()
     assert ["bge", "qwen", "qwen-mini"] == config.runtime_models("local")
     assert ["llama"] == config.runtime_models("home-1")
     assert ["qwen"] == [u.id for u in config.upstreams_serving("qwen-mini")]

@@ -13,10 +13,12 @@ from gpugate.core.picking import (
     Health,
     claim,
     health,
+    latency,
     mark_probe_result,
     pick,
     record_failure,
     record_latency,
+    record_load_signal,
     record_success,
     release,
     try_acquire_probe,
@@ -367,3 +369,43 @@ async def test_a_slow_endpoint_gets_measurably_fewer_requests_than_a_fast_one() 
     assert counts[slow.url] * 4 < counts[fast.url], split
     assert counts[slow.url] > 0, split
     assert (fast.outstanding, slow.outstanding) == (0, 0)
+
+
+def test_a_backed_off_endpoint_is_picked_only_when_nothing_else_is_available() -> None:
+    """#14.2: a 429/503 is a load signal: its endpoint sits out its Retry-After (a last resort,
+    never ejected), then competes again."""
+    busy, calm = endpoint(8001), endpoint(8002)
+    rng = random.Random(7)
+    assert 2.0 == record_load_signal(busy, 100.0, 2.0)
+    assert {calm} == {pick([busy, calm], rng, 100.5) for _ in range(50)}
+    assert busy is pick([busy], rng, 100.5)  # alone, it is still tried: never "no upstream"
+    assert Health.HEALTHY is health(busy, 100.5)
+    assert {busy, calm} == {pick([busy, calm], rng, 102.5) for _ in range(50)}
+
+
+def test_load_signals_without_retry_after_back_off_doubling_until_a_success() -> None:
+    ep = endpoint()
+    waits = [record_load_signal(ep, 0.0, None, base_s=1.0, max_s=8.0) for _ in range(5)]
+    record_success(ep, 1.0)
+    assert [1.0, 2.0, 4.0, 8.0, 8.0] == waits
+    assert 1.0 == record_load_signal(ep, 2.0, None, base_s=1.0, max_s=8.0)
+
+
+def test_an_idle_endpoints_latency_figure_decays_so_it_is_measured_again() -> None:
+    ep = endpoint()
+    record_latency(ep, 0.4, now=0.0)
+    assert 0.4 == latency(ep, 5.0)
+    assert latency(ep, 30.0) == pytest.approx(0.05)  # three half-lives later
+
+
+def test_a_successful_active_probe_makes_an_ejected_endpoint_half_open_at_once() -> None:
+    ep = endpoint()
+    for _ in range(5):
+        record_failure(ep, 10.0)
+    assert Health.EJECTED is health(ep, 10.1)
+    mark_probe_result(ep, ok=True, now=10.2)
+    assert Health.HALF_OPEN is health(ep, 10.2)
+    probe = claim(ep, 10.2)
+    record_success(ep, 10.3)
+    release(ep, probe=probe)
+    assert Health.HEALTHY is health(ep, 10.3)

@@ -171,3 +171,24 @@ async def test_only_the_holder_finishes_a_batch_and_it_lets_go(
     assert done.completed_at == clock.now()
     assert done.terminal
     assert await store.claim_batch("r2", lease_s=60, takeover=True) is None
+
+
+async def test_a_broken_run_is_counted_with_its_reason_and_lets_the_batch_go(
+    store: Store, clock: ManualClock
+) -> None:
+    await a_batch(store, clock)
+    claimed = await store.claim_batch("runner-a", lease_s=60)
+    assert claimed is not None
+    error = {"code": "STORE_ERROR", "message": "The store failed."}
+
+    stranger = await store.break_batch("batch_1", "runner-b", error=error)
+    first = await store.break_batch("batch_1", "runner-a", error=error)
+    again = await store.claim_batch("runner-a", lease_s=60)  # let go: claimable at once
+    second = await store.break_batch("batch_1", "runner-a", error={"code": "X", "message": "y"})
+    batch = await store.get_batch("batch_1")
+
+    assert (None, 1, 2) == (stranger, first, second)
+    assert again is not None
+    assert (1, error) == (again.breaks, again.error)
+    assert batch is not None
+    assert (2, {"code": "X", "message": "y"}, None) == (batch.breaks, batch.error, batch.owner)

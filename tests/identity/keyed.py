@@ -17,10 +17,18 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 ENVIRON = {"GPUGATE_ADMIN_TOKEN": TOKEN}
 
 
-def keyed_config(dsn: str, urls: list[str], models: list[str], **extra: Any) -> Any:
-    """A config in ``auth.mode: keys`` with one upstream ``u`` serving ``models``."""
-    auth = {"mode": "keys", **extra.pop("auth", {})}
-    return make_config(dsn, [upstream("u", urls, models)], auth=auth, **extra)
+def keyed_config(
+    dsn: str,
+    urls: list[str],
+    models: list[str],
+    *,
+    extra: dict[str, Any] | None = None,
+    **more: Any,
+) -> Any:
+    """A config in ``auth.mode: keys`` with one upstream ``u`` serving ``models`` (``extra``:
+    more top-level keys, e.g. ``models`` policies)."""
+    auth = {"mode": "keys", **more.pop("auth", {})}
+    return make_config(dsn, [upstream("u", urls, models)], auth=auth, **more, **(extra or {}))
 
 
 async def create_key(http: aiohttp.ClientSession, url: str, **fields: Any) -> dict[str, Any]:

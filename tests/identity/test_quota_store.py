@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -87,3 +87,24 @@ async def test_usage_rows_add_up_per_day_key_model_and_upstream(store: Store) ->
         found.cents,
     )
     assert [] == await store.list_usage(tenant="other")
+
+
+async def test_concurrent_leases_never_hand_out_more_than_the_limit(store: Store) -> None:
+    from gpugate.core.limits import Slice
+
+    limits = Limits(requests_per_min=100, tokens_per_min=1000, daily_cents=3.0)
+    want = Slice(requests=30, tokens=300, day_cents=1.0)
+    grants = await asyncio.gather(
+        *(store.lease_quota("key_1", limits, want, SPANS) for _ in range(10))
+    )
+    assert 100 == sum(g.requests or 0 for g in grants)
+    assert 1000 == sum(g.tokens or 0 for g in grants)
+    assert 3.0 == pytest.approx(sum(g.day_cents or 0 for g in grants))
+    assert all(g.day_tokens is None for g in grants)  # no such limit: nothing leased
+
+
+async def test_old_minute_and_day_counters_are_purged_and_current_ones_kept(store: Store) -> None:
+    limits = Limits(requests_per_min=10)
+    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
+    assert 0 == await store.purge_counters(NOW - timedelta(seconds=1))
+    assert 2 == await store.purge_counters(NOW + timedelta(seconds=1))  # its minute and day

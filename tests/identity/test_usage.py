@@ -8,6 +8,7 @@ import re
 
 import aiohttp
 import openai
+import pytest
 from keyed import ADMIN, ENVIRON, bearer, chat, create_key, keyed_config
 
 from harness import model_servers, serving
@@ -82,3 +83,30 @@ async def test_a_stream_without_include_usage_is_byte_for_byte_what_the_server_w
     assert b"usage" not in got
     assert _same_shape(expected) == _same_shape(got)
     assert 0 < usage["by_key"][created["id"]]["completion_tokens"]
+
+
+async def test_a_model_s_price_turns_usage_into_cents_and_the_daily_cents_budget_holds(
+    dsn: str, http: aiohttp.ClientSession
+) -> None:
+    price = {"prompt_per_1k_cents": 100.0, "completion_per_1k_cents": 200.0}
+    async with model_servers(("u", ["m"])) as (server,):
+        policy = [{"name": "m", "price": price}]
+        config = keyed_config(dsn, [server.url], ["m"], extra={"models": policy})
+        async with serving(config, environ=ENVIRON) as gw:
+            created = await create_key(http, gw.url, limits={"daily_cents": 5.0})
+            statuses, spent = [], 0.0
+            for _ in range(6):
+                body = chat(max_tokens=10)
+                async with http.post(gw.url + CHAT, json=body, headers=bearer(created["key"])) as r:
+                    statuses.append(r.status)
+                    if r.status == 200:
+                        usage = (await r.json())["usage"]
+                        spent += (
+                            usage["prompt_tokens"] * 100 + usage["completion_tokens"] * 200
+                        ) / 1000
+            async with http.get(gw.url + "/admin/usage", headers=ADMIN) as r:
+                total = (await r.json())["by_key"][created["id"]]
+    assert 200 == statuses[0]
+    assert 429 == statuses[-1]
+    assert spent == pytest.approx(total["cents"])
+    assert total["cents"] <= 5.0

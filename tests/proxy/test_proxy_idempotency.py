@@ -82,8 +82,10 @@ async def test_a_duplicate_while_the_first_is_in_flight_gets_409_at_once(
 async def test_a_5xx_from_the_upstream_is_not_kept_so_the_client_may_retry(
     sqlite_dsn: str, http: aiohttp.ClientSession
 ) -> None:
+    once = {"attempts": 1}  # no retries of our own: the client's retry is the subject here
     async with model_servers(("u", ["m"]), behaviour=ServerBehaviour(fail_status=500)) as (server,):
-        async with serving(make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])) as gw:
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"], retry=once)])
+        async with serving(config) as gw:
             failed = await post(http, gw.url, "key-5")
             server.update(fail_status=None)
             retried = await post(http, gw.url, "key-5")

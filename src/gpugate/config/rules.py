@@ -54,6 +54,8 @@ def rule_findings(doc: Mapping[str, Any], *, default_implied: bool = False) -> l
     findings += _admin_listen_findings(doc.get("listen"), doc.get("admin_listen"))
     if isinstance(upstreams, list):
         findings += _upstream_findings(upstreams)
+        if isinstance(doc.get("models"), list):
+            findings += _model_findings(doc["models"], _served_models(upstreams))
         findings += _gpu_id_findings(upstreams, doc.get("gpu_health"))
     if isinstance(runtimes, list):
         findings += _runtime_findings(runtimes, _served_models(upstreams))
@@ -129,6 +131,37 @@ def _upstream_findings(upstreams: list[Any]) -> list[Finding]:
             if isinstance(upstream.get(key), list):
                 findings += _duplicates(upstream[key], (*path, key), _listed_twice)
     return findings + _azure_di_findings(upstreams)
+
+
+def _model_findings(models: list[Any], served: set[str] | None) -> list[Finding]:
+    """``models[]``: each name once, and every fallback a served model other than itself."""
+    findings = _duplicates(
+        _keys_of(models, "name"),
+        ("models",),
+        lambda name, at: f"model '{name}' is listed twice (first at {at})",
+        ("name",),
+    )
+    if served is None:
+        return findings
+    for index, entry in _mappings(models):
+        name = entry.get("name")
+        for key in ("fallbacks", "context_fallbacks"):
+            targets = entry.get(key)
+            if not isinstance(targets, list):
+                continue
+            findings += _duplicates(targets, ("models", index, key), _listed_twice)
+            for position, target in enumerate(targets):
+                if not isinstance(target, str):
+                    continue
+                if target == name:
+                    message = f"'{target}' is the model itself"
+                elif target not in served:
+                    known = quoted_list(sorted(served))
+                    message = f"no upstream serves model '{target}' (served: {known})"
+                else:
+                    continue
+                findings.append(Finding(("models", index, key, position), message))
+    return findings
 
 
 def _azure_di_findings(upstreams: list[Any]) -> list[Finding]:

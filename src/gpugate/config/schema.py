@@ -32,6 +32,7 @@ from gpugate.config.fields import (
     split_listen,
 )
 from gpugate.config.gpu_health import ExporterConfig, GpuHealthConfig
+from gpugate.config.models import ModelConfig
 from gpugate.config.paths import Finding, describe, format_path, quoted_list
 from gpugate.config.retention import RetentionConfig
 from gpugate.config.rules import IMPLIED_RUNTIME_ID, resolve_implied, rule_findings
@@ -46,7 +47,7 @@ from gpugate.config.runtime import (
 )
 from gpugate.config.source_map import SourceMap
 from gpugate.config.tls import TlsConfig
-from gpugate.config.upstream import UpstreamConfig
+from gpugate.config.upstream import RetryConfig, UpstreamConfig
 from gpugate.config.validation import RULES_CHECKED, validate_document
 from gpugate.errors import ConfigError, ConfigProblem
 
@@ -64,9 +65,11 @@ __all__ = [
     "JobsConfig",
     "ModalConfig",
     "ModalRuntimeConfig",
+    "ModelConfig",
     "PushConfig",
     "PushRuntimeConfig",
     "RetentionConfig",
+    "RetryConfig",
     "RoutingConfig",
     "RuntimeConfig",
     "S3Config",
@@ -77,7 +80,14 @@ __all__ = [
     "UpstreamRuntimeConfig",
 ]
 
-GATEWAY_KEYS = ("upstreams", "runtimes", "fallback_chain", "default_runtime", "stop_conditions")
+GATEWAY_KEYS = (
+    "upstreams",
+    "runtimes",
+    "fallback_chain",
+    "default_runtime",
+    "stop_conditions",
+    "models",
+)
 
 
 class StopConditions(ConfigModel):
@@ -107,7 +117,9 @@ class ServerConfig(ConfigModel):
     drain_delay_s: Seconds = 0.0  # on SIGTERM: /readyz says 503 but requests are served this long
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1)
     idempotency_ttl_s: PositiveSeconds = 86400.0
+    max_idempotent_response_bytes: int = Field(1024 * 1024, ge=0)  # larger: not kept
     log_format: Literal["text", "json"] = "text"
+    access_log: bool = True  # one INFO line per request (web/access_log.py)
     config_poll_s: PositiveSeconds = 2.0  # how often a replica looks for a new config/states
     behind_tls_proxy: bool = False  # clients reach us through a TLS-terminating proxy
     public_url: HttpUrl | None = None  # the gateway's address as clients know it
@@ -118,6 +130,8 @@ class ServerConfig(ConfigModel):
     body_timeout_s: PositiveSeconds = 30.0
     max_connections: int = Field(2048, ge=1)
     max_waiters: int = Field(512, ge=0)  # POST /v1/jobs?wait= waiting at once
+    console_sample_s: float = Field(5.0, ge=0.5)  # the console charts' sample interval
+    console_history_s: float = Field(3600.0, gt=0, le=86400)  # how far back they reach
 
 
 def _implied_runtimes() -> list[RuntimeConfig]:
@@ -136,6 +150,7 @@ class GatewayConfig(ConfigModel):
     fallback_chain: list[str] = Field([IMPLIED_RUNTIME_ID], min_length=1)
     default_runtime: str = IMPLIED_RUNTIME_ID
     stop_conditions: StopConditions = StopConditions()
+    models: list[ModelConfig] = Field(default_factory=list)  # fallbacks of the sync path
     jobs: JobsConfig = JobsConfig()
     server: ServerConfig = ServerConfig()
     blobs: BlobsConfig = BlobsConfig()
@@ -214,7 +229,7 @@ class GatewayConfig(ConfigModel):
         known = quoted_list([r.id for r in self.runtimes])
         raise KeyError(f"no runtime {runtime_id!r} (defined: {known})")
 
-    def models(self) -> list[str]:
+    def served_models(self) -> list[str]:
         """Every model some OpenAI-compatible upstream serves, sorted (an ``azure-di``
         upstream's DI model ids are not models of the data plane or of jobs)."""
         return sorted(
@@ -225,6 +240,10 @@ class GatewayConfig(ConfigModel):
                 for model in upstream.models
             }
         )
+
+    def model_policy(self, name: str) -> ModelConfig | None:
+        """The ``models[]`` entry of model ``name``, or None when it has none."""
+        return next((m for m in self.models if m.name == name), None)
 
     def upstreams_serving(self, model: str) -> list[UpstreamConfig]:
         """The OpenAI-compatible upstreams that list ``model``, in file order."""
@@ -239,7 +258,7 @@ class GatewayConfig(ConfigModel):
         every upstream model."""
         runtime = self.runtime(runtime_id)
         if runtime.kind == "upstream" and not runtime.models:
-            return self.models()
+            return self.served_models()
         return list(runtime.models)
 
     def gateway_document(self) -> dict[str, Any]:

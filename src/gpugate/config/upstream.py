@@ -16,6 +16,7 @@ from gpugate.config.fields import (
     Identifier,
     Name,
     PositiveSeconds,
+    Seconds,
     UrlPath,
 )
 
@@ -33,6 +34,26 @@ class RawConfig(ConfigModel):
     methods: list[RawMethod] = Field(default_factory=_get_and_post, min_length=1)
     path_prefixes: list[UrlPath] = Field(default_factory=lambda: ["/v1/"], min_length=1)
     send_key: bool = False
+
+
+class RetryConfig(ConfigModel):
+    """How often and how patiently the sync path tries this upstream again (DESIGN §2a).
+
+    ``attempts`` counts tries (1 = no retry). A retry waits ``Retry-After`` when the upstream
+    sent one and it is at most ``retry_after_max_s``, else a full-jitter exponential backoff
+    starting at ``backoff_s`` and capped at ``max_backoff_s``.
+    """
+
+    attempts: int = Field(3, ge=1, le=10)
+    backoff_s: Seconds = 0.5
+    max_backoff_s: Seconds = 4.0
+    retry_after_max_s: Seconds = 10.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RetryConfig:
+        if self.max_backoff_s < self.backoff_s:
+            raise ValueError("max_backoff_s must be at least backoff_s")
+        return self
 
 
 class UpstreamConfig(ConfigModel):
@@ -54,7 +75,19 @@ class UpstreamConfig(ConfigModel):
     external: bool = False
     max_queue: int = Field(1024, ge=0)
     connect_timeout_s: PositiveSeconds = 5.0
-    first_byte_timeout_s: PositiveSeconds | None = None
+    #: Non-streaming: send → response headers (null: ``timeout_s``). A silent provider holds a
+    #: request this long per try; see docs/dataplane.md for why 45 s.
+    first_byte_timeout_s: PositiveSeconds | None = 45.0
+    #: Streaming: send → the first SSE data event; the client's headers are held until then.
+    first_token_timeout_s: PositiveSeconds = 30.0
+    #: Streaming: the longest silence between two events once the stream has begun.
+    stream_idle_timeout_s: PositiveSeconds = 30.0
+    retry: RetryConfig = RetryConfig()
+    #: How a stream broken after bytes reached the client may be continued *on this upstream*:
+    #: ``prefill`` (it accepts the delivered text as a trailing assistant message), ``replay``
+    #: (the same request again, output suppressed until it has passed the delivered text byte
+    #: for byte; only for a deterministic request), or ``none``.
+    continuation: Literal["prefill", "replay", "none"] = "replay"
     health_path: UrlPath = "/health"
     api_key_env: EnvName | None = None
     #: ``openai``: an OpenAI-compatible model server (the data plane and jobs route to it).

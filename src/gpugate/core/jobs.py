@@ -387,7 +387,7 @@ def runtime_views(
     """
     external_only = frozenset(
         model
-        for model in config.models()
+        for model in config.served_models()
         if all(u.external for u in config.upstreams_serving(model))
     )
     views: dict[str, RuntimeView] = {}

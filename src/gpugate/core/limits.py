@@ -108,3 +108,35 @@ def over_limit(limits: Limits, counts: Counts, est: Estimate) -> str | None:
     if limits.daily_cents is not None and counts.day_cents + est.cents > limits.daily_cents:
         return "BUDGET_EXCEEDED"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Quota a replica takes from the store at once, or was granted: minute requests and
+    tokens, day tokens and cents (``None``: the key has no such limit, nothing to take)."""
+
+    requests: int | None = None
+    tokens: int | None = None
+    day_tokens: int | None = None
+    day_cents: float | None = None
+
+
+def grant(limits: Limits, counts: Counts, want: Slice) -> Slice:
+    """What the store can give of ``want`` now: each part capped at what is left of its limit
+    (never below 0), so the sum of every replica's slices never passes a limit."""
+
+    def left(limit: float | None, used: float, asked: float | None) -> float | None:
+        if limit is None or asked is None:
+            return None
+        return max(0.0, min(asked, limit - used))
+
+    requests = left(limits.requests_per_min, counts.minute_requests, want.requests)
+    tokens = left(limits.tokens_per_min, counts.minute_tokens, want.tokens)
+    day_tokens = left(limits.daily_tokens, counts.day_tokens, want.day_tokens)
+    day_cents = left(limits.daily_cents, counts.day_cents, want.day_cents)
+    return Slice(
+        None if requests is None else int(requests),
+        None if tokens is None else int(tokens),
+        None if day_tokens is None else int(day_tokens),
+        day_cents,
+    )

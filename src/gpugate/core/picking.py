@@ -17,6 +17,15 @@ latency EWMA, and its health as seen by two observers.
 :func:`pick` is the pure policy: among available endpoints, the less loaded of two random ones
 (power of two choices), ties to the lower latency EWMA, then at random.
 
+* **Load signals** (429, 503: "alive but too busy") are neither successes nor failures
+  (:func:`record_load_signal`): the endpoint is *backed off* until its ``Retry-After`` (or a
+  short doubling backoff) has passed, and :func:`pick` prefers every endpoint that is not backed
+  off; a backed-off one is a last resort, never ejected for being busy.
+* The latency EWMA is learned from answers only (the caller feeds :func:`record_latency` with
+  non-error responses), and a figure nobody refreshed decays (half-life
+  :data:`LATENCY_HALF_LIFE_S`), so a fast-failing endpoint never wins ties by failing fast and
+  an idle peer is measured again.
+
 The request path uses them in this order, with no ``await`` between ``pick`` and ``claim``::
 
     ep = pick(candidates, rng, now, exclude=tried)
@@ -44,6 +53,8 @@ if TYPE_CHECKING:
     from collections.abc import Collection, Sequence
 
 DEFAULT_EWMA_ALPHA = 0.3
+#: An idle endpoint's latency figure halves every this many seconds without a new sample.
+LATENCY_HALF_LIFE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +105,10 @@ class EndpointState:
     policy: EjectionPolicy = field(default_factory=EjectionPolicy)
     outstanding: int = 0
     latency_ewma_s: float | None = None
+    latency_at: float = math.inf  # when the EWMA last learned a timed sample (inf: never decays)
+    # load signals (429/503): backed off until this time; consecutive signals double the wait
+    backoff_until: float = 0.0
+    load_streak: int = 0
     # passive health
     outcomes: deque[tuple[float, bool]] = field(default_factory=deque)  # (time, ok) in the window
     window_failures: int = 0
@@ -153,18 +168,42 @@ def pick(
     n = len(available)
     if n == 1:
         return available[0]
+    if any(ep.backoff_until > now for ep in available):  # busy ones only as a last resort
+        available = [ep for ep in available if ep.backoff_until <= now] or available
+        n = len(available)
+        if n == 1:
+            return available[0]
     i = rng.randrange(n)
     j = rng.randrange(n - 1)
-    return _less_loaded(available[i], available[j + (j >= i)], rng)
+    return _less_loaded(available[i], available[j + (j >= i)], rng, now)
 
 
-def _less_loaded(a: EndpointState, b: EndpointState, rng: random.Random) -> EndpointState:
+def _less_loaded(
+    a: EndpointState, b: EndpointState, rng: random.Random, now: float
+) -> EndpointState:
     if a.outstanding != b.outstanding:
         return a if a.outstanding < b.outstanding else b
-    la, lb = a.latency_ewma_s, b.latency_ewma_s
+    la, lb = latency(a, now), latency(b, now)
     if la is not None and lb is not None and la != lb:
         return a if la < lb else b
     return a if rng.random() < 0.5 else b
+
+
+def latency(ep: EndpointState, now: float) -> float | None:
+    """``ep``'s latency figure at ``now``: the EWMA, halved per :data:`LATENCY_HALF_LIFE_S`
+    since its last sample (an idle endpoint's old figure fades, so it is tried again)."""
+    value = ep.latency_ewma_s
+    if value is None:
+        return None
+    idle = now - ep.latency_at
+    if idle <= LATENCY_HALF_LIFE_S:  # fresh enough: the figure as learned (the common case)
+        return value
+    return value * math.exp2(-idle / LATENCY_HALF_LIFE_S)
+
+
+def is_backed_off(ep: EndpointState, now: float) -> bool:
+    """Whether ``ep`` asked for less traffic (429/503) and its backoff is still running."""
+    return ep.backoff_until > now
 
 
 def _nothing_available(
@@ -222,6 +261,7 @@ def record_success(ep: EndpointState, now: float) -> None:
     """A request to ``ep`` succeeded. The half-open probe's success closes the circuit."""
     _observe(ep, now, ok=True)
     ep.failure_streak = 0
+    ep.load_streak = 0
     if ep.probing:
         _close(ep)
 
@@ -236,10 +276,43 @@ def record_failure(ep: EndpointState, now: float) -> None:
         _eject(ep, now, ep.policy.cooldown_s)
 
 
-def record_latency(ep: EndpointState, seconds: float, *, alpha: float = DEFAULT_EWMA_ALPHA) -> None:
-    """Fold one request's latency into ``ep``'s EWMA (the first sample sets it)."""
+def record_load_signal(
+    ep: EndpointState,
+    now: float,
+    retry_after_s: float | None,
+    *,
+    base_s: float = 0.5,
+    max_s: float = 4.0,
+) -> float:
+    """``ep`` answered 429/503: back it off for ``retry_after_s`` when given, else for a
+    doubling ``base_s`` (capped at ``max_s``) per signal in a row; returns the backoff. Not a
+    failure (a busy endpoint is never ejected for it) and not a success."""
+    ep.load_streak += 1
+    if retry_after_s is None:
+        wait = min(max_s, base_s * math.ldexp(1.0, min(ep.load_streak - 1, 30)))
+    else:
+        wait = retry_after_s
+    ep.backoff_until = max(ep.backoff_until, now + wait)
+    if ep.probing:  # a busy answer says the endpoint is alive: close the circuit
+        _close(ep)
+    return wait
+
+
+def record_latency(
+    ep: EndpointState,
+    seconds: float,
+    *,
+    alpha: float = DEFAULT_EWMA_ALPHA,
+    now: float | None = None,
+) -> None:
+    """Fold one answer's latency into ``ep``'s EWMA (the first sample sets it). Feed it answers
+    only, never error responses (a fast failure must not look like a fast endpoint)."""
     previous = ep.latency_ewma_s
+    if previous is not None and now is not None:
+        previous = latency(ep, now)
     ep.latency_ewma_s = seconds if previous is None else alpha * seconds + (1 - alpha) * previous
+    if now is not None:
+        ep.latency_at = now
 
 
 def mark_probe_result(ep: EndpointState, ok: bool, now: float) -> None:
@@ -248,6 +321,8 @@ def mark_probe_result(ep: EndpointState, ok: bool, now: float) -> None:
     if ok:
         ep.failed_probes = 0
         ep.down = False
+        if ep.ejected_until is not None and ep.ejected_until > now and not ep.probing:
+            ep.ejected_until = now  # half-open at once: the next request may confirm recovery
         return
     ep.failed_probes += 1
     if ep.failed_probes >= ep.policy.down_after_failed_probes:

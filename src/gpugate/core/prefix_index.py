@@ -82,7 +82,7 @@ class PrefixIndex:
         runs: dict[str, int] = {}
         alive: tuple[str, ...] = ()
         depth = 0
-        for depth, h in enumerate(hashes):  # noqa: B007 - read after the loop
+        for depth, h in enumerate(hashes):
             holders = blocks.get(h)
             if holders is None:
                 break

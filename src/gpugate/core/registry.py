@@ -8,12 +8,13 @@ A *guard* (the GPU monitor, when it is active) may take whole upstreams out of r
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpugate.core.admission import AdmissionPool
 from gpugate.core.picking import EjectionPolicy, EndpointState, is_available
 from gpugate.errors import NoHealthyUpstream, UnknownModel, UnknownUpstream
+from gpugate.retry import RetryBudget
 
 if TYPE_CHECKING:
     from gpugate.clock import Clock
@@ -30,6 +31,8 @@ class UpstreamState:
     config: UpstreamConfig
     endpoints: list[EndpointState]
     pool: AdmissionPool
+    #: Retries of the sync path to this upstream stay within this budget (kept on reconfigure).
+    budget: RetryBudget = field(default_factory=RetryBudget)
 
     @property
     def id(self) -> str:
@@ -76,7 +79,7 @@ class Registry:
                     for url in cfg.endpoints
                 ]
                 kept.pool.resize(cfg.max_inflight)
-                state = UpstreamState(cfg, endpoints, kept.pool)
+                state = UpstreamState(cfg, endpoints, kept.pool, kept.budget)
             by_id[cfg.id] = state
         by_model: dict[str, list[UpstreamState]] = {}
         for state in by_id.values():

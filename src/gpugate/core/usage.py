@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,')
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 _MAX_EVENT = 1 << 20  # a single SSE event larger than this is passed on unread
 
 
@@ -80,9 +81,17 @@ class StreamUsage:
             self._buffer = data
             return b""
         ready, self._buffer = data[: end + 2], data[end + 2 :]
+        if b'"usage"' not in ready:  # the common case: nothing to read or take out
+            return ready
+        return self._events(ready)
+
+    def _events(self, ready: bytes) -> bytes:
+        """Whole events that mention usage: read it, and take out what asking added."""
         if not self.hide:
             self._scan(ready)
             return ready
+        if _USAGE_OBJECT.search(ready) is None:  # only the nulls asking added: one pass
+            return _NULL_USAGE.sub(b"", ready)
         return b"".join(self._keep(event) for event in ready.split(b"\n\n")[:-1])
 
     def flush(self) -> bytes:

@@ -11,6 +11,14 @@ line's answer. Each finished line is stored at once (:meth:`record_batch_item`),
 resumes with the lines that have no item yet. Cancel stops the lines not yet started (those in
 flight finish); the output then holds the finished ones.
 
+A poison line or batch never retries forever (issue #14 defect 9). A finished line holding text
+no store keeps the same way (a NUL or a lone surrogate, in its ``custom_id`` or in the answer)
+is stored as a failed line, ``LINE_NOT_STORABLE`` naming where, on both backends. A run that
+breaks otherwise is counted on the batch with its reason (:meth:`break_batch`) and the batch is
+let go at once; once it broke ``max_breaks`` times it is not resumed again: it ends ``failed``
+with that reason in ``errors`` and an output of the lines that finished. A run cut short by a
+lost lease or a killed process is no break (nothing counts it): only a run that raised is.
+
 Output (a file of purpose ``batch_output``): one line per input line *in input order*,
 ``{id, custom_id, response: {status_code, request_id, body}, error}``; ``error`` is
 ``{code, message}`` when the line failed (a non-2xx answer, or a gateway error such as
@@ -28,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpugate.clock import Clock, sleep_or_wake
+from gpugate.config.untrusted import first_problem
 from gpugate.core.classes import RequestClass
 from gpugate.errors import ClientError, GpugateError, GpuSaturated, Refused, UpstreamError
 from gpugate.services.batches import Batches, BatchLine, parse_lines
@@ -55,6 +64,7 @@ class BatchRunner:
         lease_s: float = 60.0,
         sweep_s: float = 30.0,
         attempts: int = 3,
+        max_breaks: int = 3,
         takeover_at_start: bool = False,
     ) -> None:
         self._store = store
@@ -68,6 +78,7 @@ class BatchRunner:
         self._lease_s = lease_s
         self._sweep_s = sweep_s
         self._attempts = attempts
+        self._max_breaks = max_breaks
         self._takeover = takeover_at_start
         self.owner = f"batches:{secrets.token_hex(6)}"
         self._wake = asyncio.Event()
@@ -118,10 +129,13 @@ class BatchRunner:
 
     async def _run(self, batch: BatchRecord) -> None:
         cancel = self._running[batch.id]
+        if batch.breaks >= self._max_breaks:
+            await self._give_up(batch)
+            return
         heartbeat = asyncio.ensure_future(self._heartbeat(batch.id, cancel))
         try:
             data = await self._batches.file_content(batch.input_file_id)
-            lines = parse_lines(data, batch.endpoint)
+            lines = parse_lines(data, batch.endpoint, unsafe_text=True)
             done = {item.line for item in await self._store.batch_items(batch.id)}
             if batch.status == "cancelling":
                 cancel.set()
@@ -129,11 +143,38 @@ class BatchRunner:
             await self._run_lines(todo, batch, cancel)
             if not heartbeat.done():
                 await self._finish(batch, cancelled=cancel.is_set())
-        except Exception:
-            log.exception("batch %s broke; it is resumed after its lease expires", batch.id)
+        except Exception as exc:  # noqa: BLE001 - any break is counted, with its reason
+            heartbeat.cancel()
+            await self._broke(batch, exc)
         finally:
             heartbeat.cancel()
             self._running.pop(batch.id, None)
+
+    async def _broke(self, batch: BatchRecord, exc: Exception) -> None:
+        """Count the break with its reason and let the batch go (resumed at once, or failed
+        at its next claim once it broke ``max_breaks`` times)."""
+        if isinstance(exc, GpugateError):  # what a client may read (a store error: no host)
+            code, message = exc.code, exc.public_message
+        else:  # an unexpected exception's text may name anything: the log has it
+            code, message = "BATCH_BROKE", f"the batch runner broke on {type(exc).__name__}"
+        error = {"code": code, "message": message[:500]}
+        try:
+            breaks = await self._store.break_batch(batch.id, self.owner, error=error)
+        except Exception:  # the store is down: the lease runs out and a runner resumes it
+            log.exception("batch %s broke and the break could not be counted", batch.id)
+            return
+        log.error(
+            "batch %s broke (%d of %d): %s", batch.id, breaks or 0, self._max_breaks, exc,
+            exc_info=exc,
+        )  # fmt: skip
+        self.wake()
+
+    async def _give_up(self, batch: BatchRecord) -> None:
+        """The batch broke ``max_breaks`` times: end it ``failed`` with the last reason and an
+        output of the lines that finished."""
+        last = (batch.error or {}).get("message", "no reason recorded")
+        log.error("batch %s broke %d times; failing it: %s", batch.id, batch.breaks, last)
+        await self._finish(batch, cancelled=False, failed=True)
 
     async def _run_lines(
         self, lines: list[BatchLine], batch: BatchRecord, cancel: asyncio.Event
@@ -146,7 +187,7 @@ class BatchRunner:
             for line in pending:
                 if cancel.is_set() or self._expired(batch):
                     return
-                item = await self._line(line)
+                item = _unstorable(line) if line.problem else _storable(await self._line(line))
                 await self._store.record_batch_item(batch.id, item)
                 self.lines_run += 1
 
@@ -169,23 +210,25 @@ class BatchRunner:
     def _expired(self, batch: BatchRecord) -> bool:
         return batch.expires_at is not None and self._clock.now() >= batch.expires_at
 
-    async def _finish(self, batch: BatchRecord, *, cancelled: bool) -> None:
-        """Write the output (and error) file and the final status: ``cancelled``; ``expired``
-        when the completion window closed with lines not run (nothing else leaves any);
-        else ``completed``."""
+    async def _finish(self, batch: BatchRecord, *, cancelled: bool, failed: bool = False) -> None:
+        """Write the output (and error) file and the final status: ``failed`` (it broke too
+        often); ``cancelled``; ``expired`` when the completion window closed with lines not run
+        (nothing else leaves any); else ``completed``."""
         items = await self._store.batch_items(batch.id)
         status = "completed"
-        if cancelled:
+        if failed:
+            status = "failed"
+        elif cancelled:
             status = "cancelled"
         elif len(items) < batch.total:
             status = "expired"
         output = _jsonl(item.output for item in items)
-        failed = [item.output for item in items if not item.ok]
+        bad = [item.output for item in items if not item.ok]
         out = await self._batches.store_file(f"{batch.id}_output.jsonl", "batch_output", output)
         err = None
-        if failed:
+        if bad:
             err = await self._batches.store_file(
-                f"{batch.id}_error.jsonl", "batch_output", _jsonl(failed)
+                f"{batch.id}_error.jsonl", "batch_output", _jsonl(bad)
             )
         await self._store.finish_batch(
             batch.id,
@@ -274,6 +317,33 @@ def _item(
         "error": problem,
     }
     return BatchItem(line.line, line.custom_id, ok, output)
+
+
+def _unstorable(line: BatchLine) -> BatchItem:
+    """A line whose input holds text no store keeps alike: failed without being sent."""
+    return _not_storable(line.line, line.custom_id, f"the input line's {line.problem}")
+
+
+def _storable(item: BatchItem) -> BatchItem:
+    """``item``, or when its output holds text a store does not keep the same (a NUL, a lone
+    surrogate: PostgreSQL refuses it, SQLite would keep it) the line failed
+    ``LINE_NOT_STORABLE`` saying where — the same on both backends, and never a broken batch."""
+    found = first_problem(item.output)
+    if found is None:
+        return item
+    path = ".".join(str(part) for part in found.path)
+    return _not_storable(item.line, item.custom_id, f"the output's {path}: {found.message}")
+
+
+def _not_storable(line: int, custom_id: str, where: str) -> BatchItem:
+    escaped = json.dumps(custom_id)[1:-1]  # a NUL as the six characters \u0000
+    output = {
+        "id": f"batch_req_{secrets.token_hex(12)}",
+        "custom_id": escaped,
+        "response": None,
+        "error": {"code": "LINE_NOT_STORABLE", "message": f"the line cannot be stored: {where}"},
+    }
+    return BatchItem(line, escaped, ok=False, output=output)
 
 
 def _plain(exc: GpugateError) -> tuple[int, bytes]:

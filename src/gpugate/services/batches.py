@@ -18,6 +18,8 @@ from typing import Any
 
 from gpugate.adapters.blobs import BlobStore
 from gpugate.clock import Clock
+from gpugate.config.paths import format_path
+from gpugate.config.untrusted import checked_json
 from gpugate.errors import BadRequest, BatchNotFound, FileNotFound
 from gpugate.store import Store
 from gpugate.store.facade_base import BatchRecord, FileRecord, NewBatch
@@ -35,19 +37,29 @@ class BatchLine:
     custom_id: str
     url: str
     body: dict[str, Any]
+    problem: str | None = None  # text no store keeps (only from a file stored before the check)
 
 
-def parse_lines(data: bytes, endpoint: str) -> list[BatchLine]:
-    """The lines of a batch input file; BadRequest naming the first bad line (1-based)."""
+def parse_lines(data: bytes, endpoint: str, *, unsafe_text: bool = False) -> list[BatchLine]:
+    """The lines of a batch input file; BadRequest naming the first bad line (1-based).
+
+    Text no store keeps alike (a NUL, a lone surrogate) is refused too — unless
+    ``unsafe_text``: the runner reading a file stored before that check keeps such a line with
+    its ``problem``, to fail that line alone."""
     lines: list[BatchLine] = []
     seen: set[str] = set()
     for number, raw in enumerate(data.splitlines(), start=1):
         if not raw.strip():
             continue
         try:
-            doc = json.loads(raw)
+            doc, problem = checked_json(raw)
         except ValueError as exc:
             raise BadRequest(f"line {number} is not JSON: {exc}") from exc
+        unsafe = None
+        if problem is not None:  # a NUL or a lone surrogate: refused alike on both backends
+            unsafe = f"{format_path(problem.path) or 'the line'}: {problem.message}"
+            if not unsafe_text:
+                raise BadRequest(f"line {number}: {unsafe}")
         if not isinstance(doc, dict):
             raise BadRequest(f"line {number}: expected a JSON object")
         custom_id, body = doc.get("custom_id"), doc.get("body")
@@ -60,10 +72,18 @@ def parse_lines(data: bytes, endpoint: str) -> list[BatchLine]:
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             raise BadRequest(f"line {number}: `body` must be an object with a `model`")
         seen.add(custom_id)
-        lines.append(BatchLine(len(lines), custom_id, endpoint, body))
+        lines.append(BatchLine(len(lines), custom_id, endpoint, body, unsafe))
     if not lines:
         raise BadRequest("the input file holds no request lines")
     return lines
+
+
+def _errors(batch: BatchRecord) -> dict[str, Any] | None:
+    """A failed batch's reason, as OpenAI lists a batch's errors."""
+    if batch.status != "failed" or batch.error is None:
+        return None
+    entry = {"code": batch.error.get("code"), "message": batch.error.get("message")}
+    return {"object": "list", "data": [{**entry, "param": None, "line": None}]}
 
 
 def _epoch(moment: datetime | None) -> int | None:
@@ -91,7 +111,7 @@ def batch_view(batch: BatchRecord) -> dict[str, Any]:
         "id": batch.id,
         "object": "batch",
         "endpoint": batch.endpoint,
-        "errors": None,
+        "errors": _errors(batch),
         "input_file_id": batch.input_file_id,
         "completion_window": batch.completion_window,
         "status": batch.status,

@@ -10,15 +10,18 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpugate.config import GatewayConfig
 from gpugate.core.classes import RequestClass
-from gpugate.errors import BadRequest, JobNotFound, UnknownModel
+from gpugate.errors import BadRequest, IdempotencyKeyReused, JobNotFound, UnknownModel
 from gpugate.store import JOB_STATES, JobEvent, JobPage, JobRecord, NewJob, Store
+from gpugate.store.jobs_transitions import new_slug
 
 log = logging.getLogger("gpugate.jobs")
+
+JOB_KIND = "job"  # what the tenancy table calls a job
 
 SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 OPERATIONS = ("chat/completions", "completions", "embeddings")
@@ -35,6 +38,7 @@ class JobRequest:
     runner: str | None = None
     slug: str | None = None
     allow_external: bool = True
+    tenant: str | None = None  # auth.mode: keys: the tenant that creates (and owns) the job
 
 
 class Jobs:
@@ -60,6 +64,39 @@ class Jobs:
         config = self._config()
         runner = request.runner or config.default_runtime
         self._check(request, runner, config)
+        if request.tenant is not None:
+            return await self._create_owned(request, runner, idempotency_key, request.tenant)
+        job, created = await self._create(request, runner, idempotency_key)
+        if not created:
+            check_same_request(job, request)
+        return job, created
+
+    async def _create_owned(
+        self, request: JobRequest, runner: str, idempotency_key: str | None, tenant: str
+    ) -> tuple[JobRecord, bool]:
+        """Create a job ``tenant`` owns: its idempotency key is the tenant's own (two tenants'
+        same key name two jobs), the ownership is stored first (a crash in between leaves an
+        owner row without a job, never a job without its owner)."""
+        slug = request.slug or new_slug()
+        key = tenant_key(tenant, idempotency_key)
+        owned = await self._store.own(JOB_KIND, slug, tenant)
+        if not owned and await self._store.owner(JOB_KIND, slug) != tenant:
+            raise BadRequest(f"slug {slug!r} is taken")
+        try:
+            job, created = await self._create(replace(request, slug=slug), runner, key)
+        except BaseException:
+            if owned:
+                await self._store.disown(JOB_KIND, slug)
+            raise
+        if not created:
+            if owned and job.slug != slug:
+                await self._store.disown(JOB_KIND, slug)  # the key named an older job
+            check_same_request(job, request)
+        return job, created
+
+    async def _create(
+        self, request: JobRequest, runner: str, idempotency_key: str | None
+    ) -> tuple[JobRecord, bool]:
         new = NewJob(
             slug=request.slug,
             idempotency_key=idempotency_key,
@@ -87,26 +124,37 @@ class Jobs:
         if request.model not in served:
             raise UnknownModel(f"no runtime serves model {request.model!r}")
 
-    async def get(self, slug: str) -> JobRecord:
+    async def get(self, slug: str, *, tenant: str | None = None) -> JobRecord:
+        """The job; :class:`JobNotFound` also when ``tenant`` (keys mode) does not own it."""
+        if tenant is not None and await self._store.owner(JOB_KIND, slug) != tenant:
+            raise JobNotFound(f"no job {slug!r}")
         job = await self._store.get_job(slug)
         if job is None:
             raise JobNotFound(f"no job {slug!r}")
         return job
 
-    async def events(self, slug: str) -> list[JobEvent]:
-        await self.get(slug)
+    async def events(self, slug: str, *, tenant: str | None = None) -> list[JobEvent]:
+        await self.get(slug, tenant=tenant)
         return await self._store.job_events(slug)
 
     async def list(
-        self, *, state: str | None, runner: str | None, limit: int, cursor: str | None
+        self,
+        *,
+        state: str | None,
+        runner: str | None,
+        limit: int,
+        cursor: str | None,
+        tenant: str | None = None,
     ) -> JobPage:
         if state is not None and state not in JOB_STATES:
             raise BadRequest(f"state must be one of {', '.join(JOB_STATES)}; got {state!r}")
-        return await self._store.list_jobs(state=state, runner=runner, limit=limit, cursor=cursor)
+        return await self._store.list_jobs(
+            state=state, runner=runner, limit=limit, cursor=cursor, tenant=tenant
+        )
 
-    async def cancel(self, slug: str, *, actor: str) -> JobRecord:
+    async def cancel(self, slug: str, *, actor: str, tenant: str | None = None) -> JobRecord:
         """Queued → cancelled; running → the runtime's cancel first, then cancelled."""
-        job = await self.get(slug)
+        job = await self.get(slug, tenant=tenant)
         if job.state in ("running", "dispatching") and self._cancel_call is not None:
             await self._cancel_call(job)
         cancelled = await self._store.cancel_job(slug, actor=actor)
@@ -114,8 +162,10 @@ class Jobs:
             raise JobNotFound(f"no job {slug!r}")
         return cancelled
 
-    async def retry(self, slug: str, *, actor: str) -> JobRecord:
+    async def retry(self, slug: str, *, actor: str, tenant: str | None = None) -> JobRecord:
         """Re-drive a failed job from the start of its chain."""
+        if tenant is not None:
+            await self.get(slug, tenant=tenant)
         job = await self._store.retry_job(slug, actor=actor)
         if job is None:
             raise JobNotFound(f"no job {slug!r}")
@@ -125,6 +175,27 @@ class Jobs:
 
     def __repr__(self) -> str:
         return f"<Jobs store={self._store.backend}>"
+
+
+def tenant_key(tenant: str | None, idempotency_key: str | None) -> str | None:
+    """The Idempotency-Key as the store keeps it: a tenant's own (``tenant:key``; tenant names
+    hold no ``:``), so the same key in two tenants names two jobs."""
+    if tenant is None or idempotency_key is None:
+        return idempotency_key
+    return f"{tenant}:{idempotency_key}"
+
+
+def check_same_request(job: JobRecord, request: JobRequest) -> None:
+    """:class:`IdempotencyKeyReused` (422) when the job an Idempotency-Key made was made by a
+    different request (model, input, operation, class or allow_external differ); the runner is
+    not compared (the dispatcher moves a job along its chain)."""
+    stored_input = request.input if job.input_ref is not None else job.input  # held in a blob
+    made = (job.model, stored_input, job.operation, job.job_class, job.allow_external)
+    asked = (request.model, request.input, request.operation, request.cls.value)
+    if made != (*asked, request.allow_external):
+        raise IdempotencyKeyReused(
+            f"this Idempotency-Key made job {job.slug} from a different request body"
+        )
 
 
 def job_view(job: JobRecord, *, with_input: bool = False) -> dict[str, Any]:

@@ -1,25 +1,40 @@
 """A client key's limits on the request path: reserve before admission, settle at the end.
 
-Every reservation is one transaction on the shared store (:meth:`KeyStore.reserve_quota`), so
-the limits hold for the sum of a key's traffic over every replica. A key without limits never
-touches the store here. A refusal is a 429 with ``Retry-After`` (the next minute for the
-per-minute limits, the next UTC day for the budgets, 1 s for concurrency) and one audit event
-per key, limit and minute at most (sampled).
+The limits hold for the sum of a key's traffic over every replica, and the hot path mostly does
+not wait on the store:
+
+* **Leases** (rpm, tpm, daily tokens and cents). Each replica takes a *slice* of a key's minute
+  and day quota from the store in one locked step (:meth:`KeyStore.lease_quota`: 1/20 of each
+  minute limit, 1/100 of each daily one, at least the request's estimate) and admits requests
+  against it locally; a request's unused estimate goes back to the local slice when it ends, a
+  failed one gives all of it back. The store only ever hands out what is left of a limit, so
+  the sum of every replica's slices — and so what is served — never passes it; what a replica
+  leased and did not use in a minute is lost to that minute (the undershoot: at most one
+  slice per replica and window).
+* **Concurrency**, when set, is exact and per request: every reservation of such a key is one
+  transaction on the store (:meth:`KeyStore.reserve_quota`, every limit at once) and its
+  settle another.
+
+A key without limits never touches the store here. A refusal is a 429 with ``Retry-After``
+(the next minute for the per-minute limits, the next UTC day for the budgets, 1 s for
+concurrency) and one audit event per key, limit and minute at most (sampled).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
-from gpugate.core.keys import Principal
+from gpugate.core.keys import Limits, Principal
 from gpugate.core.limits import (
     Estimate,
     Price,
+    Slice,
     Windows,
     estimate,
     seconds_to_next_day,
@@ -38,12 +53,94 @@ _MAX_SAMPLED = 10000  # (key, code) pairs remembered for sampling within one min
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """What one request holds of its key's limits until it ends."""
+    """What one request holds of its key's limits until it ends (``leased``: from this
+    replica's slice, else from the store itself)."""
 
     key_id: str
     windows: Windows
     estimate: Estimate
     price: Price | None
+    leased: bool = False
+
+
+MINUTE_SLICE = 20  # a replica leases 1/20 of a per-minute limit at a time
+DAY_SLICE = 100  # and 1/100 of a daily one
+
+
+@dataclass(slots=True)
+class _Lease:
+    """What this replica holds of one key's quota in the current windows (None: no limit)."""
+
+    windows: Windows
+    requests: float | None
+    tokens: float | None
+    day_tokens: float | None
+    day_cents: float | None
+    refill: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def short(self, est: Estimate) -> str | None:
+        """The code of the first part this request does not fit in, or None."""
+        if self.requests is not None and self.requests < 1:
+            return "RATE_LIMITED"
+        if self.tokens is not None and self.tokens < est.tokens:
+            return "TOKEN_LIMITED"
+        if self.day_tokens is not None and self.day_tokens < est.tokens:
+            return "BUDGET_EXCEEDED"
+        if self.day_cents is not None and self.day_cents < est.cents:
+            return "BUDGET_EXCEEDED"
+        return None
+
+    def take(self, requests: float, tokens: float, cents: float) -> None:
+        """Count against the slice (negative amounts give back)."""
+        if self.requests is not None:
+            self.requests -= requests
+        if self.tokens is not None:
+            self.tokens -= tokens
+        if self.day_tokens is not None:
+            self.day_tokens -= tokens
+        if self.day_cents is not None:
+            self.day_cents -= cents
+
+    def add(self, got: Slice) -> None:
+        if self.requests is not None and got.requests is not None:
+            self.requests += got.requests
+        if self.tokens is not None and got.tokens is not None:
+            self.tokens += got.tokens
+        if self.day_tokens is not None and got.day_tokens is not None:
+            self.day_tokens += got.day_tokens
+        if self.day_cents is not None and got.day_cents is not None:
+            self.day_cents += got.day_cents
+
+
+def _empty_lease(limits: Limits, spans: Windows, old: _Lease | None) -> _Lease:
+    """A lease for new windows: a new minute empties the minute parts, a new day the day's."""
+
+    def zero(limit: float | None) -> float | None:
+        return None if limit is None else 0.0
+
+    same_day = old is not None and old.windows.day == spans.day
+    return _Lease(
+        windows=spans,
+        requests=zero(limits.requests_per_min),
+        tokens=zero(limits.tokens_per_min),
+        day_tokens=old.day_tokens if same_day and old else zero(limits.daily_tokens),
+        day_cents=old.day_cents if same_day and old else zero(limits.daily_cents),
+    )
+
+
+def _want(limits: Limits, est: Estimate) -> Slice:
+    def part(limit: float | None, divisor: int, floor: float) -> float | None:
+        return None if limit is None else max(floor, limit / divisor)
+
+    requests = part(limits.requests_per_min, MINUTE_SLICE, 1)
+    tokens = part(limits.tokens_per_min, MINUTE_SLICE, est.tokens)
+    day_tokens = part(limits.daily_tokens, DAY_SLICE, est.tokens)
+    return Slice(
+        None if requests is None else math.ceil(requests),
+        None if tokens is None else math.ceil(tokens),
+        None if day_tokens is None else math.ceil(day_tokens),
+        part(limits.daily_cents, DAY_SLICE, est.cents),
+    )
 
 
 class Quota:
@@ -62,6 +159,7 @@ class Quota:
         self._prices = prices
         self._sampled: set[tuple[str, str]] = set()
         self._sampled_minute = ""
+        self._leases: dict[str, _Lease] = {}  # bounded by the keys that sent this minute
 
     async def reserve(
         self, principal: Principal, model: str | None, doc: object, body_size: int
@@ -75,9 +173,14 @@ class Quota:
         est = estimate(doc if isinstance(doc, dict) else None, body_size, price)
         now = self._clock.now()
         spans = windows(now)
-        code = await self._store.reserve_quota(key.id, key.limits, est, spans)
-        if code is None:
-            return Reservation(key.id, spans, est, price)
+        if key.limits.concurrency is None:
+            code = await self._lease(key.id, key.limits, est, spans)
+            if code is None:
+                return Reservation(key.id, spans, est, price, leased=True)
+        else:
+            code = await self._store.reserve_quota(key.id, key.limits, est, spans)
+            if code is None:
+                return Reservation(key.id, spans, est, price)
         self._metrics.key_refusals.labels(code).inc()
         await self._audit_sampled(principal, code, spans)
         if code in ("RATE_LIMITED", "TOKEN_LIMITED"):
@@ -90,6 +193,40 @@ class Quota:
             f"client key {key.prefix}… is over its limit ({code})", retry_after_s=math.ceil(wait)
         )
 
+    async def _lease(
+        self, key_id: str, limits: Limits, est: Estimate, spans: Windows
+    ) -> str | None:
+        """Take the estimate from this replica's slice, refilling it from the store when short;
+        the code of the limit it does not fit, or None."""
+        lease = self._leases.get(key_id)
+        if lease is None or lease.windows != spans:
+            if len(self._leases) > _MAX_SAMPLED:
+                self._leases = {k: v for k, v in self._leases.items() if v.windows == spans}
+            lease = self._leases[key_id] = _empty_lease(limits, spans, lease)
+        if lease.short(est) is not None:
+            async with lease.refill:  # one refill at a time; the others then look again
+                if lease.short(est) is not None:
+                    lease.add(
+                        await self._store.lease_quota(key_id, limits, _want(limits, est), spans)
+                    )
+        code = lease.short(est)
+        if code is None:
+            lease.take(1, est.tokens, est.cents)
+        return code
+
+    def _give_back(self, held: Reservation, requests: float, tokens: float, cents: float) -> None:
+        lease = self._leases.get(held.key_id)
+        if lease is None or lease.windows.day != held.windows.day:
+            return  # a new day: what the old one held is gone with it
+        if lease.windows == held.windows:
+            lease.take(-requests, -tokens, -cents)
+            return
+        # a new minute: only the day's parts come back
+        if lease.day_tokens is not None:
+            lease.day_tokens += tokens
+        if lease.day_cents is not None:
+            lease.day_cents += cents
+
     async def settle(
         self,
         held: Reservation | None,
@@ -100,7 +237,10 @@ class Quota:
         """The request ended with this usage: replace the estimate; the cost in cents."""
         price = held.price if held is not None else (self._prices(model) if model else None)
         cents = 0.0 if price is None else price.cents(prompt_tokens, completion_tokens)
-        if held is not None:
+        if held is not None and held.leased:
+            used = prompt_tokens + completion_tokens
+            self._give_back(held, 0, held.estimate.tokens - used, held.estimate.cents - cents)
+        elif held is not None:
             await self._store.settle_quota(
                 held.key_id,
                 held.windows,
@@ -113,7 +253,9 @@ class Quota:
 
     async def release(self, held: Reservation | None) -> None:
         """The request failed before the upstream answered: give everything back."""
-        if held is not None:
+        if held is not None and held.leased:
+            self._give_back(held, 1, held.estimate.tokens, held.estimate.cents)
+        elif held is not None:
             await self._store.settle_quota(
                 held.key_id, held.windows, held.estimate, tokens=0, cents=0.0, requests=0
             )
@@ -137,11 +279,9 @@ def prices_of(config: Callable[[], GatewayConfig]) -> Callable[[str], Price | No
     """A model's price from the config's ``models:`` entries (``price``), or None."""
 
     def price(model: str) -> Price | None:
-        entries = getattr(config(), "models", None)  # the models: policy list, once it exists
-        for entry in entries if isinstance(entries, list) else ():
-            if getattr(entry, "name", None) == model and getattr(entry, "price", None):
-                p = entry.price
-                return Price(p.prompt_per_1k_cents, p.completion_per_1k_cents)
-        return None
+        policy = config().model_policy(model)
+        if policy is None or policy.price is None:
+            return None
+        return Price(policy.price.prompt_per_1k_cents, policy.price.completion_per_1k_cents)
 
     return price

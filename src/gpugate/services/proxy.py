@@ -3,34 +3,79 @@
     candidates (model → upstreams in rotation) → shed gate (batch only) → endpoints
     → choose an upstream (P2C)
     → admission (per-upstream pool, by class) → pick + claim an endpoint → send
-    → on a connect failure, once more on another endpoint → a :class:`Reply` to relay.
+    → a retryable outcome (429, 500/502/503/504, a connection that died before any response
+      byte, a missed first-byte/first-token deadline, a stream whose first event is an error):
+      try again — another endpoint first, after the upstream's ``Retry-After`` or a full-jitter
+      backoff, within ``retry.attempts`` and the upstream's retry budget
+    → the model's tries spent, or none of its endpoints in rotation: its ``fallbacks`` in order
+      (``context_fallbacks`` for 400 ``context_length_exceeded``)
+    → a :class:`Reply` to relay: the first answer, else the last failure as the upstream gave it.
+
+A streamed answer is held until its first SSE data event (``first_token_timeout_s``), so a
+stream that starts badly is retried before the client sees a byte; after that the stall limit
+is ``stream_idle_timeout_s``. See docs/dataplane.md.
 
 The :class:`Reply` owns the admission slot and the endpoint claim until :meth:`Reply.aclose`,
 which the web layer calls in a ``finally`` — so a client that goes away frees both at once.
 Upstream responses, errors included, are passed through unchanged; our own errors are raised as
-gpugate errors for the web layer to present.
+gpugate errors for the web layer to present. The happy path (the first try answers) costs what
+it did before: a dict lookup for the model's policy and one budget count.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
 from gpugate.adapters.upstream_client import Timeouts, UpstreamClient, UpstreamResponse
 from gpugate.clock import Clock
+from gpugate.config import ModelConfig
 from gpugate.core import picking, raw_path
 from gpugate.core.admission import AdmissionPool, Slot
 from gpugate.core.classes import RequestClass
 from gpugate.core.picking import EndpointState
 from gpugate.core.registry import Registry, UpstreamState
 from gpugate.core.scoring import Route, Router
-from gpugate.errors import GpugateError, UpstreamError
+from gpugate.errors import (
+    GatewayOverloaded,
+    GpugateError,
+    NoHealthyUpstream,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from gpugate.metrics import Metrics, bounded
+from gpugate.retry import Backoff, is_load_signal, parse_retry_after, retryable
+from gpugate.services.attempts import (
+    KEEP_LIMIT,
+    Buffered,
+    Failure,
+    Outcome,
+    Reason,
+    first_data_end,
+    first_event_error,
+    is_context_exceeded,
+    with_model,
+)
 from gpugate.services.shed import ShedGate
+
+log = logging.getLogger("gpugate.proxy")
+
+#: The longest an endpoint is backed off for one ``Retry-After`` (a bogus huge value is capped).
+MAX_ENDPOINT_BACKOFF_S = 60.0
+#: A 429/503 without ``Retry-After`` backs its endpoint off 1 s, doubling per signal in a row up
+#: to 8 s: long enough that the next requests go elsewhere, short enough that a recovered
+#: endpoint gets traffic back well within 10 s.
+LOAD_BACKOFF_S = 1.0
+MAX_LOAD_BACKOFF_S = 8.0
+_EVENT_STREAM = b"text/event-stream"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +96,13 @@ class Outbound:
     #: ``/u/{upstream}/{path}``: checked against the upstream's ``raw:`` opt-in, and sent
     #: without the upstream's key unless ``raw.send_key`` (issue #15 finding 1).
     raw: bool = False
+    #: ``"stream": true``: the answer is an SSE stream (held until its first data event).
+    stream: bool = False
+    #: A fallback model may be served by an ``external`` upstream (jobs: ``allow_external``).
+    allow_external: bool = False
+    #: False: one try, no fallback — the caller retries itself (the job dispatcher walks its
+    #: runtimes and counts attempts; trying here too would multiply the tries).
+    rescue: bool = True
 
 
 @dataclass(slots=True, eq=False)
@@ -62,12 +114,17 @@ class Reply:
     upstream: UpstreamState
     endpoint: EndpointState
     overhead_s: float
-    _response: UpstreamResponse
-    _slot: Slot
+    _response: UpstreamResponse | Buffered
+    _slot: Slot | None  # None: a kept failure whose slot and claim were released already
     _probe: bool
     _proxy: Proxy
     _outbound: Outbound
     _closed: bool = field(default=False)
+    #: The model that answered (after any fallback) and the tries it took in all.
+    model: str | None = None
+    attempts: int = 1
+    #: Body pieces read already (a stream's first event, held with the headers).
+    _held: list[bytes] = field(default_factory=list)
     #: The next piece of the body as it arrives, ``b""`` at the end; raises UpstreamError on a
     #: break mid-body (then call :meth:`broke`). Bound straight to the adapter: once per chunk.
     read_chunk: Callable[[], Awaitable[bytes]] = field(init=False)
@@ -75,8 +132,24 @@ class Reply:
     at_eof: Callable[[], bool] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.read_chunk = self._response.read_chunk
-        self.at_eof = self._response.at_eof
+        if self._held:
+            self.read_chunk = self._read_held
+            self.at_eof = self._held_at_eof
+        else:
+            self.read_chunk = self._response.read_chunk
+            self.at_eof = self._response.at_eof
+
+    async def _read_held(self) -> bytes:
+        if self._held:
+            chunk = self._held.pop(0)
+            if not self._held:  # from now on straight from the adapter
+                self.read_chunk = self._response.read_chunk
+                self.at_eof = self._response.at_eof
+            return chunk
+        return await self._response.read_chunk()
+
+    def _held_at_eof(self) -> bool:
+        return not self._held and self._response.at_eof()
 
     def broke(self) -> None:
         """The upstream broke off the body: that counts against the endpoint's health."""
@@ -89,8 +162,9 @@ class Reply:
             return
         self._closed = True
         self._response.release()
-        picking.release(self.endpoint, probe=self._probe)
-        self._slot.release()
+        if self._slot is not None:
+            picking.release(self.endpoint, probe=self._probe)
+            self._slot.release()
         self._proxy.finished(self._outbound, self.upstream, code or str(self.status))
 
 
@@ -114,6 +188,14 @@ def json_or_text(body: bytes) -> Any:
 _CREDENTIALS = frozenset({b"authorization", b"ocp-apim-subscription-key"})
 
 
+def endpoint_label(upstream: UpstreamState, endpoint: EndpointState) -> str:
+    """How errors and open metrics name an endpoint: its upstream's id and its place in the
+    upstream's ``urls``, never the URL (issue #15 finding 8; ``/admin/upstreams`` has them)."""
+    if len(upstream.endpoints) == 1:
+        return f"upstream {upstream.id!r}"
+    return f"upstream {upstream.id!r} endpoint {upstream.endpoints.index(endpoint)}"
+
+
 def _inflight(pool: AdmissionPool) -> int:
     return pool.inflight
 
@@ -121,7 +203,7 @@ def _inflight(pool: AdmissionPool) -> int:
 class Proxy:
     """Forwards requests to the fleet; see the module docstring for the order of things."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - collaborators, then keyword-only knobs
         self,
         registry: Registry,
         client: UpstreamClient,
@@ -131,6 +213,7 @@ class Proxy:
         secrets: Mapping[str, str] | None = None,
         rng: random.Random | None = None,
         gate: ShedGate | None = None,
+        models: Sequence[ModelConfig] = (),
     ) -> None:
         self.registry = registry
         self.gate = gate
@@ -142,6 +225,8 @@ class Proxy:
         self._secrets = dict(secrets or {})
         self._rng = rng or random.Random()  # noqa: S311 - load spreading, not security
         self._counted: dict[tuple[str, str, str, str], Any] = {}  # metric children, by labels
+        self._attempt_counters: dict[tuple[str, str], Any] = {}
+        self._models: dict[str, ModelConfig] = {m.name: m for m in models}
         self._timed: dict[tuple[str, str], Any] = {}
         self._picked: dict[tuple[str, str], Any] = {}
         self.bind_gauges()
@@ -150,6 +235,10 @@ class Proxy:
         """Swap in the upstream credentials of a new config version (requests in flight keep
         the headers they were sent with)."""
         self._secrets = dict(secrets)
+
+    def set_models(self, models: Sequence[ModelConfig]) -> None:
+        """Swap in the ``models[]`` policy (fallbacks) of a new config version."""
+        self._models = {m.name: m for m in models}
 
     def bind_gauges(self) -> None:
         """In-flight and queue-depth gauges read the pools when scraped, not on every request."""
@@ -173,39 +262,167 @@ class Proxy:
         return self.registry.in_rotation(upstreams)
 
     async def open(self, out: Outbound) -> Reply:
-        """Admit, pick, send; the reply's headers have arrived when this returns.
+        """Admit, pick, send, try again, fall back; the reply's headers (and for a stream its
+        first data event) have arrived when this returns. See the module docstring."""
+        run = _Run(out)
+        policy = self._models.get(out.model) if out.model is not None else None
+        if policy is None or out.upstream_id is not None or not out.rescue:
+            reply = await self._try_model(run, out, last=True)
+            return reply if reply is not None else self._give_up(run)
+        return await self._walk(run, out, policy)
 
-        A connect failure (nothing reached the upstream) is retried once on another endpoint,
-        of the same upstream or another serving the model; nothing else is ever retried.
-        """
-        upstreams = self.candidates(out)
+    async def _walk(self, run: _Run, out: Outbound, policy: ModelConfig) -> Reply:
+        """The model, then its fallbacks in order (context fallbacks on a too-long prompt)."""
+        chain: list[str] = [policy.name, *policy.fallbacks]
+        context_used = False
+        i = 0
+        while i < len(chain):
+            name = chain[i]
+            target = out if name == out.model else self._for_model(out, name)
+            reply = await self._try_model(run, target, last=i == len(chain) - 1, hop=i)
+            if reply is not None:
+                return reply
+            if run.context is not None and not context_used and policy.context_fallbacks:
+                context_used = True  # the prompt is too long: only the long-context models
+                chain = [name, *policy.context_fallbacks]
+                run.reason = Reason.CONTEXT
+            elif run.context is not None:
+                return self._give_up(run)
+            i += 1
+            if i < len(chain):
+                self._metrics.fallbacks.labels(policy.name, chain[i], run.reason.value).inc()
+        return self._give_up(run)
+
+    def _give_up(self, run: _Run) -> Reply:
+        """Nothing answered: relay the failure kept (an upstream's own response, as it gave
+        it), or raise our error."""
+        failure = run.context or run.last
+        if failure is None:
+            raise NoHealthyUpstream("no endpoint serves this request")
+        kept = failure.kept
+        if kept is None:
+            assert failure.error is not None
+            raise failure.error
+        overhead = max(0.0, self.clock.monotonic() - run.out.received_at - run.upstream_time)
+        return Reply(
+            kept.status,
+            kept.headers,
+            failure.upstream,
+            failure.endpoint,
+            overhead,
+            kept,
+            None,
+            False,  # noqa: FBT003 - Reply's positional fields
+            self,
+            run.out,
+            model=failure.model,
+            attempts=run.attempts,
+        )
+
+    def _for_model(self, out: Outbound, model: str) -> Outbound:
+        """``out`` sent to a fallback model: the body's ``model`` rewritten."""
+        assert isinstance(out.body, bytes)
+        return dataclasses.replace(out, model=model, body=with_model(out.doc, out.body, model))
+
+    async def _try_model(  # noqa: C901, PLR0911, PLR0912, PLR0915 - the retry rules, in order
+        self, run: _Run, out: Outbound, *, last: bool, hop: int = 0
+    ) -> Reply | None:
+        """Try ``out``'s model (or its one named upstream) up to its upstreams' ``retry``
+        rules; the reply to relay, or None when every try failed (``run`` keeps why)."""
+        try:
+            upstreams = self.candidates(out)
+        except NoHealthyUpstream as exc:  # the whole model is out: the next one, at once
+            run.fail(Failure(Outcome.BUSY_ENDPOINT, error=exc), Reason.OUT_OF_ROTATION)
+            return None
+        if hop and not out.allow_external:
+            upstreams = [u for u in upstreams if not u.config.external]
         if self.gate is not None:  # before admission: a shed request never queues
             upstreams = self.gate.admit(upstreams, out.cls, "proxy")
+        endpoints = (
+            upstreams[0].endpoints
+            if len(upstreams) == 1
+            else [ep for u in upstreams for ep in u.endpoints]
+        )
+        resendable = out.rescue and not isinstance(out.body, AsyncIterator)
         tried: set[str] = set()
-        upstream_time = 0.0
+        tries = 0
+        slept = False
         route = self._route(out)
+        reason = "p2c"
         while True:
-            endpoints = (
-                upstreams[0].endpoints
-                if len(upstreams) == 1
-                else [ep for u in upstreams for ep in u.endpoints]
-            )
-            chosen, _ = self._pick(route, endpoints, tried)
+            now = self.clock.monotonic()
+            try:
+                chosen, reason = self._pick(route, endpoints, tried)
+            except NoHealthyUpstream as exc:
+                again = tries and run.last is not None and run.last.outcome is not Outcome.TIMEOUT
+                if not again:  # nothing (left) to try: out of rotation, or every one timed out
+                    if tries == 0 and last and not hop and run.last is None:
+                        raise
+                    run.fail(Failure(Outcome.BUSY_ENDPOINT, error=exc), Reason.OUT_OF_ROTATION)
+                    return None
+                try:
+                    chosen = picking.pick(endpoints, self._rng, now)  # the same one, again
+                except NoHealthyUpstream as again_exc:
+                    run.fail(Failure(Outcome.BUSY_ENDPOINT, error=again_exc), Reason.FAILED)
+                    return None
             upstream = self.registry.owner(chosen)
+            retry = upstream.config.retry
+            if tries == 0:
+                upstream.budget.note_request(now)
+                if not last and picking.is_backed_off(chosen, now):
+                    error = NoHealthyUpstream(f"every endpoint of {out.model} asked to back off")
+                    run.fail(Failure(Outcome.BUSY_ENDPOINT, error=error), Reason.BUSY)
+                    return None
+            elif not slept:
+                if tries >= retry.attempts or not resendable:
+                    return None
+                wait = self._wait(chosen, tried, tries, now, upstream)
+                if wait > retry.retry_after_max_s or not self._budget_allows(run, upstream, now):
+                    return None
+                if wait > 0:
+                    await self.clock.sleep(wait)
+                    run.waited += wait
+                    slept = True
+                    continue  # pick again: the fleet may have changed while we waited
+            slept = False
+            tries += 1
+            run.attempts += 1
             slot = upstream.pool.try_acquire() or await self._admit(upstream, out.cls)
             try:
-                return await self._send(out, upstream, slot, tried, upstream_time, route)
-            except UpstreamError as exc:
-                slot.release()
-                if not (
-                    exc.connect_failed
-                    and len(tried) == 1
-                    and self._retryable(out, endpoints, tried)
-                ):
-                    raise
+                reply = await self._send(
+                    run, out, upstream, slot, chosen, tried, route=route, reason=reason
+                )
             except BaseException:
                 slot.release()
                 raise
+            if reply is not None:
+                return reply
+            if run.context is not None:  # a 400 "too long": never retried on the same model
+                return None
+
+    @staticmethod
+    def _budget_allows(run: _Run, upstream: UpstreamState, now: float) -> bool:
+        """A refused connect cost the upstream nothing: free. Any other retry spends budget."""
+        if run.last is not None and run.last.outcome is Outcome.CONNECT:
+            return True
+        return upstream.budget.try_spend(now)
+
+    def _wait(
+        self,
+        chosen: EndpointState,
+        tried: set[str],
+        tries: int,
+        now: float,
+        upstream: UpstreamState,
+    ) -> float:
+        """How long to wait before the next try on ``chosen``: none for a fresh endpoint, its
+        ``Retry-After``/load backoff if it asked for one, else a full-jitter backoff."""
+        if chosen.backoff_until > now:
+            return chosen.backoff_until - now
+        if chosen.url not in tried:
+            return 0.0
+        retry = upstream.config.retry
+        return Backoff(retry.backoff_s, retry.max_backoff_s, self._rng).delay(tries)
 
     def _route(self, out: Outbound) -> Route | None:
         """The request's routing facts (prompt hashed once), when a router routes models."""
@@ -239,40 +456,104 @@ class Proxy:
             waited = self.clock.monotonic() - started
             self._metrics.queue_wait.labels(upstream.id, cls.value).observe(waited)
 
-    async def _send(
+    async def _send(  # noqa: PLR0913, PLR0915 - one try, every way it can end
         self,
+        run: _Run,
         out: Outbound,
         upstream: UpstreamState,
         slot: Slot,
+        endpoint: EndpointState,
         tried: set[str],
-        upstream_time: float,
+        *,
         route: Route | None = None,
-    ) -> Reply:
-        endpoint, reason = self._pick(route, upstream.endpoints, tried)
+        reason: str = "p2c",
+    ) -> Reply | None:
+        """One try on ``endpoint``: the reply to relay, or None (recorded in ``run``) when it
+        failed in a way worth another try. The slot is released on failure, kept by the reply
+        otherwise."""
         now = self.clock.monotonic()
+        if not picking.is_available(endpoint, now):  # it changed while we queued for a slot
+            endpoint = picking.pick(upstream.endpoints, self._rng, now)
         probe = picking.claim(endpoint, now)
+        tried.add(endpoint.url)
         if route is not None and self.router is not None:
             self.router.sent(route, endpoint)
             self._picks(route.cfg.policy, reason).inc()
         sent_at = self.clock.monotonic()
+        cfg = upstream.config
         try:
             response = await self._client.send(
                 out.method,
                 endpoint.url + out.path,
                 self._headers(out, upstream),
                 out.body,
-                self._timeouts(upstream),
+                self._timeouts(upstream, stream=out.stream),
+                label=endpoint_label(upstream, endpoint),  # clients read the id, not the URL
             )
-        except UpstreamError:
+        except UpstreamError as exc:
             picking.release(endpoint, probe=probe)
             picking.record_failure(endpoint, self.clock.monotonic())
-            tried.add(endpoint.url)
+            slot.release()
+            outcome = (
+                Outcome.CONNECT
+                if exc.connect_failed
+                else Outcome.TIMEOUT
+                if isinstance(exc, UpstreamTimeout)
+                else Outcome.DROPPED
+            )
+            self._count(upstream, outcome)
+            run.fail(Failure(outcome, error=exc), Reason.FAILED)
+            return None
+        except GatewayOverloaded:
+            picking.release(endpoint, probe=probe)
+            self._metrics.overloaded.labels("file_descriptors").inc()
             raise
         except BaseException:
             picking.release(endpoint, probe=probe)
             raise
         ttfb = self.clock.monotonic() - sent_at
+        status = response.status
+        held: list[bytes] = []
+        try:
+            if retryable(status):
+                await self._failed_status(run, out, upstream, endpoint, response)
+                picking.release(endpoint, probe=probe)
+                slot.release()
+                return None
+            if status == 400 and run.wants_context(self._models, out.model):
+                body = await _read_kept(response)
+                if body is not None and is_context_exceeded(body):
+                    picking.record_success(endpoint, self.clock.monotonic())
+                    response.release()
+                    picking.release(endpoint, probe=probe)
+                    slot.release()
+                    self._count(upstream, Outcome.CONTEXT)
+                    kept = Buffered(status, response.headers, body)
+                    run.context = Failure(
+                        Outcome.CONTEXT, kept, None, upstream, endpoint, out.model
+                    )
+                    run.fail(run.context, Reason.CONTEXT)
+                    return None
+                held = [body] if body else []
+            elif out.stream and status == 200 and _is_event_stream(response.headers):
+                held = await self._first_event(response, cfg.first_token_timeout_s, ttfb)
+                response.set_idle_timeout(cfg.stream_idle_timeout_s)
+        except UpstreamError as exc:
+            response.release()
+            picking.release(endpoint, probe=probe)
+            picking.record_failure(endpoint, self.clock.monotonic())
+            slot.release()
+            outcome = Outcome.TIMEOUT if isinstance(exc, UpstreamTimeout) else Outcome.BAD_START
+            self._count(upstream, outcome)
+            run.fail(Failure(outcome, error=exc), Reason.FAILED)
+            return None
+        except BaseException:
+            response.release()
+            picking.release(endpoint, probe=probe)
+            raise
+        self._count(upstream, Outcome.OK if status < 400 else Outcome.CLIENT_ERROR)
         return self._reply(
+            run=run,
             out=out,
             upstream=upstream,
             endpoint=endpoint,
@@ -280,12 +561,87 @@ class Proxy:
             slot=slot,
             probe=probe,
             ttfb=ttfb,
-            upstream_time=upstream_time + ttfb,
+            held=held,
         )
+
+    async def _failed_status(
+        self,
+        run: _Run,
+        out: Outbound,
+        upstream: UpstreamState,
+        endpoint: EndpointState,
+        response: UpstreamResponse,
+    ) -> None:
+        """A 429/5xx: back the endpoint off (a load signal) or count a failure, and keep the
+        response whole for the client in case no later try answers."""
+        now = self.clock.monotonic()
+        status = response.status
+        retry_after = None
+        for name, value in response.headers:
+            if name == b"retry-after":
+                retry_after = parse_retry_after(value, datetime.now(UTC))
+                break
+        if is_load_signal(status):
+            wait = None if retry_after is None else min(retry_after, MAX_ENDPOINT_BACKOFF_S)
+            picking.record_load_signal(
+                endpoint, now, wait, base_s=LOAD_BACKOFF_S, max_s=MAX_LOAD_BACKOFF_S
+            )
+            outcome = Outcome.RATE_LIMITED if status == 429 else Outcome.BUSY
+        else:
+            picking.record_failure(endpoint, now)
+            if retry_after is not None:
+                endpoint.backoff_until = now + min(retry_after, MAX_ENDPOINT_BACKOFF_S)
+            outcome = Outcome.SERVER_ERROR
+        self._count(upstream, outcome)
+        try:
+            body = await _read_kept(response)
+        except UpstreamError:
+            body = b""
+        finally:
+            response.release()
+        kept = Buffered(status, response.headers, body or b"")
+        run.fail(Failure(outcome, kept, None, upstream, endpoint, out.model), Reason.FAILED)
+
+    async def _first_event(
+        self, response: UpstreamResponse, timeout_s: float, spent_s: float
+    ) -> list[bytes]:
+        """Read a stream up to its first complete data event within what is left of
+        ``timeout_s``; the pieces read. :class:`UpstreamError` when the stream ends, breaks,
+        stays silent or opens with an error event: a bad start, retried invisibly."""
+        held: list[bytes] = []
+        buffer = b""
+        try:
+            async with asyncio.timeout(max(0.0, timeout_s - spent_s)):
+                while True:
+                    chunk = await response.read_chunk()
+                    if not chunk:
+                        raise UpstreamError("the upstream's stream ended before its first event")
+                    held.append(chunk)
+                    buffer = buffer + chunk if buffer else chunk
+                    end = first_data_end(buffer)
+                    if end >= 0:
+                        break
+                    if len(buffer) > KEEP_LIMIT:
+                        raise UpstreamError("the upstream's stream sent no data event")
+        except TimeoutError as exc:
+            raise UpstreamTimeout(
+                f"the upstream sent no first event within {timeout_s:g} s"
+            ) from exc
+        if first_event_error(buffer[:end]):
+            raise UpstreamError("the upstream's stream opened with an error event")
+        return held
+
+    def _count(self, upstream: UpstreamState, outcome: Outcome) -> None:
+        key = (upstream.id, outcome.value)
+        counter = self._attempt_counters.get(key)
+        if counter is None:
+            counter = self._attempt_counters[key] = self._metrics.upstream_attempts.labels(*key)
+        counter.inc()
 
     def _reply(  # noqa: PLR0913 - one place assembles the reply from the pieces of the path
         self,
         *,
+        run: _Run,
         out: Outbound,
         upstream: UpstreamState,
         endpoint: EndpointState,
@@ -293,17 +649,24 @@ class Proxy:
         slot: Slot,
         probe: bool,
         ttfb: float,
-        upstream_time: float,
+        held: list[bytes],
     ) -> Reply:
         now = self.clock.monotonic()
-        if response.status >= 500:
-            picking.record_failure(endpoint, now)
-        else:
-            picking.record_success(endpoint, now)
-        picking.record_latency(endpoint, ttfb)
+        picking.record_success(endpoint, now)
+        if response.status < 400:
+            picking.record_latency(endpoint, ttfb, now=now)
         self._metrics.upstream_ttfb.labels(upstream.id).observe(ttfb)
-        overhead = max(0.0, now - out.received_at - upstream_time)
+        run.upstream_time += ttfb
+        overhead = max(0.0, now - out.received_at - run.upstream_time - run.waited)
         self._metrics.overhead.observe(overhead)
+        if run.attempts > 1:
+            log.info(
+                "%s answered by %s after attempts=%d (model %s)",
+                out.path,
+                upstream.id,
+                run.attempts,
+                out.model,
+            )
         return Reply(
             response.status,
             response.headers,
@@ -315,14 +678,10 @@ class Proxy:
             probe,
             self,
             out,
+            model=out.model,
+            attempts=run.attempts,
+            _held=held,
         )
-
-    def _retryable(self, out: Outbound, endpoints: list[EndpointState], tried: set[str]) -> bool:
-        """Another endpoint is available and the body can be sent again (bytes, not a stream)."""
-        if isinstance(out.body, AsyncIterator):
-            return False
-        now = self.clock.monotonic()
-        return any(ep.url not in tried and picking.is_available(ep, now) for ep in endpoints)
 
     def _headers(self, out: Outbound, upstream: UpstreamState) -> list[tuple[bytes, bytes]]:
         """The client's headers, with the upstream's key (if it has one) in place of any
@@ -339,11 +698,16 @@ class Proxy:
             headers.append((b"authorization", b"Bearer " + key))
         return headers
 
-    def _timeouts(self, upstream: UpstreamState) -> Timeouts:
+    def _timeouts(self, upstream: UpstreamState, *, stream: bool) -> Timeouts:
         cfg = upstream.config
-        first_byte = cfg.first_byte_timeout_s or cfg.timeout_s
+        if stream:  # the first event's deadline also bounds the headers
+            first_byte = cfg.first_token_timeout_s
+        else:
+            first_byte = cfg.first_byte_timeout_s or cfg.timeout_s
         return Timeouts(
-            connect_s=cfg.connect_timeout_s, first_byte_s=first_byte, total_s=cfg.timeout_s
+            connect_s=cfg.connect_timeout_s,
+            first_byte_s=min(first_byte, cfg.timeout_s),
+            total_s=cfg.timeout_s,
         )
 
     def finished(self, out: Outbound, upstream: UpstreamState | None, code: str) -> None:
@@ -366,3 +730,58 @@ class Proxy:
 
     def __repr__(self) -> str:
         return f"<Proxy {self.registry!r}>"
+
+
+def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(k == b"content-type" and v.startswith(_EVENT_STREAM) for k, v in headers)
+
+
+async def _read_kept(response: UpstreamResponse) -> bytes | None:
+    """A failed try's body, whole, if it is at most :data:`KEEP_LIMIT` bytes; None if longer
+    (then it is not kept)."""
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await response.read_chunk():
+        size += len(chunk)
+        if size > KEEP_LIMIT:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """One request's tries across models: how many, how long, and the failure to report if
+    nothing answers (the most telling one: an upstream's own answer beats our error)."""
+
+    out: Outbound
+    attempts: int = 0
+    upstream_time: float = 0.0
+    waited: float = 0.0
+    last: Failure | None = None
+    reason: Reason = Reason.FAILED
+    context: Failure | None = None  # a 400 context_length_exceeded, when one came
+
+    def fail(self, failure: Failure, reason: Reason) -> None:
+        if failure.outcome is Outcome.BUSY_ENDPOINT and self.last is not None:
+            self.reason = reason  # "nothing left to try" adds nothing to a real failure
+            return
+        if failure.kept is None and self.last is not None and self.last.kept is not None:
+            self.reason = reason  # keep the upstream's own answer; remember why we moved on
+            return
+        if self.context is not None and failure is not self.context:
+            self.reason = reason  # the first real story: the prompt is too long
+            return
+        self.last = failure
+        self.reason = reason
+
+    def wants_context(self, models: Mapping[str, ModelConfig], model: str | None) -> bool:
+        """Whether a 400 should be read for ``context_length_exceeded``: the request's own
+        model has context fallbacks (and none was tried yet)."""
+        policy = models.get(self.out.model) if self.out.model is not None else None
+        return (
+            policy is not None
+            and bool(policy.context_fallbacks)
+            and model == self.out.model
+            and self.context is None
+        )

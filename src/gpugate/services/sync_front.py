@@ -27,7 +27,7 @@ from typing import Any
 from gpugate.config import CacheConfig, GatewayConfig
 from gpugate.errors import NoHealthyUpstream, UnknownModel
 from gpugate.services.job_waiter import JobWaiter
-from gpugate.services.jobs import JobRequest, Jobs, job_view
+from gpugate.services.jobs import JobRequest, Jobs, check_same_request, job_view, tenant_key
 from gpugate.services.proxy import Outbound, Proxy
 from gpugate.services.result_cache import ResultCache, cache_key, cache_policy
 from gpugate.store import JobRecord, Store
@@ -76,8 +76,10 @@ class SyncFront:
         """The seed's order, step by step; see the module docstring."""
         wait_s = min(max(wait_s, 0.0), MAX_WAIT_S)
         if idempotency_key is not None:
-            existing = await self._store.job_by_idempotency_key(idempotency_key)
+            stored_key = tenant_key(request.tenant, idempotency_key)
+            existing = await self._store.job_by_idempotency_key(stored_key)  # type: ignore[arg-type]
             if existing is not None:
+                check_same_request(existing, request)
                 return self._answer(await self._waiter.wait(existing, wait_s), None)
         config = self._config()
         policy = cache_policy(config, request.model, request.runner or config.default_runtime)

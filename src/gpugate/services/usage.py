@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, timedelta
 
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
@@ -22,6 +22,9 @@ from gpugate.store import Store
 from gpugate.store.keys import UsageRow
 
 log = logging.getLogger("gpugate.usage")
+
+PURGE_EVERY_S = 3600.0
+COUNTERS_KEPT = timedelta(days=2)  # a day's counter must outlive its day
 
 
 @dataclass(slots=True)
@@ -94,13 +97,27 @@ class UsageMeter:
         return len(rows)
 
     async def run(self) -> None:
+        """Flush every ``auth.usage_flush_s``; once an hour, purge the key counters of windows
+        older than two days (one row per key and minute would otherwise grow without end)."""
+        purged_at = self._clock.monotonic()
         try:
             while True:
                 await self._clock.sleep(self._config().auth.usage_flush_s)
                 await self.flush()
+                if self._clock.monotonic() - purged_at >= PURGE_EVERY_S:
+                    purged_at = self._clock.monotonic()
+                    await self.purge()
         finally:
             if self._pending:
                 await self.flush()
+
+    async def purge(self) -> int:
+        """Delete the limit counters of windows older than :data:`COUNTERS_KEPT`."""
+        try:
+            return await self._store.purge_counters(self._clock.now() - COUNTERS_KEPT)
+        except GpugateError as exc:
+            log.warning("key counters not purged: %s", exc.message)
+            return 0
 
     def __repr__(self) -> str:
         return f"<UsageMeter pending={len(self._pending)}>"

@@ -13,11 +13,13 @@ finished items.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
     from datetime import datetime
 
 RUNNABLE = ("in_progress", "finalizing", "cancelling")
@@ -85,6 +87,8 @@ class BatchRecord:
     cancelling_at: datetime | None
     cancelled_at: datetime | None
     expires_at: datetime | None
+    breaks: int = 0  # runs that broke (an exception, not a lost lease): capped, then failed
+    error: dict[str, Any] | None = None  # the last break's {code, message}
 
     @property
     def terminal(self) -> bool:
@@ -99,6 +103,40 @@ class BatchItem:
     custom_id: str
     ok: bool
     output: dict[str, Any]
+
+
+def batch_from_row(row: Sequence[Any], to_time: Callable[[Any], datetime | None]) -> BatchRecord:
+    """A row of :data:`BATCH_COLUMNS` as a record; ``to_time`` reads the driver's times."""
+    (bid, endpoint, file_id, window, status, total, done, bad, out, err, meta, owner) = row[:12]
+    lease, created, *rest = (to_time(value) for value in row[12 : 13 + len(BATCH_TIMES)])
+    in_progress, finalizing, completed, failed, cancelling, cancelled, expires = rest
+    breaks, error = row[-2:]
+    assert created is not None, "a batch has its creation time"
+    return BatchRecord(
+        bid,
+        endpoint,
+        file_id,
+        window,
+        status,
+        total,
+        done,
+        bad,
+        out,
+        err,
+        None if meta is None else json.loads(meta),
+        owner,
+        lease,
+        created,
+        in_progress,
+        finalizing,
+        completed,
+        failed,
+        cancelling,
+        cancelled,
+        expires,
+        breaks,
+        None if error is None else json.loads(error),
+    )
 
 
 class FacadeStore(Protocol):
@@ -153,15 +191,23 @@ class FacadeStore(Protocol):
         output_file_id: str | None,
         error_file_id: str | None,
     ) -> BatchRecord | None:
-        """Set the final ``status`` (``completed`` or ``cancelled``) with its files and let go
-        of the batch; None when ``owner`` no longer holds it."""
+        """Set the final ``status`` (``completed``, ``cancelled``, ``expired`` or ``failed``)
+        with its files and let go of the batch; None when ``owner`` no longer holds it."""
+        ...
+
+    async def break_batch(self, batch_id: str, owner: str, *, error: dict[str, Any]) -> int | None:
+        """A run of the batch broke: count it (``breaks + 1``), keep ``error`` ``{code,
+        message}`` and let go of the batch so a runner resumes it at once; the new count, or
+        None when ``owner`` no longer holds it."""
         ...
 
 
 # The statements, in psycopg's parameter style; :func:`sqlite_style` gives SQLite's.
 BATCH_COLUMNS = (
     "id, endpoint, input_file_id, completion_window, status, total, completed, failed, "
-    "output_file_id, error_file_id, metadata, owner, lease_expires_at, " + ", ".join(BATCH_TIMES)
+    "output_file_id, error_file_id, metadata, owner, lease_expires_at, "
+    + ", ".join(BATCH_TIMES)
+    + ", breaks, error"
 )
 FILE_COLUMNS = "id, purpose, filename, bytes, blob_key, created_at"
 INSERT_FILE = f"""
@@ -205,9 +251,15 @@ UPDATE batches SET status = %(status)s, output_file_id = %(output_file_id)s,
     error_file_id = %(error_file_id)s, owner = NULL, lease_expires_at = NULL,
     finalizing_at = %(now)s,
     completed_at = CASE WHEN %(status)s = 'completed' THEN %(now)s ELSE completed_at END,
-    cancelled_at = CASE WHEN %(status)s = 'cancelled' THEN %(now)s ELSE cancelled_at END
+    cancelled_at = CASE WHEN %(status)s = 'cancelled' THEN %(now)s ELSE cancelled_at END,
+    failed_at = CASE WHEN %(status)s = 'failed' THEN %(now)s ELSE failed_at END
 WHERE id = %(id)s AND owner = %(owner)s
 RETURNING {BATCH_COLUMNS}"""  # noqa: S608 -- constants only; values are bound
+
+BREAK_BATCH = """
+UPDATE batches SET breaks = breaks + 1, error = %(error)s, owner = NULL, lease_expires_at = NULL
+WHERE id = %(id)s AND owner = %(owner)s
+RETURNING breaks"""
 
 _PSYCOPG_PARAM = re.compile(r"%\((\w+)\)s")
 

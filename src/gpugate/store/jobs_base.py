@@ -90,6 +90,10 @@ def check_actor(actor: str) -> str:
     raise ValueError(f"invalid job event actor {actor!r}: expected one of {', '.join(JOB_ACTORS)}")
 
 
+TENANT_JOBS = " AND slug IN (SELECT id FROM tenancy WHERE kind = 'job' AND tenant = {})"
+"""The filter :meth:`JobStore.list_jobs` adds for a ``tenant`` (the backend's placeholder in)."""
+
+
 def job_cursor(job_id: int) -> str:
     """The cursor of :meth:`JobStore.list_jobs` that continues after (older than) ``job_id``."""
     return str(job_id)
@@ -276,8 +280,10 @@ class JobStore(Protocol):
         runner: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tenant: str | None = None,
     ) -> JobPage:
-        """Jobs newest first (by id), optionally of one state and/or runner.
+        """Jobs newest first (by id), optionally of one state and/or runner (and of one
+        ``tenant``: the jobs it owns, :meth:`KeyStore.own`).
 
         ``cursor`` is the ``next_cursor`` of the previous page (opaque); a malformed one raises
         BadRequest, an unknown ``state`` or a ``limit`` below 1 ValueError.

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from gpugate.core.classes import RequestClass
 from gpugate.core.keys import ClientKey, Limits
-from gpugate.core.limits import Estimate, Windows
+from gpugate.core.limits import Estimate, Slice, Windows
 
 KEY_CREATED = "key.created"
 KEY_UPDATED = "key.updated"
@@ -175,6 +175,13 @@ class KeyStore(Protocol):
         (nothing taken then)."""
         ...
 
+    async def lease_quota(
+        self, key_id: str, limits: Limits, want: Slice, windows: Windows
+    ) -> Slice:
+        """Take up to ``want`` of the key's minute and day quota for this replica in one
+        locked step (:func:`gpugate.core.limits.grant`); what was granted is counted as used."""
+        ...
+
     async def settle_quota(
         self,
         key_id: str,
@@ -191,6 +198,16 @@ class KeyStore(Protocol):
 
     async def purge_counters(self, before: datetime) -> int:
         """Delete minute and day counters last written before ``before``."""
+        ...
+
+    async def own(self, kind: str, thing_id: str, tenant: str) -> bool:
+        """Record that ``tenant`` owns a job, batch or file; False when it had an owner."""
+        ...
+
+    async def disown(self, kind: str, thing_id: str) -> None: ...
+
+    async def owner(self, kind: str, thing_id: str) -> str | None:
+        """The tenant that owns it, or None (created in ``open`` mode, or unknown)."""
         ...
 
     async def add_usage(self, rows: list[UsageRow]) -> None:

@@ -136,6 +136,11 @@ class PostgresFacade:
         row = await self._one(sql.FINISH_BATCH, params)
         return None if row is None else _batch(row)
 
+    async def break_batch(self, batch_id: str, owner: str, *, error: dict[str, Any]) -> int | None:
+        params = {"id": batch_id, "owner": owner, "error": json.dumps(error, separators=(",", ":"))}
+        row = await self._one(sql.BREAK_BATCH, params)
+        return None if row is None else int(row[0])
+
 
 def _fields(record: FileRecord | NewBatch) -> dict[str, Any]:
     return {name: getattr(record, name) for name in type(record).__slots__}
@@ -151,22 +156,4 @@ def _file(row: TupleRow) -> FileRecord:
 
 
 def _batch(row: TupleRow) -> BatchRecord:
-    head, times = row[:13], row[13:]
-    (bid, endpoint, file_id, window, status, total, done, bad, out, err, meta, owner, lease) = head
-    return BatchRecord(
-        bid,
-        endpoint,
-        file_id,
-        window,
-        status,
-        total,
-        done,
-        bad,
-        out,
-        err,
-        None if meta is None else json.loads(meta),
-        owner,
-        _utc(lease),
-        times[0].astimezone(UTC),
-        *(_utc(t) for t in times[1:]),
-    )
+    return sql.batch_from_row(row, _utc)

@@ -33,6 +33,7 @@ from gpugate.store import jobs_transitions as transitions
 from gpugate.store.base import check_limit
 from gpugate.store.jobs_base import (
     JOB_STATES,
+    TENANT_JOBS,
     JobEvent,
     JobPage,
     JobRecord,
@@ -186,14 +187,17 @@ class PostgresJobs(JobWrites):
         runner: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tenant: str | None = None,
     ) -> JobPage:
         if state is not None and state not in JOB_STATES:
             raise ValueError(f"unknown job state {state!r}: expected one of {JOB_STATES}")
         params = {"state": state, "runner": runner, "limit": check_limit(limit) + 1}
         params["before_id"] = None if cursor is None else parse_job_cursor(cursor)
+        params["tenant"] = tenant
         sql = f"{_SELECT_JOB} WHERE true"
         sql += "" if state is None else " AND state = %(state)s"
         sql += "" if runner is None else " AND runner = %(runner)s"
+        sql += "" if tenant is None else TENANT_JOBS.format("%(tenant)s")
         sql += "" if cursor is None else " AND id < %(before_id)s"
         sql += " ORDER BY id DESC LIMIT %(limit)s"
         jobs = await self._jobs(sql, params)

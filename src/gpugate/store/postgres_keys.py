@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
-from gpugate.core.limits import Counts, over_limit
+from gpugate.core.limits import Counts, Slice, grant, over_limit
 from gpugate.store.base import AuditEvent
 from gpugate.store.keys import (
     ALIVE_S,
@@ -86,6 +86,9 @@ ON CONFLICT (key_id, span) DO UPDATE SET
     requests = greatest(0, c.requests + excluded.requests),
     tokens = greatest(0, c.tokens + excluded.tokens),
     cents = greatest(0, c.cents + excluded.cents), at = excluded.at"""
+_OWN = "INSERT INTO tenancy (kind, id, tenant) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+_DISOWN = "DELETE FROM tenancy WHERE kind = %s AND id = %s"
+_OWNER = "SELECT tenant FROM tenancy WHERE kind = %s AND id = %s"
 _PURGE = "DELETE FROM key_counters WHERE span NOT LIKE 'c:%%' AND at < %(before)s"
 _USAGE_ADD = """
 INSERT INTO key_usage AS u (day, key_id, tenant, model, upstream, requests, prompt_tokens,
@@ -226,6 +229,37 @@ class PostgresKeys:
             )
         return None
 
+    async def lease_quota(
+        self, key_id: str, limits: Limits, want: Slice, windows: Windows
+    ) -> Slice:
+        now = self._clock.now()
+        minute, day = minute_span(windows), day_span(windows)
+        found: dict[str, Any] = {"key": key_id, "minute": minute, "day": day}
+        found |= {"me": self._replica, "alive": now}
+        async with self._transaction() as conn:
+            await conn.execute(_LOCK, found)
+            row = await (await conn.execute(_COUNTS, found)).fetchone()
+            assert row is not None
+            counts = Counts(
+                minute_requests=row[0] or 0,
+                minute_tokens=row[1] or 0,
+                day_tokens=row[2] or 0,
+                day_cents=row[3] or 0.0,
+            )
+            got = grant(limits, counts, want)
+            await conn.execute(
+                _ADD,
+                {
+                    "key": key_id,
+                    "now": now,
+                    "spans": [minute, day],
+                    "requests": [got.requests or 0, 0],
+                    "tokens": [got.tokens or 0, got.day_tokens or 0],
+                    "cents": [0.0, got.day_cents or 0.0],
+                },
+            )
+        return got
+
     async def settle_quota(
         self,
         key_id: str,
@@ -251,6 +285,19 @@ class PostgresKeys:
     async def purge_counters(self, before: datetime) -> int:
         async with self._transaction(single=True) as conn:
             return (await conn.execute(_PURGE, {"before": before})).rowcount
+
+    async def own(self, kind: str, thing_id: str, tenant: str) -> bool:
+        async with self._transaction(single=True) as conn:
+            return (await conn.execute(_OWN, (kind, thing_id, tenant))).rowcount == 1
+
+    async def disown(self, kind: str, thing_id: str) -> None:
+        async with self._transaction(single=True) as conn:
+            await conn.execute(_DISOWN, (kind, thing_id))
+
+    async def owner(self, kind: str, thing_id: str) -> str | None:
+        async with self._transaction(single=True) as conn:
+            row = await (await conn.execute(_OWNER, (kind, thing_id))).fetchone()
+        return None if row is None else str(row[0])
 
     async def add_usage(self, rows: list[UsageRow]) -> None:
         if not rows:

@@ -7,7 +7,7 @@ Each method is one hop to the store's thread; a finished item and its count are 
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpugate.store import facade_base as sql
@@ -28,6 +28,7 @@ _CANCEL_BATCH = _S(sql.CANCEL_BATCH)
 _COUNT_ITEM = _S(sql.COUNT_ITEM)
 _EXTEND_BATCH = _S(sql.EXTEND_BATCH)
 _FINISH_BATCH = _S(sql.FINISH_BATCH)
+_BREAK_BATCH = _S(sql.BREAK_BATCH)
 _INSERT_BATCH = _S(sql.INSERT_BATCH)
 _INSERT_FILE = _S(sql.INSERT_FILE)
 _INSERT_ITEM = _S(sql.INSERT_ITEM)
@@ -159,6 +160,15 @@ class SqliteFacade:
 
         return await self._write(work)
 
+    async def break_batch(self, batch_id: str, owner: str, *, error: dict[str, Any]) -> int | None:
+        params = {"id": batch_id, "owner": owner, "error": json_text(error)}
+
+        def work(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(_BREAK_BATCH, params).fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._write(work)
+
 
 def _fields(record: FileRecord | NewBatch) -> dict[str, Any]:
     return {name: getattr(record, name) for name in type(record).__slots__}
@@ -169,23 +179,9 @@ def _file(row: tuple[Any, ...]) -> FileRecord:
     return FileRecord(file_id, purpose, filename, size, blob_key, text_time(created_at))
 
 
+def _time(value: str | None) -> datetime | None:
+    return None if value is None else text_time(value)
+
+
 def _batch(row: tuple[Any, ...]) -> BatchRecord:
-    head, times = row[:13], row[13:]
-    (bid, endpoint, file_id, window, status, total, done, bad, out, err, meta, owner, lease) = head
-    return BatchRecord(
-        bid,
-        endpoint,
-        file_id,
-        window,
-        status,
-        total,
-        done,
-        bad,
-        out,
-        err,
-        None if meta is None else json.loads(meta),
-        owner,
-        None if lease is None else text_time(lease),
-        text_time(times[0]),
-        *(None if t is None else text_time(t) for t in times[1:]),
-    )
+    return sql.batch_from_row(row, _time)

@@ -18,6 +18,7 @@ from gpugate.store import jobs_transitions as transitions
 from gpugate.store.base import check_limit
 from gpugate.store.jobs_base import (
     JOB_STATES,
+    TENANT_JOBS,
     JobEvent,
     JobPage,
     JobRecord,
@@ -109,14 +110,17 @@ class SqliteJobs(JobWrites):
         runner: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tenant: str | None = None,
     ) -> JobPage:
         if state is not None and state not in JOB_STATES:
             raise ValueError(f"unknown job state {state!r}: expected one of {JOB_STATES}")
         params = {"state": state, "runner": runner, "limit": check_limit(limit) + 1}
         params["before_id"] = None if cursor is None else parse_job_cursor(cursor)
+        params["tenant"] = tenant
         sql = f"{_SELECT_JOB} WHERE 1 = 1"
         sql += "" if state is None else " AND state = :state"
         sql += "" if runner is None else " AND runner = :runner"
+        sql += "" if tenant is None else TENANT_JOBS.format(":tenant")
         sql += "" if cursor is None else " AND id < :before_id"
         sql += " ORDER BY id DESC LIMIT :limit"
 

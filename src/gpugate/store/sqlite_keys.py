@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpugate.core.limits import Counts, over_limit
+from gpugate.core.limits import Counts, Slice, grant, over_limit
 from gpugate.store.base import AuditEvent
 from gpugate.store.keys import (
     ALIVE_S,
@@ -73,6 +73,9 @@ VALUES (:key, :span, :requests, :tokens, :cents, :now)
 ON CONFLICT (key_id, span) DO UPDATE SET requests = max(0, requests + excluded.requests),
     tokens = max(0, tokens + excluded.tokens), cents = max(0, cents + excluded.cents),
     at = excluded.at"""
+_OWN = "INSERT INTO tenancy (kind, id, tenant) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
+_DISOWN = "DELETE FROM tenancy WHERE kind = ? AND id = ?"
+_OWNER = "SELECT tenant FROM tenancy WHERE kind = ? AND id = ?"
 _PURGE = "DELETE FROM key_counters WHERE span NOT LIKE 'c:%' AND at < :before"
 _USAGE_ADD = """
 INSERT INTO key_usage (day, key_id, tenant, model, upstream, requests, prompt_tokens,
@@ -222,6 +225,37 @@ class SqliteKeys:
 
         return await self._write(work)
 
+    async def lease_quota(
+        self, key_id: str, limits: Limits, want: Slice, windows: Windows
+    ) -> Slice:
+        now = self._clock.now()
+        minute, day = minute_span(windows), day_span(windows)
+        found = {"key": key_id, "minute": minute, "day": day}
+
+        def work(conn: sqlite3.Connection) -> Slice:
+            rows = {r[0]: r for r in conn.execute(_COUNTS, found).fetchall()}
+            m, d = rows.get(minute), rows.get(day)
+            counts = Counts(
+                minute_requests=m[1] if m else 0,
+                minute_tokens=m[2] if m else 0,
+                day_tokens=d[2] if d else 0,
+                day_cents=d[3] if d else 0.0,
+            )
+            got = grant(limits, counts, want)
+            at = time_text(now)
+            for span, requests, tokens, cents in (
+                (minute, got.requests or 0, got.tokens or 0, 0.0),
+                (day, 0, got.day_tokens or 0, got.day_cents or 0.0),
+            ):
+                conn.execute(
+                    _ADD,
+                    {"key": key_id, "span": span, "requests": requests, "tokens": tokens}
+                    | {"cents": cents, "now": at},
+                )
+            return got
+
+        return await self._write(work)
+
     async def settle_quota(
         self,
         key_id: str,
@@ -252,6 +286,17 @@ class SqliteKeys:
     async def purge_counters(self, before: datetime) -> int:
         params = {"before": time_text(before)}
         return await self._write(lambda conn: conn.execute(_PURGE, params).rowcount)
+
+    async def own(self, kind: str, thing_id: str, tenant: str) -> bool:
+        params = (kind, thing_id, tenant)
+        return await self._write(lambda conn: conn.execute(_OWN, params).rowcount == 1)
+
+    async def disown(self, kind: str, thing_id: str) -> None:
+        await self._write(lambda conn: conn.execute(_DISOWN, (kind, thing_id)))
+
+    async def owner(self, kind: str, thing_id: str) -> str | None:
+        row = await self._read(lambda conn: conn.execute(_OWNER, (kind, thing_id)).fetchone())
+        return None if row is None else str(row[0])
 
     async def add_usage(self, rows: list[UsageRow]) -> None:
         params = [usage_params(r) | {"day": r.day.isoformat()} for r in rows]

@@ -26,6 +26,7 @@ from gpugate.web import (
     ops,
     worker,
 )
+from gpugate.web.access_log import AccessLog
 from gpugate.web.auth import ClientKeys
 from gpugate.web.dataplane import DataPlane
 from gpugate.web.errors import error_response, from_http_exception
@@ -83,4 +84,5 @@ def create_app(gateway: Gateway) -> ASGIApp:
         ClientKeys(DataPlane(RequestIdMiddleware(app, ids), gateway, ids), gateway, ids),
         gateway.lifecycle,
     )
-    return SecurityHeaders(served, behind_tls_proxy=gateway.config.server.behind_tls_proxy)
+    secured = SecurityHeaders(served, behind_tls_proxy=gateway.config.server.behind_tls_proxy)
+    return AccessLog(secured) if gateway.config.server.access_log else secured

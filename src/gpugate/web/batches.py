@@ -4,15 +4,26 @@ client's ``files.create``, ``files.retrieve``, ``files.content``, ``batches.crea
 
 from __future__ import annotations
 
+import json
 from functools import partial
+from typing import Any
 
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Message, Receive
 
-from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge
+from gpugate.errors import (
+    BadRequest,
+    BatchNotFound,
+    FileNotFound,
+    GpugateError,
+    ModelNotAllowed,
+    PayloadTooLarge,
+)
 from gpugate.services.batches import Batches, batch_view, file_view
 from gpugate.web.api import operation, route
+from gpugate.web.auth import check_owned, principal_of, record_owned
 from gpugate.web.bodies import refuse_declared_over
 from gpugate.web.errors import error_body, status_of
 from gpugate.web.schemas.batches import (
@@ -52,6 +63,9 @@ async def create_file(request: Request, gateway: Gateway) -> FileView:
     """Upload a file (multipart `file`, `purpose` batch), as OpenAI's files.create."""
     limit = gateway.config.server.max_body_bytes
     refuse_declared_over(request, limit)
+    # The form parser spools a file part to disk as it comes: count the body as it arrives and
+    # stop at the limit, instead of refusing a 30 MiB upload after it was spooled whole.
+    request = Request(request.scope, _bounded(request.receive, limit))
     async with request.form(max_part_size=limit) as form:
         upload, purpose = form.get("file"), form.get("purpose")
         if not isinstance(upload, UploadFile) or not isinstance(purpose, str):
@@ -63,12 +77,29 @@ async def create_file(request: Request, gateway: Gateway) -> FileView:
             raise PayloadTooLarge(f"upload exceeds max_body_bytes ({limit})")
         name = upload.filename or "upload.jsonl"
     record = await _batches(gateway).create_file(name, purpose, data)
+    await record_owned(request, gateway, "file", record.id)
     return FileView.of(file_view(record))
 
 
+def _bounded(receive: Receive, limit: int) -> Receive:
+    """``receive`` that raises :class:`PayloadTooLarge` once the body passes ``limit`` bytes."""
+    seen = 0
+
+    async def bounded() -> Message:
+        nonlocal seen
+        message = await receive()
+        seen += len(message.get("body", b""))
+        if seen > limit:
+            raise PayloadTooLarge(f"upload exceeds max_body_bytes ({limit})")
+        return message
+
+    return bounded
+
+
 @client(responses=A_FILE, errors=FILE_NOT_FOUND)
-async def get_file(gateway: Gateway, path: FilePath) -> FileView:
+async def get_file(request: Request, gateway: Gateway, path: FilePath) -> FileView:
     """A file object, as OpenAI's files.retrieve."""
+    await check_owned(request, gateway, "file", path.file_id, _no_file(path.file_id))
     return FileView.of(file_view(await _batches(gateway).get_file(path.file_id)))
 
 
@@ -82,8 +113,9 @@ async def get_file(gateway: Gateway, path: FilePath) -> FileView:
     },
     errors=FILE_NOT_FOUND,
 )
-async def file_content(gateway: Gateway, path: FilePath) -> Response:
+async def file_content(request: Request, gateway: Gateway, path: FilePath) -> Response:
     """A file's content (batch input or output JSONL), as OpenAI's files.content."""
+    await check_owned(request, gateway, "file", path.file_id, _no_file(path.file_id))
     data = await _batches(gateway).file_content(path.file_id)
     return Response(data, media_type="application/octet-stream")
 
@@ -95,25 +127,70 @@ async def file_content(gateway: Gateway, path: FilePath) -> Response:
         **FILE_NOT_FOUND,
     },
 )
-async def create_batch(gateway: Gateway, body: BatchCreate) -> BatchView:
+async def create_batch(request: Request, gateway: Gateway, body: BatchCreate) -> BatchView:
     """Create a batch over an uploaded file or lines given inline, as OpenAI's batches.create.
 
     Every line is checked first (a 400 names the first bad one, nothing is stored); then each
     line runs through the gateway's proxy as class batch, with bounded concurrency.
     """
-    return BatchView.of(batch_view(await _batches(gateway).create_batch(body.service_body())))
+    service_body = body.service_body()
+    input_id = service_body.get("input_file_id")
+    if isinstance(input_id, str):
+        await check_owned(request, gateway, "file", input_id, _no_file(input_id))
+    await _check_line_models(request, gateway, service_body)
+    batch = await _batches(gateway).create_batch(service_body)
+    await record_owned(request, gateway, "batch", batch.id)
+    await record_owned(request, gateway, "file", batch.input_file_id)
+    return BatchView.of(batch_view(batch))
 
 
 @client(responses=A_BATCH, errors=BATCH_NOT_FOUND)
-async def get_batch(gateway: Gateway, path: BatchPath) -> BatchView:
+async def get_batch(request: Request, gateway: Gateway, path: BatchPath) -> BatchView:
     """A batch with `request_counts {total, completed, failed}`, as OpenAI's batches.retrieve."""
-    return BatchView.of(batch_view(await _batches(gateway).get_batch(path.batch_id)))
+    await check_owned(request, gateway, "batch", path.batch_id, _no_batch(path.batch_id))
+    batch = await _batches(gateway).get_batch(path.batch_id)
+    # its output files are the batch owner's: they become readable through it
+    await record_owned(request, gateway, "file", batch.output_file_id, batch.error_file_id)
+    return BatchView.of(batch_view(batch))
 
 
 @client(responses=A_BATCH, errors=BATCH_NOT_FOUND)
-async def cancel_batch(gateway: Gateway, path: BatchPath) -> BatchView:
+async def cancel_batch(request: Request, gateway: Gateway, path: BatchPath) -> BatchView:
     """Cancel a batch: in_progress → cancelling → cancelled, with the lines that finished."""
+    await check_owned(request, gateway, "batch", path.batch_id, _no_batch(path.batch_id))
     return BatchView.of(batch_view(await _batches(gateway).cancel_batch(path.batch_id)))
+
+
+async def _check_line_models(
+    request: Request, gateway: Gateway, service_body: dict[str, Any]
+) -> None:
+    """403 MODEL_NOT_ALLOWED when a line names a model the client key may not use (the lines
+    run through the proxy, past the data plane's own check)."""
+    principal = principal_of(request)
+    if principal is None or principal.key.models is None:
+        return
+    lines = service_body.get("input")
+    if not isinstance(lines, list):
+        raw = await _batches(gateway).file_content(str(service_body.get("input_file_id")))
+        lines = []
+        for text in raw.splitlines():
+            try:
+                lines.append(json.loads(text))
+            except ValueError:
+                continue  # the service refuses it, naming the line
+    for line in lines:
+        body = line.get("body") if isinstance(line, dict) else None
+        model = body.get("model") if isinstance(body, dict) else None
+        if isinstance(model, str) and not principal.key.may_use_model(model):
+            raise ModelNotAllowed(f"client key {principal.key.prefix}… may not use {model!r}")
+
+
+def _no_file(file_id: str) -> FileNotFound:
+    return FileNotFound(f"no file {file_id!r}")
+
+
+def _no_batch(batch_id: str) -> BatchNotFound:
+    return BatchNotFound(f"no batch {batch_id!r}")
 
 
 routes = [

@@ -41,6 +41,7 @@ OPENAI_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embed
 RAW_PREFIX = "/u/"
 _JSON = [(b"content-type", b"application/json")]
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
+_ATTEMPTS = [str(n).encode() for n in range(16)]
 
 
 class ClientGone(Exception):
@@ -118,7 +119,9 @@ class DataPlane:
             cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
             headers = scope["headers"]
             path = _path_and_query(scope)
-            out = Outbound("POST", path, headers, body, cls, received_at, model=model, doc=doc)
+            out = Outbound(
+                "POST", path, headers, body, cls, received_at, model=model, doc=doc, stream=stream
+            )
             ticket: Ticket | None = None
             if seen.idempotency_key is not None:
                 begun = await gw.idempotency.begin(seen.idempotency_key, "POST", path, body)
@@ -218,12 +221,16 @@ class DataPlane:
             raise
         code: str | None = None
         kept: list[bytes] | None = [] if ticket is not None and keep else None
+        kept_bytes, keep_at_most = 0, gw.idempotency.max_body_bytes
         try:
             await send(_start(reply, rid))
             try:
                 while chunk := await reply.read_chunk():
                     if kept is not None:
                         kept.append(chunk)
+                        kept_bytes += len(chunk)
+                        if kept_bytes > keep_at_most:
+                            kept = None  # too large to keep: the key is released at the end
                     last = ticket is None and reply.at_eof()  # end with the last chunk
                     await send({"type": "http.response.body", "body": chunk, "more_body": not last})
                     if last:
@@ -249,6 +256,8 @@ async def _settle(gw: Gateway, ticket: Ticket, reply: Reply, kept: list[bytes] |
         await gw.idempotency.abandon(ticket)
         return
     headers = [*reply.headers, (b"x-gateway-upstream", reply.upstream.id.encode())]
+    if reply.model is not None:
+        headers.append((b"x-gateway-model", reply.model.encode()))
     await gw.idempotency.complete(ticket, reply.status, headers, b"".join(kept))
 
 
@@ -257,8 +266,11 @@ def _start(reply: Reply, rid: bytes) -> dict[str, Any]:
         *reply.headers,
         (b"x-gateway-upstream", reply.upstream.id.encode()),
         (b"x-gateway-overhead-ms", f"{reply.overhead_s * 1000:.3f}".encode()),
+        (b"x-gateway-attempts", _ATTEMPTS[reply.attempts] if reply.attempts < 16 else b"16+"),
         (REQUEST_ID, rid),
     ]
+    if reply.model is not None:
+        headers.append((b"x-gateway-model", reply.model.encode()))
     return {"type": "http.response.start", "status": reply.status, "headers": headers}
 
 

@@ -22,6 +22,7 @@ table of calls — ``unknown`` after a restart, and the reaper then takes the jo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -189,6 +190,8 @@ class UpstreamRuntime:
             cls=cls,
             received_at=self._clock.monotonic(),
             model=job.model,
+            allow_external=job.allow_external,
+            rescue=False,  # the dispatcher retries and walks the chain; one try per call
         )
         try:
             upstreams = self._proxy.candidates(out)
@@ -206,16 +209,7 @@ class UpstreamRuntime:
             if len(internal) < len(upstreams):
                 upstreams = internal
                 chosen = min(internal, key=lambda u: u.pool.inflight)
-                out = Outbound(
-                    out.method,
-                    out.path,
-                    out.headers,
-                    out.body,
-                    out.cls,
-                    out.received_at,
-                    model=job.model,
-                    upstream_id=chosen.id,
-                )
+                out = dataclasses.replace(out, upstream_id=chosen.id)
         if self._proxy.gate is not None:  # raises GpuSaturated: the dispatcher defers
             self._proxy.gate.admit(upstreams, cls, "jobs")
         return out
@@ -241,16 +235,7 @@ class UpstreamRuntime:
     async def _call(self, call: _Call) -> None:
         await call.confirmed.wait()
         call.status = CallStatus("running")
-        out = Outbound(
-            call.out.method,
-            call.out.path,
-            call.out.headers,
-            call.out.body,
-            call.out.cls,
-            self._clock.monotonic(),
-            model=call.out.model,
-            upstream_id=call.out.upstream_id,
-        )
+        out = dataclasses.replace(call.out, received_at=self._clock.monotonic())
         heartbeat = asyncio.ensure_future(self._heartbeat(call))
         try:
             outcome = await self._execute(out)

@@ -31,6 +31,7 @@ def routes() -> list[BaseRoute]:
         Route("/jobs", pages.jobs, methods=["GET"]),
         Route("/jobs/{slug}", pages.job, methods=["GET"]),
         Route("/audit", pages.audit, methods=["GET"]),
+        Route("/usage", pages.usage, methods=["GET"]),
         Route("/config", pages.config, methods=["GET"]),
         Route("/config/export", pages.export_config, methods=["GET"]),
         Route("/config/preview", pages.preview_config, methods=["POST"]),

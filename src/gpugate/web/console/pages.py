@@ -93,6 +93,7 @@ class Pages:
         self.jobs = self._page(self._jobs)
         self.job = self._page(self._job)
         self.audit = self._page(self._audit)
+        self.usage = self._page(self._usage)
         self.config = self._page(self._config)
         self.export_config = self._page(self._export_config)
         self.logout = self._action(self._logout)
@@ -263,6 +264,11 @@ class Pages:
         filters = {k: q.get(k, "").strip() for k in ("action", "subject", "actor", "since")}
         context = await views.audit(gateway, filters, q.get("cursor") or None)
         return self._html(request, "audit.html", context, who)
+
+    async def _usage(self, request: Request, gateway: Gateway, who: session.Session) -> Response:
+        q = request.query_params
+        filters = {k: q.get(k, "").strip() for k in ("tenant", "key", "model", "from", "to")}
+        return self._html(request, "usage.html", await views.usage(gateway, filters), who)
 
     async def _config(self, request: Request, gateway: Gateway, who: session.Session) -> Response:
         context = {**await views.config(gateway), "preview": None, "proposed": ""}

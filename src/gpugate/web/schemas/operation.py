@@ -99,6 +99,8 @@ def default_errors(spec: Spec) -> dict[int, str]:
         errors[400] = "BAD_REQUEST: a parameter or the body is not what this operation takes"
     if spec.security in (Security.ADMIN, Security.WORKER):
         errors[401] = "UNAUTHORIZED: no credential, or not the right one"
+    if spec.security is Security.CLIENT:
+        errors[401] = "UNAUTHORIZED: auth.mode keys, and no client key or not a valid one"
     if spec.security is Security.ADMIN:
         errors[429] = "TOO_MANY_ATTEMPTS: too many wrong tokens from this client (Retry-After)"
     if spec.body is not None:

@@ -1,0 +1,75 @@
+"""The cost of ``auth.mode: keys`` on the hot path (issue #16, Done-when 5), a phase of
+``bench/proxy.py``: a second gpugate on the same upstreams and core, in keys mode with one
+bootstrap key from the environment, measured with wrk (the same ``-c64`` POSTs, the key in
+``Authorization: Bearer``) alternately with the open gpugate of the run, twice each, so the
+machine's noise falls on both alike. Two keys are measured: one without limits (the key's
+lookup, a local cache hit after the first request, and the usage read from the body) and one
+with limits (rpm, tpm and daily tokens: leased in slices from the store, SQLite here as the
+bench's gpugate, so a store transaction every slice rather than every request). Prints req/s
+and the ratios to open.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+
+from proxy_load import BODIES, MIXES, run_wrk
+from proxy_targets import Cores, Processes, Setup, free_port, gateway_yaml, wait_http
+
+KEY_FREE = "gk-bench-free-" + "x" * 32
+KEY_LIMITED = "gk-bench-limited-" + "y" * 32
+BIG = 10**9
+
+
+def start_keyed(procs: Processes, setup: Setup, cores: Cores) -> tuple[int, int]:
+    """The keyed gpugate, on a free port: its port and pid."""
+    workdir, port = procs.workdir, free_port()
+    upstreams = setup.ports["direct"]
+    yaml = gateway_yaml(workdir, port, upstreams).replace(
+        f"sqlite:///{workdir}/bench.db", f"sqlite:///{workdir}/bench-keys.db"
+    )
+    yaml += "auth: {mode: keys, bootstrap_keys_env: BENCH_KEYS}\n"
+    (workdir / "gateway-keys.yaml").write_text(yaml)
+    limits = {"requests_per_min": BIG, "tokens_per_min": BIG, "daily_tokens": BIG}  # leased
+    keys = [
+        {"name": "free", "tenant": "bench", "key": KEY_FREE, "max_class": "system"},
+        {"name": "limited", "tenant": "bench", "key": KEY_LIMITED, "limits": limits},
+    ]
+    env = {**os.environ, "BENCH_KEYS": json.dumps(keys)}
+    serve = ["serve", "--config", str(workdir / "gateway-keys.yaml"), "--log-level", "WARNING"]
+    argv = cores.wrap([sys.executable, "-m", "gpugate", *serve])
+    pid = procs.start("gpugate-keys", argv, env=env)
+    wait_http(procs, f"http://127.0.0.1:{port}/readyz", timeout_s=60)
+    return port, pid
+
+
+def phase_keys(setup: Setup, wrk: str, procs: Processes, cores: Cores, duration: int) -> list[str]:
+    """Measure and print; the problems found (a non-2xx answer)."""
+    if "gpugate" not in setup.targets:
+        return []
+    port, keyed_pid = start_keyed(procs, setup, cores)
+    print(f"\n== auth.mode keys vs open: wrk -t1 -c64 -d{duration}s, twice each, alternated ==")
+    problems: list[str] = []
+    for mix in ("chat", "sse"):
+        lane, path = MIXES[mix]
+        rates: dict[str, list[float]] = {"open": [], "keys": [], "keys+limits": []}
+        for _ in range(2):
+            runs = (
+                ("open", setup.url("gpugate", lane, path), setup.pid("gpugate", lane), None),
+                ("keys", f"http://127.0.0.1:{port}{path}", keyed_pid, KEY_FREE),
+                ("keys+limits", f"http://127.0.0.1:{port}{path}", keyed_pid, KEY_LIMITED),
+            )
+            for name, url, pid, key in runs:
+                load = run_wrk(wrk, url, BODIES[mix], duration, pid, bearer=key)
+                rates[name].append(load.rps)
+                if load.non_2xx or load.socket_errors:
+                    problems.append(f"{mix} via gpugate {name}: {load.non_2xx} non-2xx (wrk)")
+        base = statistics.mean(rates["open"])
+        for name, values in rates.items():
+            mean = statistics.mean(values)
+            runs_text = " / ".join(f"{v:8.0f}" for v in values)
+            print(f"  {mix:<5} {name:<12} {runs_text} req/s   {mean / base:7.1%} of open")
+    return problems
