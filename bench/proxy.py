@@ -29,6 +29,7 @@ import os
 import platform
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -153,28 +154,34 @@ def phase_ttfb(setup: Setup, report: Report) -> None:
     print(ttfb_table(report))
 
 
+ROUTING_PAIRS = 6  # alternated pairs of wrk runs per mix: A B, B A, A B, ...
+
+
 def phase_routing_rps(setup: Setup, wrk: str, report: Report) -> None:
-    """gpugate with the default routing against gpugate with wave 1's picker, in A B B A order
-    (the machine's noise drifts; neither gets the quiet seconds), per mix: req/s and CPU."""
+    """gpugate with the default routing against gpugate with wave 1's picker: pairs of wrk runs
+    back to back, in alternating order (the machine's noise drifts; neither gets the quiet
+    seconds); per mix, the median of the pairs' req/s and CPU ratios, and the spread."""
     pair = ("gpugate", "gpugate-p2c")
     if not all(t in setup.targets for t in pair):
         return
-    duration = report.settings.duration
-    print(f"\n== Routing: {pair[0]} vs {pair[1]}, wrk -c64 {duration} s runs, A B B A ==")
+    duration = max(1, report.settings.duration // 2)
+    print(f"\n== Routing: {pair[0]} / {pair[1]}, {ROUTING_PAIRS} alternated pairs of {duration} s"
+          " wrk -c64 runs ==")  # fmt: skip
     for mix in ("chat", "sse"):
         lane, path = MIXES[mix]
-        totals = {t: [0, 0.0, 0.0] for t in pair}  # requests, seconds, CPU us x requests
-        for target in (*pair, *reversed(pair)):
-            url, pid = setup.url(target, lane, path), setup.pid(target, lane)
-            load = run_wrk(wrk, url, BODIES[mix], duration, pid)
-            totals[target][0] += load.requests
-            totals[target][1] += duration
-            totals[target][2] += load.cpu_us * load.requests
-        (a, b) = ((n / s, cpu / n) for n, s, cpu in (totals[t] for t in pair))
+        rps_ratios, cpu_ratios = [], []
+        for k in range(ROUTING_PAIRS):
+            loads = {}
+            for target in pair if k % 2 == 0 else tuple(reversed(pair)):
+                url, pid = setup.url(target, lane, path), setup.pid(target, lane)
+                loads[target] = run_wrk(wrk, url, BODIES[mix], duration, pid)
+            a, b = loads[pair[0]], loads[pair[1]]
+            rps_ratios.append(a.rps / b.rps)
+            cpu_ratios.append(a.cpu_us / b.cpu_us)
+        spread = " ".join(f"{r:.2f}" for r in sorted(rps_ratios))
         print(
-            f"  {mix:<5} {pair[0]} {a[0]:8,.0f} req/s {a[1]:6.0f} us CPU/req | {pair[1]}"
-            f" {b[0]:8,.0f} req/s {b[1]:6.0f} us CPU/req | req/s ratio {a[0] / b[0]:.3f},"
-            f" CPU ratio {a[1] / b[1]:.3f}"
+            f"  {mix:<5} req/s ratio median {statistics.median(rps_ratios):.3f} (pairs: {spread}),"
+            f" CPU/req ratio median {statistics.median(cpu_ratios):.3f}"
         )
 
 
