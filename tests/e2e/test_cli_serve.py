@@ -143,7 +143,7 @@ async def test_demo_brings_up_the_gateway_and_the_fleet_and_stops_on_sigterm(
         await wait_ready(http, url, proc)
         async with http.get(url + "/v1/models") as resp:
             models = sorted(m["id"] for m in (await resp.json())["data"])
-        assert ["bge-m3", "cleanup-3b", "doc-classifier", "qwen-35b", "qwen-7b"] == models
+        assert ["bge-m3", "cleanup-3b", "doc-classifier", "qwen-35b"] == models
         body = {"model": "qwen-35b", "messages": [{"role": "user", "content": "hi"}]}
         async with http.post(url + "/v1/chat/completions", json=body) as resp:
             assert 200 == resp.status

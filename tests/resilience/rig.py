@@ -42,13 +42,6 @@ CLIENT_BOUND_S = 45.0
 """Past this the request hangs: the test fails rather than waits."""
 
 
-CONTINUATION_PENDING = (
-    "mid-stream rescue (issue #13: continuing a stream broken after bytes reached the client,"
-    " and ending a malformed or unterminated one cleanly) is not in the gateway yet"
-)
-"""Why the tests of a stream broken mid-way are skipped: remove it when the gateway does it."""
-
-
 def complete(model: str, prompt: str) -> str:
     """The whole answer of `model` to `prompt`."""
     return token_text(model, prompt, TOKENS)

@@ -9,7 +9,6 @@ import pytest
 from gpugate.fleet.faults import Fault
 from resilience.rig import (
     ATTEMPTS,
-    CONTINUATION_PENDING,
     CUT_AT,
     DEADLINE_S,
     PRIMARY,
@@ -49,9 +48,6 @@ its no-fallback counterpart is a stream cut on every try; a primary down is the 
 The stream-only faults (a malformed chunk, no ``[DONE]``) leave a non-streamed request alone:
 there it is the plain answer."""
 
-PENDING = {"malformed chunk", "closed without [DONE]"}
-"""Streamed, these end in a truncated success or an unparsable event today (see the reason)."""
-
 BOUND_S = ATTEMPTS * max(RETRY_AFTER_WAIT_S, DEADLINE_S) + DEADLINE_S + SLACK_S
 
 
@@ -73,8 +69,6 @@ def assert_complete_or_clean_error(out: Outcome, prompt: str) -> None:
 async def test_without_a_fallback_each_fault_ends_complete_or_in_a_clean_error_in_time(
     alone: Rig, stream: bool, name: str
 ) -> None:
-    if stream and name in PENDING:
-        pytest.skip(CONTINUATION_PENDING)
     fault = FAULTS[name]
     alone.primary.arm(fault)
     prompt = alone.prompt(name)

@@ -502,6 +502,13 @@ class Proxy:
         now = self.clock.monotonic()
         if route is None or self.router is None:
             return picking.pick(endpoints, self._rng, now, exclude=tried), "p2c"
+        if any(ep.backoff_until > now for ep in endpoints):  # #14.2 under every policy too
+            calm = [
+                ep
+                for ep in endpoints
+                if ep.backoff_until <= now and ep.url not in tried and picking.is_available(ep, now)
+            ]
+            endpoints = calm or endpoints
         return self.router.pick(route, endpoints, self._rng, now, exclude=tried)
 
     async def _admit(self, upstream: UpstreamState, cls: RequestClass) -> Slot:

@@ -219,7 +219,7 @@ class DataPlane:
             watcher.remove_done_callback(client_left)
             watcher.cancel()
 
-    async def _relay(  # noqa: PLR0912 - the stream branch, then the body relay as before
+    async def _relay(
         self, out: Outbound, send: Send, rid: bytes, ticket: Ticket | None, *, keep: bool
     ) -> None:
         gw = self.gateway
@@ -230,16 +230,7 @@ class DataPlane:
                 await asyncio.shield(gw.idempotency.abandon(ticket))
             raise
         if out.stream and reply.status == 200 and _is_sse(reply):
-            try:
-                await send(_start(reply, rid))
-            except BaseException:
-                reply.close()
-                raise
-            try:
-                await _relay_events(gw, out, reply, send)
-            finally:
-                if ticket is not None:
-                    await asyncio.shield(gw.idempotency.abandon(ticket))
+            await _relay_stream(gw, out, reply, send, rid, ticket)
             return
         code: str | None = None
         kept: list[bytes] | None = [] if ticket is not None and keep else None
@@ -270,6 +261,22 @@ class DataPlane:
             reply.close(code)
             if ticket is not None:
                 await asyncio.shield(gw.idempotency.abandon(ticket))
+
+
+async def _relay_stream(
+    gw: Gateway, out: Outbound, reply: Reply, send: Send, rid: bytes, ticket: Ticket | None
+) -> None:
+    """A streamed answer: the headers, then the events (a stream is never kept under a key)."""
+    try:
+        try:
+            await send(_start(reply, rid))
+        except BaseException:
+            reply.close()
+            raise
+        await _relay_events(gw, out, reply, send)
+    finally:
+        if ticket is not None:
+            await asyncio.shield(gw.idempotency.abandon(ticket))
 
 
 def _is_sse(reply: Reply) -> bool:
