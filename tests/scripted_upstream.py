@@ -56,6 +56,7 @@ class Step:
     delay_s: float = 0.0
     end: bool = False
     words: tuple[str, ...] | None = None  # this answer's words instead of the server's
+    crlf: bool = False  # frame events with CRLF (sse-starlette's default)
 
 
 OK = Step()
@@ -139,9 +140,10 @@ async def _handle(request: web.Request) -> web.StreamResponse:  # noqa: C901, PL
         return web.json_response(doc)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    end = b"\r\n\r\n" if step.crlf else b"\n\n"
     if step.first_event_error:
         error = {"error": {"message": "overloaded", "type": "server_error", "code": 503}}
-        await response.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+        await response.write(b"data: " + json.dumps(error).encode() + end)
         return response
     for i, word in enumerate(words):
         if step.events is not None and i == step.events:
@@ -163,16 +165,16 @@ async def _handle(request: web.Request) -> web.StreamResponse:  # noqa: C901, PL
         data = json.dumps(chunk).encode()
         if step.garbage_at == i:
             data = data[: len(data) // 2]  # an event cut off in the middle
-        await response.write(b"data: " + data + b"\n\n")
+        await response.write(b"data: " + data + end)
     final = {
         "id": f"chatcmpl-{server.name}-{n}",
         "object": "chat.completion.chunk",
         "model": model,
         "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
     }
-    await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+    await response.write(b"data: " + json.dumps(final).encode() + end)
     if not step.no_done:
-        await response.write(b"data: [DONE]\n\n")
+        await response.write(b"data: [DONE]" + end)
     return response
 
 
