@@ -25,8 +25,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpugate.core import raw_path
 from gpugate.core.classes import RequestClass, parse_request_class
-from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge, UpstreamError
+from gpugate.errors import (
+    BadRequest,
+    ExternalUpstreamForbidden,
+    GpugateError,
+    PayloadTooLarge,
+    UpstreamError,
+)
 from gpugate.logs import request_id
+from gpugate.services.azure_di import allow_external
 from gpugate.services.continuation import (
     KEEP_LIMIT,
     MAX_CONTINUATIONS,
@@ -157,6 +164,8 @@ class DataPlane:
         out: Outbound | None = None
         try:
             upstream_id, path = raw_path.split(_raw_path_of(scope))
+            if not allow_external(_header(scope["headers"], b"x-allow-external")):
+                _refuse_external(gw, upstream_id)
             cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
             body: bytes | None = None
             if _has_body(scope["method"], scope["headers"]):
@@ -465,6 +474,14 @@ def _has_body(method: str, headers: list[tuple[bytes, bytes]]) -> bool:
             _header(headers, b"transfer-encoding") is not None
         )
     return True
+
+
+def _refuse_external(gw: Gateway, upstream_id: str) -> None:
+    """``X-Allow-External: false`` on ``/u/`` to an external upstream: 403, as the façade."""
+    if gw.registry.upstream(upstream_id).config.external:
+        raise ExternalUpstreamForbidden(
+            f"upstream {upstream_id!r} is external and the request says X-Allow-External: false"
+        )
 
 
 def _raw_path_of(scope: Scope) -> bytes:

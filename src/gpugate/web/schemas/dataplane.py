@@ -110,7 +110,7 @@ _RAW_ERRORS = {
     **_ERRORS,
     400: "BAD_REQUEST: a dot segment, an encoded / \\ ? #, or a malformed escape in the path",
     403: "RAW_FORBIDDEN: an azure-di, external or keyed upstream without `raw:` for this "
-    "method and path",
+    "method and path; EXTERNAL_UPSTREAM_FORBIDDEN: X-Allow-External false, external upstream",
     404: "UNKNOWN_UPSTREAM: no upstream has this id",
     413: "PAYLOAD_TOO_LARGE: the body is over server.max_body_bytes",
 }
