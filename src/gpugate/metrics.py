@@ -222,6 +222,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.retention_purged = Counter(
+            "gateway_retention_purged",
+            "Rows the retention purge of this process deleted, by kind (jobs, batches, audit,"
+            " ledger, idempotency)",
+            ["kind"],
+            registry=r,
+        )
         self.runtime_drained_calls = Counter(
             "gateway_runtime_drained_calls",
             "Calls in flight cancelled because their runtime was drained or auto-disabled",

@@ -427,7 +427,11 @@ def _start_loops(
     loops.start("job-gauges", gateway.gauges.run)
     loops.start("replica-heartbeat", ReplicaHeartbeat(gateway.store, gateway.clock).run)
     gateway.retention = Retention(
-        gateway.store, gateway.blobs, gateway.clock, lambda: gateway.config.retention
+        gateway.store,
+        gateway.blobs,
+        gateway.clock,
+        lambda: gateway.config.retention,
+        metrics=gateway.metrics,
     )
     loops.start("retention", gateway.retention.run)
     loops.start("key-usage", gateway.usage.run)
