@@ -101,8 +101,9 @@ class Outbound:
     stream: bool = False
     #: A fallback model may be served by an ``external`` upstream (jobs: ``allow_external``).
     allow_external: bool = False
-    #: False: one try, no fallback — the caller retries itself (the job dispatcher walks its
-    #: runtimes and counts attempts; trying here too would multiply the tries).
+    #: False: no waiting retry and no fallback — the caller retries itself (the job dispatcher
+    #: walks its runtimes and counts attempts); only a fresh, calm peer endpoint is tried at once
+    #: after a failure (#14.2: a busy endpoint must not fail the job while its peer is healthy).
     rescue: bool = True
 
 
@@ -400,7 +401,7 @@ class Proxy:
             if len(upstreams) == 1
             else [ep for u in upstreams for ep in u.endpoints]
         )
-        resendable = out.rescue and not isinstance(out.body, AsyncIterator)
+        resendable = not isinstance(out.body, AsyncIterator)
         tried: set[str] = set()
         tries = 0
         slept = False
@@ -433,6 +434,8 @@ class Proxy:
             elif not slept:
                 if tries >= retry.attempts or not resendable:
                     return None
+                if not out.rescue and (chosen.url in tried or picking.is_backed_off(chosen, now)):
+                    return None  # the caller retries itself: only a fresh peer, at once
                 wait = self._wait(chosen, tried, tries, now, upstream)
                 if wait > retry.retry_after_max_s or not self._budget_allows(run, upstream, now):
                     return None
