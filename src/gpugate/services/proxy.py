@@ -64,6 +64,7 @@ from gpugate.services.attempts import (
     is_context_exceeded,
     with_model,
 )
+from gpugate.services.continuation import Delivered, Replay, deterministic, prefill_body
 from gpugate.services.shed import ShedGate
 
 log = logging.getLogger("gpugate.proxy")
@@ -155,9 +156,9 @@ class Reply:
         """The upstream broke off the body: that counts against the endpoint's health."""
         picking.record_failure(self.endpoint, self._proxy.clock.monotonic())
 
-    def close(self, code: str | None = None) -> None:
-        """Release the upstream connection, the endpoint claim and the admission slot; record
-        the request. ``code`` is what the client finally got (default: the upstream status)."""
+    def discard(self) -> None:
+        """Release everything without recording a request (a continuation's try that was not
+        used: the request is recorded once, by the reply that ends it)."""
         if self._closed:
             return
         self._closed = True
@@ -165,6 +166,13 @@ class Reply:
         if self._slot is not None:
             picking.release(self.endpoint, probe=self._probe)
             self._slot.release()
+
+    def close(self, code: str | None = None) -> None:
+        """Release the upstream connection, the endpoint claim and the admission slot; record
+        the request. ``code`` is what the client finally got (default: the upstream status)."""
+        if self._closed:
+            return
+        self.discard()
         self._proxy.finished(self._outbound, self.upstream, code or str(self.status))
 
 
@@ -292,6 +300,55 @@ class Proxy:
             if i < len(chain):
                 self._metrics.fallbacks.labels(policy.name, chain[i], run.reason.value).inc()
         return self._give_up(run)
+
+    async def continue_stream(
+        self, out: Outbound, done: Delivered
+    ) -> tuple[Reply, Replay | None] | None:
+        """A stream of ``out`` broke after ``done`` reached the client: a reply that continues
+        it (and the filter a replay needs), or None when no target can do so faithfully.
+
+        Targets in order: the model's own upstreams, then its fallbacks'; each by its
+        ``continuation`` (``replay`` only for the same model and a deterministic request,
+        ``prefill`` for any). A target's refusal (a 4xx, a failure) is skipped silently.
+        """
+        doc = out.doc
+        if doc is None or out.model is None or done.finished:
+            return None
+        policy = self._models.get(out.model)
+        chain = [out.model, *(policy.fallbacks if policy is not None else ())]
+        same_again = deterministic(doc) and isinstance(out.body, bytes)
+        for hop, name in enumerate(chain):
+            try:
+                upstreams = self.candidates(dataclasses.replace(out, model=name))
+            except GpugateError:
+                continue
+            for upstream in upstreams:
+                mode = upstream.config.continuation
+                if hop and upstream.config.external and not out.allow_external:
+                    continue
+                if mode == "replay" and (hop or not same_again):
+                    continue
+                if mode == "none":
+                    continue
+                body = out.body if mode == "replay" else prefill_body(doc, name, done.text)
+                target = dataclasses.replace(
+                    out, model=name, upstream_id=upstream.id, body=body, doc=None
+                )
+                try:
+                    reply = await self._try_model(_Run(target), target, last=True)
+                except GpugateError:
+                    continue
+                if reply is None:
+                    continue
+                if reply.status != 200 or not _is_event_stream(reply.headers):
+                    reply.discard()  # e.g. a 400 refusing the prefill: never the client's story
+                    continue
+                self._metrics.continuations.labels(out.model, mode).inc()
+                if hop:
+                    self._metrics.fallbacks.labels(out.model, name, Reason.STREAM_BROKE).inc()
+                return reply, Replay(done.text) if mode == "replay" else None
+        self._metrics.continuations.labels(out.model, "failed").inc()
+        return None
 
     def _give_up(self, run: _Run) -> Reply:
         """Nothing answered: relay the failure kept (an upstream's own response, as it gave
@@ -445,6 +502,13 @@ class Proxy:
         now = self.clock.monotonic()
         if route is None or self.router is None:
             return picking.pick(endpoints, self._rng, now, exclude=tried), "p2c"
+        if any(ep.backoff_until > now for ep in endpoints):  # #14.2 under every policy too
+            calm = [
+                ep
+                for ep in endpoints
+                if ep.backoff_until <= now and ep.url not in tried and picking.is_available(ep, now)
+            ]
+            endpoints = calm or endpoints
         return self.router.pick(route, endpoints, self._rng, now, exclude=tried)
 
     async def _admit(self, upstream: UpstreamState, cls: RequestClass) -> Slot:
@@ -521,7 +585,8 @@ class Proxy:
                 slot.release()
                 return None
             if status == 400 and run.wants_context(self._models, out.model):
-                body = await _read_kept(response)
+                read: list[bytes] = []
+                body = await _read_kept(response, read)
                 if body is not None and is_context_exceeded(body):
                     picking.record_success(endpoint, self.clock.monotonic())
                     response.release()
@@ -534,7 +599,7 @@ class Proxy:
                     )
                     run.fail(run.context, Reason.CONTEXT)
                     return None
-                held = [body] if body else []
+                held = read  # relayed as it came, whatever was read of it
             elif out.stream and status == 200 and _is_event_stream(response.headers):
                 held = await self._first_event(response, cfg.first_token_timeout_s, ttfb)
                 response.set_idle_timeout(cfg.stream_idle_timeout_s)
@@ -618,6 +683,8 @@ class Proxy:
                         raise UpstreamError("the upstream's stream ended before its first event")
                     held.append(chunk)
                     buffer = buffer + chunk if buffer else chunk
+                    if b"\r" in buffer:  # CRLF framing: find the event as LF
+                        buffer = buffer.replace(b"\r\n", b"\n")
                     end = first_data_end(buffer)
                     if end >= 0:
                         break
@@ -736,16 +803,16 @@ def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
     return any(k == b"content-type" and v.startswith(_EVENT_STREAM) for k, v in headers)
 
 
-async def _read_kept(response: UpstreamResponse) -> bytes | None:
+async def _read_kept(response: UpstreamResponse, parts: list[bytes] | None = None) -> bytes | None:
     """A failed try's body, whole, if it is at most :data:`KEEP_LIMIT` bytes; None if longer
-    (then it is not kept)."""
-    parts: list[bytes] = []
+    (then it is not kept, and ``parts``, when given, holds what was read of it)."""
+    parts = [] if parts is None else parts
     size = 0
     while chunk := await response.read_chunk():
         size += len(chunk)
+        parts.append(chunk)
         if size > KEEP_LIMIT:
             return None
-        parts.append(chunk)
     return b"".join(parts)
 
 
