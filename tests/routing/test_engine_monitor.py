@@ -4,6 +4,7 @@ the last reading until it goes stale, then routing gets nothing (fail open)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -57,23 +58,35 @@ def scrapes(metrics: Metrics, outcome: str) -> float:
     )
 
 
-async def test_a_scrape_of_a_real_engine_gives_its_running_and_waiting_requests(
-    busy_engine: ModelServer, client: UpstreamClient
-) -> None:
+@contextlib.asynccontextmanager
+async def three_held(server: ModelServer) -> AsyncIterator[None]:
+    """Three requests held on ``server``'s one slot (1 running, 2 waiting) for the block."""
     body = {"model": MODEL, "prompt": "hold", "max_tokens": 2, "stream": True}
 
     async def hold(http: aiohttp.ClientSession) -> None:
-        async with http.post(f"{busy_engine.url}/v1/completions", json=body) as response:
+        async with http.post(f"{server.url}/v1/completions", json=body) as response:
             await response.read()
 
+    engine = server.engine
+    assert engine is not None
     async with aiohttp.ClientSession() as http:
         held = [asyncio.create_task(hold(http)) for _ in range(3)]
-        engine = busy_engine.engine
-        assert engine is not None
-        for _ in range(500):  # bounded: the three requests reach the engine
-            if engine.running + engine.waiting == 3:
-                break
-            await asyncio.sleep(0.01)
+        try:
+            for _ in range(500):  # bounded: the three requests reach the engine
+                if engine.running + engine.waiting == 3:
+                    break
+                await asyncio.sleep(0.01)
+            yield
+        finally:
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+
+
+async def test_a_scrape_of_a_real_engine_gives_its_running_and_waiting_requests(
+    busy_engine: ModelServer, client: UpstreamClient
+) -> None:
+    async with three_held(busy_engine):
         clock = ManualClock()
         monitor = EngineMonitor(
             [upstream(busy_engine.url)],
@@ -84,9 +97,6 @@ async def test_a_scrape_of_a_real_engine_gives_its_running_and_waiting_requests(
         )
 
         assert 1 == await monitor.tick()
-        for task in held:
-            task.cancel()
-        await asyncio.gather(*held, return_exceptions=True)
 
     signal = monitor.signal("u", busy_engine.url, clock.monotonic())
     assert signal is not None
@@ -184,20 +194,7 @@ async def test_the_router_avoids_a_busy_engine_then_falls_back_to_outstanding_co
     """The busy engine's queue comes from its scrape; once that reading is older than
     staleness_s, load is gpugate's own count (0 there): it competes again — fail open."""
     async with ModelServer([MODEL], name="idle", engine=FAST_IDLE) as idle:
-        body = {"model": MODEL, "prompt": "hold", "max_tokens": 2, "stream": True}
-
-        async def hold(http: aiohttp.ClientSession) -> None:
-            async with http.post(f"{busy_engine.url}/v1/completions", json=body) as response:
-                await response.read()
-
-        async with aiohttp.ClientSession() as http:
-            held = [asyncio.create_task(hold(http)) for _ in range(3)]
-            engine = busy_engine.engine
-            assert engine is not None
-            for _ in range(500):  # bounded: the three requests reach the engine
-                if engine.running + engine.waiting == 3:
-                    break
-                await asyncio.sleep(0.01)
+        async with three_held(busy_engine):
             clock = ManualClock()
             config = UpstreamConfig(
                 id="u",
@@ -207,9 +204,6 @@ async def test_the_router_avoids_a_busy_engine_then_falls_back_to_outstanding_co
             )
             monitor = EngineMonitor([config], client, clock, Metrics())
             assert 2 == await monitor.tick()
-            for task in held:
-                task.cancel()
-            await asyncio.gather(*held, return_exceptions=True)
 
         cfg = RoutingConfig(policy="engine_load")
         router = Router(lambda _m, _u: cfg, signal=monitor.signal)
