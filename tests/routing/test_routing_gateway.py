@@ -179,3 +179,23 @@ async def _read(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> 
 
 def _fields(spec: EngineSpec) -> dict[str, Any]:
     return {name: getattr(spec, name) for name in spec.__dataclass_fields__}
+
+
+async def test_an_endpoint_removed_by_a_new_config_leaves_the_prefix_index(
+    sqlite_dsn: str,
+) -> None:
+    async with fleet(sqlite_dsn, [FAST, FAST]) as (gw, servers):
+        client = openai.AsyncOpenAI(base_url=gw.v1, api_key="unused", max_retries=0)
+        system = {"role": "system", "content": prompt(200)}
+        await served_by(client, [system, {"role": "user", "content": "q"}])
+        await client.close()
+        router = gw.gateway.proxy.router
+        assert router is not None
+        assert "blocks=0" not in repr(router)
+
+        gone = make_config(sqlite_dsn, [upstream("u", [servers[0].url], [MODEL])])
+        kept = make_config(sqlite_dsn, [upstream("u", [servers[1].url], [MODEL])])
+        for config in (gone, kept):
+            gw.gateway.apply_config(config, gw.gateway.config_version + 1)
+
+    assert "blocks=0" in repr(router)
