@@ -149,6 +149,9 @@ class Gateway:
             self.engine_monitor.reconfigure(config.upstreams)
         if self.proxy.router is not None:
             self.proxy.router.policy = scoring.policy_table(config.upstreams, config.models)
+            kept = {url for upstream in config.upstreams for url in upstream.endpoints}
+            for url in {u for up in self.config.upstreams for u in up.endpoints} - kept:
+                self.proxy.router.forget(url)  # an endpoint that left: its prefixes with it
         if self.new_runtime is not None:
             before = {entry.id: entry for entry in self.config.runtimes}
             for entry in config.runtimes:

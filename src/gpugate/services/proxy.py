@@ -405,7 +405,7 @@ class Proxy:
         tried: set[str] = set()
         tries = 0
         slept = False
-        route = self._route(out)
+        route = self._route(out, endpoints)
         reason = "p2c"
         while True:
             now = self.clock.monotonic()
@@ -484,9 +484,10 @@ class Proxy:
         retry = upstream.config.retry
         return Backoff(retry.backoff_s, retry.max_backoff_s, self._rng).delay(tries)
 
-    def _route(self, out: Outbound) -> Route | None:
-        """The request's routing facts (prompt hashed once), when a router routes models."""
-        if self.router is None or out.model is None:
+    def _route(self, out: Outbound, endpoints: Sequence[EndpointState]) -> Route | None:
+        """The request's routing facts (prompt hashed once), when a router routes models and
+        there is a choice to make (one endpoint: nothing to hash, nothing to learn)."""
+        if self.router is None or out.model is None or len(endpoints) < 2:
             return None
         batch = out.cls is RequestClass.BATCH
         return self.router.route(out.model, out.upstream_id, out.doc, out.headers, batch=batch)
