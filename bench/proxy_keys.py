@@ -6,6 +6,7 @@ machine's noise falls on all alike; the ratios are of the medians. One key has n
 lookup, a local cache hit after the first request, and the usage read from the body), one has
 limits (rpm, tpm and daily tokens: leased in slices from the store, SQLite here as the bench's
 gpugate, so a store transaction every slice rather than every request). Prints req/s and the
+gateway process's CPU per request (less sensitive to a loaded machine than req/s), and their
 ratios to open.
 """
 
@@ -59,6 +60,7 @@ def phase_keys(setup: Setup, wrk: str, procs: Processes, cores: Cores, duration:
     for mix in ("chat", "sse"):
         lane, path = MIXES[mix]
         rates: dict[str, list[float]] = {"open": [], "keys": [], "keys+limits": []}
+        cpu: dict[str, list[float]] = {name: [] for name in rates}
         for _ in range(ROUNDS):
             runs = (
                 ("open", setup.url("gpugate", lane, path), setup.pid("gpugate", lane), None),
@@ -68,11 +70,17 @@ def phase_keys(setup: Setup, wrk: str, procs: Processes, cores: Cores, duration:
             for name, url, pid, key in runs:
                 load = run_wrk(wrk, url, BODIES[mix], duration, pid, bearer=key)
                 rates[name].append(load.rps)
+                cpu[name].append(load.cpu_us)
                 if load.non_2xx or load.socket_errors:
                     problems.append(f"{mix} via gpugate {name}: {load.non_2xx} non-2xx (wrk)")
         base = statistics.median(rates["open"])
+        base_cpu = statistics.median(cpu["open"])
         for name, values in rates.items():
             mean = statistics.median(values)
-            runs_text = " / ".join(f"{v:8.0f}" for v in values)
-            print(f"  {mix:<5} {name:<12} {runs_text} req/s   {mean / base:7.1%} of open")
+            runs_text = " / ".join(f"{v:6.0f}" for v in values)
+            used = statistics.median(cpu[name])
+            print(
+                f"  {mix:<5} {name:<12} {runs_text} req/s {mean / base:7.1%} of open;"
+                f" CPU {used:6.0f} us/req ({used / base_cpu:6.1%})"
+            )
     return problems
