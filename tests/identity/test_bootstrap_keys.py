@@ -10,6 +10,7 @@ import pytest
 from keyed import ENVIRON, bearer, chat, keyed_config
 
 from gpugate.errors import ConfigError
+from gpugate.wiring import build_gateway
 from harness import model_servers, serving
 
 SECRET = "gk-bootstrap-" + "s" * 32
@@ -49,7 +50,7 @@ async def test_a_bad_bootstrap_key_stops_the_start_naming_the_entry_not_the_secr
         sqlite_dsn, ["http://127.0.0.1:9"], ["m"], auth={"bootstrap_keys_env": "BOOT_KEYS"}
     )
     with pytest.raises(ConfigError) as refused:
-        async with serving(config, environ=environ):
+        async with build_gateway(config, environ=environ, run_job_loops=False):
             pass
     assert where in str(refused.value)
     assert SECRET not in str(refused.value)

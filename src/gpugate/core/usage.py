@@ -39,8 +39,25 @@ def usage_of(doc: Any) -> Usage | None:
     return Usage(prompt, completion)
 
 
+_DECODER = json.JSONDecoder()
+
+
 def json_usage(body: bytes) -> Usage | None:
-    """The usage of a whole JSON response body."""
+    """The usage of a whole JSON response body: its last ``"usage":`` object read on its own
+    (OpenAI-compatible servers put it at the end), else the whole body parsed."""
+    at = body.rfind(b'"usage"')
+    if at < 0:
+        return None
+    start = body.find(b"{", at)
+    colon = body.find(b":", at)
+    if 0 <= colon < start and not body[colon + 1 : start].strip():
+        try:
+            usage, _ = _DECODER.raw_decode(body[start:].decode())
+            found = usage_of({"usage": usage})
+        except (ValueError, UnicodeDecodeError):
+            found = None
+        if found is not None:
+            return found
     try:
         return usage_of(json.loads(body))
     except ValueError:
