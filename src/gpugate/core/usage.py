@@ -89,6 +89,8 @@ class StreamUsage:
     def feed(self, chunk: bytes) -> bytes:
         if not self.hide and self.usage is not None:
             return chunk
+        if not self._buffer and chunk.endswith(b"\n\n") and b'"usage"' not in chunk:
+            return chunk  # whole events, nothing to read or take out: the same object on
         data = self._buffer + chunk
         end = data.rfind(b"\n\n")
         if end < 0:
