@@ -257,9 +257,10 @@ MEANING: dict[str, str] = {
     "(engine_load plus the prefix index, session and LoRA affinity)",
     "upstreams[].routing.prefix_weight": "a prompt's leading blocks missing on an endpoint cost "
     "this many queued requests there (scaled by the share of the prompt missing)",
-    "upstreams[].routing.waiting_weight": "how much a waiting request weighs against a running one",
-    "upstreams[].routing.kv_weight": "KV-cache use (0..1) times this is added to an endpoint's "
-    "load",
+    "upstreams[].routing.waiting_weight": "each request waiting in the engine (it could not "
+    "start: slots or KV cache full) adds this much load on top of counting as outstanding",
+    "upstreams[].routing.kv_weight": "a KV cache filling from 90 % to 100 % adds up to this "
+    "much load",
     "upstreams[].routing.balance_abs": "affinity is ignored for an endpoint at least this much "
     "busier than the least loaded one (and `balance_rel` times as busy)",
     "upstreams[].routing.balance_rel": "... and at least this many times as busy",
@@ -336,6 +337,8 @@ MEANING: dict[str, str] = {
     "server.access_log": "one line per request at INFO on the `gpugate.access` logger (method, "
     "path without its query, status, duration, and for the data plane the upstream, model and "
     "attempts); probes and `/metrics` at DEBUG; false (or `serve --no-access-log`): none",
+    "server.max_idempotent_response_bytes": "a response body larger than this is not kept for "
+    "`Idempotency-Key` replays (the key is released; a retry is sent again)",
     "server.log_format": "`text` or `json` lines on stderr",
     "server.config_poll_s": "how often each replica looks for a new config version and runtime "
     "states",
@@ -356,6 +359,10 @@ MEANING: dict[str, str] = {
     "one more gets 503 `TOO_MANY_CONNECTIONS` with `Retry-After` (keep it below the fd limit)",
     "server.max_waiters": "`POST /v1/jobs?wait=` requests waiting at once; one more gets its "
     "job at once (202, created and running) and polls `GET /v1/jobs/{slug}`",
+    "server.console_sample_s": "how often the console's charts take a sample of the "
+    "gateway's own metrics (in process, no scrape; docs/console.md)",
+    "server.console_history_s": "how far back the console's charts reach: a ring of "
+    "`console_history_s / console_sample_s` samples (at most 17 280), in memory, per replica",
     "retention": "how long finished rows are kept; a purge loop on every replica deletes "
     "older ones in small batches (docs/security.md)",
     "retention.jobs_s": "finished (completed, failed, cancelled) jobs, with their events and "
@@ -414,6 +421,17 @@ MEANING: dict[str, str] = {
     "import_env.allow": "and these names (besides those the file's own gateway document names); "
     "never a variable a process key names (the admin token's, the blob store's keys)",
 }
+# models[].routing has the keys and meanings of upstreams[].routing (one RoutingConfig)
+MEANING["models[].routing"] = (
+    "how this model's endpoints are chosen; an upstream's own `routing` wins (docs/routing.md)"
+)
+MEANING.update(
+    {
+        key.replace("upstreams[]", "models[]", 1): meaning
+        for key, meaning in list(MEANING.items())
+        if key.startswith("upstreams[].routing.")
+    }
+)
 
 
 def all_keys() -> list[Key]:

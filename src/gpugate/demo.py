@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import signal
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Self
@@ -22,7 +23,7 @@ from typing import Self
 from gpugate.config import load_config
 from gpugate.demo_scenarios import SCENARIOS, Stage, play
 from gpugate.errors import GpugateError
-from gpugate.fleet import Fleet, FleetSpec, HostLabel, demo_spec
+from gpugate.fleet import EXPORTER, Fleet, FleetSpec, HostLabel, demo_spec
 from gpugate.server import bind, serve_gateway
 from gpugate.worker import WorkerSettings
 from gpugate.worker.server import running_worker
@@ -31,6 +32,9 @@ log = logging.getLogger("gpugate.demo")
 
 DEMO_TOKEN = "demo-admin-token"  # noqa: S105 - printed on purpose: it guards a loopback demo
 WORKER_SECRET_ENV = "GPUGATE_DEMO_WORKER_SECRET"  # noqa: S105 - a variable's name
+DEFAULT_PACE_S = 5.0  # how long a scenario holds each state for a watcher (``--pace``)
+MAX_PACE_S = 600.0
+TRAFFIC_EVERY_S = 0.5  # the background chat traffic while a scenario plays
 HOME_DAILY_CENTS = 2.0  # home-1's daily budget in the demo: over it after ~4 s of its GPU time
 
 
@@ -40,23 +44,47 @@ def fleet_spec(gpus: int = 2, host_label: HostLabel = "Hostname") -> FleetSpec:
     return dataclasses.replace(spec, gpus=gpus, exporter=exporter)
 
 
-async def run_fleet(*, gpus: int = 2, host_label: HostLabel = "Hostname") -> None:
-    """Run the simulated fleet until SIGINT or SIGTERM, printing where each member listens."""
+def fleet_ports(spec: FleetSpec, ports: Sequence[int]) -> dict[str, int]:
+    """Fixed ports for the fleet's members, in order: every server as the spec lists them, then
+    the exporter. One port is the first of consecutive ones; otherwise one per member."""
+    members = [*(server.name for server in spec.servers), EXPORTER]
+    if len(ports) == 1:
+        ports = [ports[0] + i for i in range(len(members))]
+    if len(ports) != len(members):
+        raise ValueError(
+            f"--ports needs {len(members)} ports ({', '.join(members)}), got {len(ports)}"
+        )
+    if any(not 0 < port < 65536 for port in ports):
+        raise ValueError(f"ports must be 1-65535, got {list(ports)}")
+    return dict(zip(members, ports, strict=True))
+
+
+async def run_fleet(
+    *, gpus: int = 2, host_label: HostLabel = "Hostname", ports: Sequence[int] = ()
+) -> None:
+    """Run the simulated fleet until SIGINT or SIGTERM, printing where each member listens;
+    ``ports`` fixes them (see :func:`fleet_ports`), else each gets a free one."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Fleet(fleet_spec(gpus, host_label)) as fleet:
+    spec = fleet_spec(gpus, host_label)
+    fixed = fleet_ports(spec, ports) if ports else None
+    async with Fleet(spec, ports=fixed) as fleet:
         for line in fleet.describe():
             print(line, flush=True)  # noqa: T201 - the command's output
         print("Ctrl-C stops.", flush=True)  # noqa: T201
         await stop.wait()
 
 
-def demo_config(fleet: Fleet, *, store: Path, listen: str, worker_url: str) -> str:
+def demo_config(
+    fleet: Fleet, *, store: Path, listen: str, worker_url: str, access_log: bool = True
+) -> str:
     """The demo gateway's YAML: the seed's upstreams on the simulated fleet's ports, and a push
-    runtime ``home-1`` served by the demo's own push worker at ``worker_url``."""
+    runtime ``home-1`` served by the demo's own push worker at ``worker_url``. A scenario turns
+    the access log off (``access_log``): its background traffic would bury the narration."""
     s = fleet.servers
+    access = "true" if access_log else "false  # a scenario plays: its narration is the output"
     return f"""\
 # Written by `gpugate demo` for the simulated fleet started with it (ports change per run).
 listen: {listen}
@@ -70,11 +98,20 @@ gpu_health:
   sustained_samples: 3
   shed_batch: true        # on for the demo: `--scenario saturate` shows batch being shed
 
+models:
+  - name: qwen-35b
+    fallbacks: [qwen-7b]    # `--scenario failover`: GPU 0 faults, the chat goes on on qwen-7b
+
 upstreams:
   - id: qwen-35b
     url: {s["qwen-35b"].url}
     models: [qwen-35b]
     gpu_ids: [0]
+  - id: qwen-7b
+    url: {s["qwen-7b"].url}
+    models: [qwen-7b]
+    gpu_ids: [1]
+    continuation: prefill   # it goes on after the text already delivered (a broken stream)
   - id: cleanup-3b
     url: {s["cleanup-3b"].url}
     models: [cleanup-3b]
@@ -102,6 +139,8 @@ fallback_chain: [local, home-1]
 
 server:
   shutdown_grace_s: 5
+  console_sample_s: 2     # the console's charts move every 2 s in the demo
+  access_log: {access}
 """
 
 
@@ -160,10 +199,20 @@ def _fresh_store(workdir: Path) -> Path:
     return db
 
 
-async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None = None) -> bool:
-    """Gateway + simulated fleet until SIGINT/SIGTERM; True when it started and stopped cleanly."""
+async def run_demo(
+    host: str,
+    port: int,
+    *,
+    workdir: Path,
+    scenario: str | None = None,
+    pace_s: float = DEFAULT_PACE_S,
+) -> bool:
+    """Gateway + simulated fleet until SIGINT/SIGTERM; True when it started and stopped cleanly.
+    A ``scenario`` holds each of its states ``pace_s`` (see :func:`_play`)."""
     if scenario is not None and scenario not in SCENARIOS:
         raise GpugateError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+    if not 0 <= pace_s <= MAX_PACE_S:
+        raise GpugateError(f"--pace must be between 0 and {MAX_PACE_S:g} seconds, not {pace_s:g}")
     environ = dict(os.environ)
     token = environ.setdefault("GPUGATE_ADMIN_TOKEN", DEMO_TOKEN)
     sock = bind(host, port)  # first, so a taken port fails before anything starts
@@ -173,7 +222,13 @@ async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None 
     secret = environ.setdefault(WORKER_SECRET_ENV, secrets.token_urlsafe(16))
     async with Fleet(fleet_spec()) as fleet, DemoWorker(fleet, url, secret, workdir) as worker:
         config_path = workdir / "demo.yaml"
-        text = demo_config(fleet, store=db, listen=f"{host}:{actual_port}", worker_url=worker.url)
+        text = demo_config(
+            fleet,
+            store=db,
+            listen=f"{host}:{actual_port}",
+            worker_url=worker.url,
+            access_log=scenario is None,
+        )
         await asyncio.to_thread(config_path.write_text, text)
         config = load_config(config_path, environ=environ, require_env=True)
 
@@ -182,7 +237,7 @@ async def run_demo(host: str, port: int, *, workdir: Path, scenario: str | None 
         async def announce() -> None:
             print("\n".join(banner(fleet, url=url, workdir=workdir, token=token)), flush=True)  # noqa: T201
             if scenario is not None:
-                stage = stage_for(fleet, worker, url=url, token=token)
+                stage = stage_for(fleet, worker, url=url, token=token, pace_s=pace_s)
                 plays.append(asyncio.create_task(_play(scenario, stage), name="demo-scenario"))
 
         try:
@@ -238,7 +293,7 @@ class DemoWorker:
 
 
 def stage_for(
-    fleet: Fleet, worker: DemoWorker, *, url: str, token: str, pace_s: float = 5.0
+    fleet: Fleet, worker: DemoWorker, *, url: str, token: str, pace_s: float = DEFAULT_PACE_S
 ) -> Stage:
     """The stage a scenario plays on: this gateway, this fleet's control routes, home-1's
     worker, stdout."""
@@ -258,8 +313,26 @@ def stage_for(
 
 
 async def _play(scenario: str, stage: Stage) -> None:
+    """Play ``scenario`` for a watcher: steady chat traffic throughout (so the console's charts
+    show the incident in requests, latency and errors), the healthy fleet held ``pace_s``
+    before it starts and after it ends, each of its states held as it says."""
     stage.say(f"Playing scenario {scenario!r}: {SCENARIOS[scenario].shows}. Watch the console.")
+    traffic = asyncio.create_task(_traffic(stage), name="demo-traffic")
     try:
+        await stage.hold()
         await play(scenario, stage)
+        await stage.hold()
     except GpugateError as exc:
         log.error("scenario %s stopped: %s", scenario, exc.message)  # noqa: TRY400 - no traceback helps
+    finally:
+        traffic.cancel()
+        await asyncio.gather(traffic, return_exceptions=True)
+    stage.say(f"[{scenario}] the background traffic stopped; the console keeps the last hour")
+
+
+async def _traffic(stage: Stage) -> None:
+    """One interactive chat request every :data:`TRAFFIC_EVERY_S`, to 127.0.0.1 only, until
+    cancelled (the scenario ended): what the charts draw while an incident plays."""
+    while True:
+        await stage.chat()
+        await asyncio.sleep(TRAFFIC_EVERY_S)

@@ -118,7 +118,8 @@ class Metrics:
         )
         self.endpoint_healthy = Gauge(
             "gateway_endpoint_healthy",
-            "1 when the endpoint is in rotation, 0 when ejected or failing its probe",
+            "1 when the endpoint is in rotation, 0 when ejected or failing its probe"
+            " (endpoint: its index in the upstream's urls)",
             ["upstream", "endpoint"],
             registry=r,
         )
@@ -263,6 +264,15 @@ class Metrics:
         """Export this process's job-loop totals, read when scraped (nothing on the hot path):
         ``dispatched()`` and ``reaped()`` by outcome, ``stuck()`` by runtime."""
         self.registry.register(_JobTotals(dispatched, reaped, stuck))
+
+    def read(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """Every sample of every family now, by sample name (``x_total``, ``x_bucket``, ...):
+        what the console's sampler reads in process, with no scrape and no text parsing."""
+        samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+        return samples
 
     def render(self) -> bytes:
         """The exposition text of every family."""

@@ -8,6 +8,7 @@ the loops in reverse order and closes the store. Nothing else in gpugate names a
 from __future__ import annotations
 
 import logging
+import math
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -22,6 +23,7 @@ from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock, SystemClock
 from gpugate.config import GatewayConfig, ModalRuntimeConfig, PushRuntimeConfig, RuntimeConfig
 from gpugate.config.environment import importable_environ
+from gpugate.core import scoring
 from gpugate.core.jobs import RuntimeView, runtime_views
 from gpugate.core.push_keys import PushKeys
 from gpugate.core.registry import Registry
@@ -33,6 +35,7 @@ from gpugate.services.batch_runner import BatchRunner
 from gpugate.services.batches import Batches
 from gpugate.services.config_versions import ConfigVersions
 from gpugate.services.dispatcher import Dispatcher
+from gpugate.services.engine_monitor import EngineMonitor
 from gpugate.services.gpu_monitor import GpuMonitor
 from gpugate.services.guardrails import Guardrails
 from gpugate.services.idempotency import Idempotency
@@ -55,6 +58,7 @@ from gpugate.services.runtimes.modal import ModalRuntime
 from gpugate.services.runtimes.push import PushRuntime
 from gpugate.services.runtimes.push_reports import PushReports
 from gpugate.services.runtimes.upstream import UpstreamRuntime
+from gpugate.services.samples import Sampler
 from gpugate.services.shed import ShedGate
 from gpugate.services.stop_conditions import StopConditions
 from gpugate.services.supervisor import Supervisor
@@ -83,6 +87,7 @@ class Gateway:
     prober: Prober
     blobs: BlobStore
     monitor: GpuMonitor | None = None  # None: gpu_health is dormant
+    engine_monitor: EngineMonitor | None = None  # scrapes upstreams[].engine for routing
     jobs: Jobs | None = None
     dispatcher: Dispatcher | None = None
     reaper: Reaper | None = None
@@ -94,6 +99,7 @@ class Gateway:
     )
     push_reports: PushReports | None = None  # the worker routes' judge
     gauges: RuntimeGauges | None = None
+    samples: Sampler | None = None  # the console charts' ring of samples
     results: Results | None = None  # where job results are kept (inline or blobs)
     retention: Retention | None = None  # the purge of old rows (issue #15 finding 4)
     azure_di: AzureDocumentIntelligence | None = None
@@ -139,6 +145,10 @@ class Gateway:
         self.proxy.bind_gauges()
         if self.monitor is not None:
             self.monitor.reconfigure(config.upstreams)
+        if self.engine_monitor is not None:
+            self.engine_monitor.reconfigure(config.upstreams)
+        if self.proxy.router is not None:
+            self.proxy.router.policy = scoring.policy_table(config.upstreams, config.models)
         if self.new_runtime is not None:
             before = {entry.id: entry for entry in self.config.runtimes}
             for entry in config.runtimes:
@@ -306,6 +316,7 @@ async def build_gateway(
             gate=gate,
             models=config.models,
         )
+        engine_monitor = _routing(config, registry, proxy, monitor, client, clock, metrics)
         prober = Prober(registry, client, clock, metrics, interval_s=probe_interval_s)
         blobs = open_blobs(config.blobs, environ)
         stack.push_async_callback(blobs.close)
@@ -319,10 +330,15 @@ async def build_gateway(
             started_at=clock.now(),
             registry=registry,
             proxy=proxy,
-            idempotency=Idempotency(store, config.server.idempotency_ttl_s),
+            idempotency=Idempotency(
+                store,
+                config.server.idempotency_ttl_s,
+                max_body_bytes=config.server.max_idempotent_response_bytes,
+            ),
             prober=prober,
             blobs=blobs,
             monitor=monitor,
+            engine_monitor=engine_monitor,
         )
         gateway.azure_di = AzureDocumentIntelligence(proxy, lambda: gateway.config, clock)
         await _client_keys(gateway)
@@ -394,6 +410,8 @@ def _start_loops(
     loops.start("guardrails", gateway.guardrails.run)
     if gateway.monitor is not None:
         loops.start("gpu-monitor", gateway.monitor.run)
+    if gateway.engine_monitor is not None:
+        loops.start("engine-monitor", gateway.engine_monitor.run)
     gateway.metrics.count_jobs(
         lambda: asdict(dispatcher.totals),
         lambda: asdict(reaper.totals),
@@ -413,12 +431,24 @@ def _start_loops(
     )
     loops.start("retention", gateway.retention.run)
     loops.start("key-usage", gateway.usage.run)
+    gateway.samples = _sampler(gateway)
+    loops.start("console-samples", gateway.samples.run)
     if run_job_loops:
         store = gateway.store
         loops.start("dispatcher", dispatcher.run)
         loops.start("reaper", reaper.run)
         loops.start("job-wakeups", lambda: store.watch_jobs(dispatcher.wake))
         loops.start("batches", gateway.batch_runner.run)
+
+
+MAX_SAMPLES = 17_280  # a day at 5 s: the ring's bound whatever the config asks
+
+
+def _sampler(gateway: Gateway) -> Sampler:
+    """The console's ring: ``server.console_history_s`` of samples every ``console_sample_s``."""
+    server = gateway.config.server
+    keep = min(MAX_SAMPLES, math.ceil(server.console_history_s / server.console_sample_s))
+    return Sampler(gateway.metrics.read, gateway.clock, every_s=server.console_sample_s, keep=keep)
 
 
 CLAIMING_LOOPS = ("dispatcher", "job-wakeups", "batches")
@@ -661,6 +691,34 @@ def _push_tls(config: GatewayConfig, entry: PushRuntimeConfig) -> ssl.SSLContext
     if config.tls is not None:
         context.load_cert_chain(config.tls.cert_file, config.tls.key_file)
     return context
+
+
+def _routing(
+    config: GatewayConfig,
+    registry: Registry,
+    proxy: Proxy,
+    monitor: GpuMonitor | None,
+    client: UpstreamClient,
+    clock: Clock,
+    metrics: Metrics,
+) -> EngineMonitor:
+    """The engine monitor and the router the proxy calls where it picks (docs/routing.md)."""
+
+    def outstanding(upstream_id: str, url: str) -> int:
+        for upstream in registry.upstreams():  # a scrape's lookup, not the hot path
+            if upstream.id == upstream_id:
+                for endpoint in upstream.endpoints:
+                    if endpoint.url == url:
+                        return endpoint.outstanding
+        return 0
+
+    engines = EngineMonitor(config.upstreams, client, clock, metrics, outstanding=outstanding)
+    proxy.router = scoring.Router(
+        scoring.policy_table(config.upstreams, config.models),
+        signal=engines.signal,
+        saturated=monitor.saturated if monitor is not None else None,
+    )
+    return engines
 
 
 def _gpu_health(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import re
 
 import yaml
 from console_rig import Console
@@ -158,18 +159,62 @@ async def test_a_fragment_is_the_live_region_alone(console: Console) -> None:
     assert 'name="next" value="/console/runtimes"' in fragment
 
 
-def test_the_spend_chart_draws_per_day_totals_against_the_budget() -> None:
-    spend = {
-        "daily_cents": 100,
-        "days": [{"day": "2025-01-01", "cents": 20}, {"day": "2025-01-02", "cents": 80}],
-    }
-    chart = views.chart(spend)
-    assert [("2025-01-01", 20.0, 10.0), ("2025-01-02", 80.0, 40.0)] == [
-        (b["day"], b["cents"], b["pct"]) for b in chart["bars"]
+def test_the_spend_chart_draws_dollars_per_day_against_the_budget_and_twice_it() -> None:
+    days = [{"day": f"2025-01-{d:02}", "cents": 0} for d in range(1, 15)]
+    days[-2]["cents"], days[-1]["cents"] = 20, 80
+    chart = views.spend_chart({"daily_cents": 100, "days": days})
+    assert 14 == len(chart.bars)
+    assert ["01-13: $0.20", "01-14: $0.80"] == [b["title"] for b in chart.bars[-2:]]
+    assert ["daily budget $1.00", "over budget (2x) $2.00"] == [r["label"] for r in chart.rules]
+    assert "$2.00" == chart.y_ticks[-1]["label"]  # the top: twice the budget
+
+
+async def test_the_fleet_page_charts_the_requests_the_gateway_answered(console: Console) -> None:
+    ring = console.gw.gateway.samples
+    assert ring is not None
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    ring.tick()
+    for _ in range(2):
+        async with console.http.post(console.gw.url + "/v1/chat/completions", json=body) as resp:
+            assert 200 == resp.status
+        ring.tick()
+    await console.login()
+    _, page = await console.page()
+    chart = page[
+        page.index('id="chart-requests"') : page.index(
+            "</figure>", page.index('id="chart-requests"')
+        )
     ]
-    assert {"soft": 50.0, "over": 100.0} == chart["lines"]
+    path = re.search(r'<path class="line ok" data-series="200" d="([^"]+)"', chart)  # green
+    assert path is not None, chart
+    assert len(re.findall(r"[ML][\d.]+,[\d.]+", path.group(1))) >= 2
+    assert '<li data-series="200">' in chart  # the legend
+    for chart_id in (
+        "chart-latency",
+        "chart-ttfb",
+        "chart-queue",
+        "chart-gpu-util",
+        "chart-gpu-temp",
+    ):
+        assert f'id="{chart_id}"' in page
 
 
-def test_the_spend_chart_takes_per_day_totals_when_the_detail_gives_them() -> None:
-    spend = {"daily_cents": None, "days": [{"day": "2025-01-03", "cents": 5}], "ledger": []}
-    assert [("2025-01-03", 100.0)] == [(b["day"], b["pct"]) for b in views.chart(spend)["bars"]]
+async def test_a_runtime_page_charts_its_queue_and_spend_per_day(console: Console) -> None:
+    ring = console.gw.gateway.samples
+    assert ring is not None
+    ring.tick()
+    await console.login()
+    _, page = await console.page("/runtimes/local")
+    _, fragment = await console.page("/runtimes/local?fragment=1")
+    for chart_id in ("chart-jobs", "spend-chart"):
+        assert f'id="{chart_id}"' in page
+        assert f'id="{chart_id}"' in fragment  # the live refresh redraws the charts
+    assert '<li data-series="queued">' in page
+
+
+def test_answered_requests_are_green_and_each_error_code_has_a_warm_colour_of_its_own() -> None:
+    classes = views.code_classes(["503", "200", "NO_HEALTHY_UPSTREAM", "201", "ok"])
+    assert "ok" == classes["200"] == classes["201"] == classes["ok"]
+    errors = [classes["503"], classes["NO_HEALTHY_UPSTREAM"]]
+    assert len(set(errors)) == 2
+    assert not set(errors) & {"ok", "s0"}

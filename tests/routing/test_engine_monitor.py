@@ -72,7 +72,11 @@ async def test_a_scrape_of_a_real_engine_gives_its_running_and_waiting_requests(
             await asyncio.sleep(0.01)
         clock = ManualClock()
         monitor = EngineMonitor(
-            [upstream(busy_engine.url)], client, clock, Metrics(), outstanding=lambda _url: 3
+            [upstream(busy_engine.url)],
+            client,
+            clock,
+            Metrics(),
+            outstanding=lambda _upstream, _url: 3,
         )
 
         assert 1 == await monitor.tick()
@@ -80,7 +84,7 @@ async def test_a_scrape_of_a_real_engine_gives_its_running_and_waiting_requests(
             task.cancel()
         await asyncio.gather(*held, return_exceptions=True)
 
-    signal = monitor.signal(busy_engine.url, clock.monotonic())
+    signal = monitor.signal("u", busy_engine.url, clock.monotonic())
     assert signal is not None
     assert ("vllm", 1.0, 2.0, 3) == (
         signal.reading.kind,
@@ -111,9 +115,9 @@ async def test_a_failed_scrape_keeps_the_last_reading_until_it_is_stale() -> Non
         clock.advance(2)
         assert 0 == await monitor.tick()
 
-    kept = monitor.signal(url, clock.monotonic())
+    kept = monitor.signal("u", url, clock.monotonic())
     clock.advance(10 - 4 + 0.001)
-    stale = monitor.signal(url, clock.monotonic())
+    stale = monitor.signal("u", url, clock.monotonic())
 
     assert kept is not None
     assert 5.0 == kept.reading.waiting

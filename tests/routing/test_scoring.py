@@ -9,10 +9,19 @@ from typing import Any
 
 import pytest
 
-from gpugate.config import RoutingConfig
+from gpugate.config import RoutingConfig, UpstreamConfig
+from gpugate.config.models import ModelConfig
 from gpugate.core.engine_metrics import EngineReading, EngineSignal
 from gpugate.core.picking import EndpointState
-from gpugate.core.scoring import Facts, Reason, Router, choose, load_of, session_key
+from gpugate.core.scoring import (
+    Facts,
+    Reason,
+    Router,
+    choose,
+    load_of,
+    policy_table,
+    session_key,
+)
 
 CFG = RoutingConfig()
 SYSTEM = "You are a careful assistant. " * 40  # ~1,200 characters: a shared system prompt
@@ -45,7 +54,7 @@ def router(
 ) -> Router:
     routing = RoutingConfig(policy=policy, **cfg)  # type: ignore[arg-type]
     table = signals or {}
-    return Router(lambda _m, _u: routing, signal=lambda url, _now: table.get(url))
+    return Router(lambda _m, _u: routing, signal=lambda _up, url, _now: table.get(url))
 
 
 def send(r: Router, eps: list[EndpointState], doc: dict[str, Any], **route: Any) -> EndpointState:
@@ -58,10 +67,16 @@ def send(r: Router, eps: list[EndpointState], doc: dict[str, Any], **route: Any)
 # -- load ------------------------------------------------------------------------------------
 
 
-def test_load_is_the_engines_queue_plus_what_gpugate_sent_since_the_scrape() -> None:
-    fresh = signal(running=4, waiting=1, kv=0.5, then=3)
+def test_load_is_outstanding_plus_what_only_the_engine_knows() -> None:
+    """Other clients' requests (6 on the engine, 3 of them ours when read), one extra per
+    waiting request, and KV pressure above 90 %."""
+    fresh = signal(running=4, waiting=2, kv=0.95, then=3)
 
-    assert 4 + 2 * 1 + 2 * 0.5 + (5 - 3) == load_of(5, fresh, CFG)
+    assert pytest.approx(5 + (6 - 3) + 1.0 * 2 + 2.0 * 0.5) == load_of(5, fresh, CFG)
+
+
+def test_a_cache_below_ninety_percent_full_adds_no_load() -> None:
+    assert 2.0 == load_of(2, signal(running=2, waiting=0, kv=0.85, then=2), CFG)
 
 
 def test_without_a_fresh_reading_load_is_gpugates_outstanding_count() -> None:
@@ -227,3 +242,38 @@ def test_one_available_endpoint_is_chosen_whatever_the_policy(policy: str) -> No
     eps[1].down = True
 
     assert eps[0] is send(r, eps, {"model": "m", "prompt": "p"})
+
+
+def test_an_upstreams_routing_wins_over_the_models_and_the_default_covers_the_rest() -> None:
+    upstreams = [
+        UpstreamConfig(id="a", url="http://127.0.0.1:1", models=["m", "n"]),
+        UpstreamConfig(
+            id="b", url="http://127.0.0.1:2", models=["n"], routing={"policy": "engine_load"}
+        ),
+    ]
+    models = [ModelConfig(name="m", routing={"policy": "least_outstanding"}),
+              ModelConfig(name="n", routing={"policy": "least_outstanding"})]  # fmt: skip
+    policy = policy_table(upstreams, models)
+
+    assert "least_outstanding" == policy("m", None).policy
+    assert "engine_load" == policy("n", None).policy
+    assert "engine_load" == policy("m", "b").policy
+    assert "prefix_affinity" == policy("other", None).policy
+
+
+def test_an_endpoint_that_asked_to_back_off_is_a_last_resort() -> None:
+    r, eps = router(), endpoints(2)
+    send(r, eps[:1], chat(SYSTEM, "q"))  # e0 holds the prompt...
+    eps[0].backoff_until = 10.0  # ...but answered 429 with Retry-After
+
+    assert eps[1] is send(r, eps, chat(SYSTEM, "q2"))
+    eps[1].down = True
+    assert eps[0] is send(r, eps, chat(SYSTEM, "q3"))
+
+
+def test_ties_go_at_random_not_to_the_fastest_answerer() -> None:
+    """Cached answers come back fastest: breaking ties on latency would herd new prompts."""
+    facts = [Facts(load=1), Facts(load=1), Facts(load=1)]
+    seen = {choose(facts, CFG, random.Random(seed)).index for seed in range(30)}
+
+    assert {0, 1, 2} == seen

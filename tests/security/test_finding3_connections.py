@@ -101,6 +101,12 @@ async def test_finding3_a_huge_header_gets_431_without_being_buffered_whole(
     assert sent < 16 * 1024 * 1024  # answered long before 40 MiB (64 KiB + socket buffers)
 
 
+async def test_finding3_an_oversized_header_sent_at_once_gets_431(sqlite_dsn: str) -> None:
+    async with gateway(sqlite_dsn) as gw:
+        answer = await send_raw(gw.url, "GET", "/healthz", headers={"X-Long": "a" * 70000})
+    assert (431, "HEADERS_TOO_LARGE") == (answer.status, answer.error_code())
+
+
 async def test_finding3_too_many_headers_get_431(sqlite_dsn: str) -> None:
     headers = {f"X-H{n}": "v" for n in range(101)}
     async with gateway(sqlite_dsn) as gw:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -38,6 +40,33 @@ HOP_BY_HOP = frozenset(
 _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length"}
 
 
+def connection_named(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """The fields a ``Connection`` header names: hop-by-hop too (RFC 9110 §7.6.1), so never
+    forwarded, either way (issue #15 finding 8)."""
+    named = [
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == b"connection"
+        for token in value.split(b",")
+    ]
+    return frozenset(token for token in named if token)
+
+
+def _reason(exc: Exception, url: str) -> str:
+    """What went wrong, without the URL's host (an aiohttp message may carry it)."""
+    text = str(exc) or type(exc).__name__
+    parts = urlsplit(url)
+    names = [n for n in (parts.netloc, parts.hostname) if n]
+    return type(exc).__name__ if any(n in text for n in names) else text
+
+
+def _os_reason(error: OSError, url: str) -> str:
+    """A connect failure's reason (``Connection refused``), without the address."""
+    if error.errno:  # "Connection refused": the system's words, never the address
+        return os.strerror(error.errno)
+    return _reason(error, url)
+
+
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     """Per-request limits, in seconds."""
@@ -56,8 +85,9 @@ class UpstreamResponse:
         self._resp = resp
         self._content = resp.content
         self.status = resp.status
+        dropped = HOP_BY_HOP | connection_named(resp.raw_headers)
         self.headers: list[tuple[bytes, bytes]] = [
-            (k.lower(), v) for k, v in resp.raw_headers if k.lower() not in HOP_BY_HOP
+            (k.lower(), v) for k, v in resp.raw_headers if k.lower() not in dropped
         ]
 
     async def read_chunk(self) -> bytes:
@@ -132,13 +162,21 @@ class UpstreamClient:
         headers: Iterable[tuple[bytes, bytes]],
         body: bytes | AsyncIterator[bytes] | None,
         timeouts: Timeouts,
+        *,
+        label: str | None = None,
     ) -> UpstreamResponse:
-        """Send a request and wait for the response headers (bounded by ``first_byte_s``)."""
+        """Send a request and wait for the response headers (bounded by ``first_byte_s``).
+
+        Errors name the target as ``label`` when given (what a client may read: an upstream's
+        id, not its URL), else as the URL."""
+        where = label or url
         assert self._session is not None, "UpstreamClient.start() was not awaited"
+        headers = list(headers)
+        dropped = _NOT_FORWARDED | connection_named(headers)
         out = [
             (name.decode("latin-1"), value.decode("latin-1"))
             for name, value in headers
-            if name.lower() not in _NOT_FORWARDED
+            if name.lower() not in dropped
         ]
         timeout = self._timeouts.get(timeouts)
         if timeout is None:
@@ -154,7 +192,7 @@ class UpstreamClient:
             else:  # the total timeout bounds the first byte too: spare the extra timer
                 resp = await request
         except aiohttp.ConnectionTimeoutError as exc:
-            raise UpstreamTimeout(f"connect to {url} timed out", connect_failed=True) from exc
+            raise UpstreamTimeout(f"connect to {where} timed out", connect_failed=True) from exc
         except aiohttp.ClientConnectorError as exc:
             if exc.os_error.errno in _OWN_LIMITS:
                 log.error(  # noqa: TRY400 - our own limit, not a bug: no traceback
@@ -164,12 +202,15 @@ class UpstreamClient:
                     "the gateway is out of file descriptors; retry shortly", retry_after_s=1.0
                 ) from exc
             raise UpstreamUnreachable(
-                f"cannot connect to {url}: {exc.os_error.strerror or exc}", connect_failed=True
+                f"cannot connect to {where}: {_os_reason(exc.os_error, url)}",
+                connect_failed=True,
             ) from exc
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise UpstreamTimeout(f"{url} sent no response within the timeout") from exc
+            raise UpstreamTimeout(f"{where} sent no response within the timeout") from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamUnreachable(f"{url} failed before responding: {exc}") from exc
+            raise UpstreamUnreachable(
+                f"{where} failed before responding: {_reason(exc, url)}"
+            ) from exc
         return UpstreamResponse(resp)
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:

@@ -47,9 +47,10 @@ class RoutingConfig(ConfigModel):
     #: A prompt whose leading blocks are on no endpoint costs as much as this many queued
     #: requests on every endpoint but the one that has them.
     prefix_weight: float = Field(4.0, ge=0)
-    #: How much a waiting request weighs against a running one.
-    waiting_weight: float = Field(2.0, ge=0)
-    #: KV-cache use (0..1) times this is added to an endpoint's load.
+    #: Each request waiting in the engine (it could not start: slots or KV full) adds this much
+    #: on top of counting as outstanding.
+    waiting_weight: float = Field(1.0, ge=0)
+    #: A KV cache filling from 90 % to 100 % adds up to this much load.
     kv_weight: float = Field(2.0, ge=0)
     #: Affinity (prefix, session, LoRA) is ignored for an endpoint this much busier than the
     #: least loaded one: at least ``balance_abs`` more load AND ``balance_rel`` times as much.

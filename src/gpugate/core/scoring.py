@@ -3,9 +3,11 @@
 :func:`choose` takes one :class:`Facts` per candidate endpoint and returns the cheapest. The
 cost of an endpoint is in units of "queued requests":
 
-    load      = running + waiting_weight * waiting + kv_weight * kv_use     (a fresh engine reading,
-                + (outstanding now - outstanding when read))                 else gpugate's own
-                                                                             outstanding count)
+    load      = outstanding now                      (gpugate's own count, always fresh)
+              + others' requests                     (engine running + waiting - ours when read)
+              + waiting_weight * waiting             (the engine could not start them: it is full)
+              + kv_weight * (kv_use - 0.9) / 0.1     (KV cache above 90 %)
+                                      (the engine's terms only from a fresh reading: fail open)
     cost      = load
               + saturated_penalty              if the request is batch and its GPUs are saturated
               - prefix_weight * mine / blocks  the share of the prompt's leading blocks sent there
@@ -19,7 +21,8 @@ prefix cannot pile a queue onto one replica. Ties go at random.
 Policies: ``least_outstanding`` is wave 1's power of two choices
 (:func:`gpugate.core.picking.pick`); ``engine_load`` is load (and LoRA residency) only;
 ``prefix_affinity`` is all of the above.
-Endpoints that are not available (ejected, down, probing, already tried) never compete, and the
+Endpoints that are not available (ejected, down, probing, already tried) never compete, one that
+asked to back off (429/503) only when nothing else is left, and the
 GPU guard has already taken upstreams on faulted GPUs out of the candidates (a hard filter).
 
 :class:`Router` gathers the facts for a request — its prompt's block hashes in the
@@ -33,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpugate.config.engine import RoutingConfig
 from gpugate.core import picking
@@ -42,11 +45,15 @@ from gpugate.core.prefix_index import PrefixIndex
 if TYPE_CHECKING:
     import random
 
+    from gpugate.config import UpstreamConfig
+    from gpugate.config.models import ModelConfig
     from gpugate.core.engine_metrics import EngineSignal
     from gpugate.core.picking import EndpointState
 
 _MAX_SESSION_KEY = 128  # characters of a session id kept; a longer one is hashed
 _EPSILON = 1e-9
+#: KV-cache use below this adds no load (an engine's cache is meant to be mostly full).
+KV_PRESSURE = 0.9
 
 
 class Reason(StrEnum):
@@ -60,9 +67,8 @@ class Reason(StrEnum):
     P2C = "p2c"  # least_outstanding
 
 
-@dataclass(frozen=True, slots=True)
-class Facts:
-    """One candidate endpoint as the scorer sees it."""
+class Facts(NamedTuple):
+    """One candidate endpoint as the scorer sees it (a tuple: built per candidate per request)."""
 
     load: float
     prefix_blocks: int = 0
@@ -78,14 +84,19 @@ class Choice:
 
 
 def load_of(outstanding: int, signal: EngineSignal | None, cfg: RoutingConfig) -> float:
-    """An endpoint's load: the engine's queue as last read plus what gpugate sent since, or
-    gpugate's own outstanding count when there is no fresh reading (fail open)."""
+    """An endpoint's load, in requests. gpugate's own outstanding count is the freshest signal
+    (it moves with every claim and release); a fresh engine reading adds what only the engine
+    knows: requests other clients sent (its running and waiting beyond what gpugate had out when
+    it was read), ``waiting_weight`` per request it could not start (slots or KV cache full),
+    and up to ``kv_weight`` as its KV cache fills past :data:`KV_PRESSURE`. With no fresh
+    reading it is the outstanding count alone (fail open)."""
     if signal is None:
         return float(outstanding)
     r = signal.reading
-    load = (r.running or 0.0) + cfg.waiting_weight * (r.waiting or 0.0)
-    load += cfg.kv_weight * (r.kv_usage or 0.0)
-    return max(0.0, load + outstanding - signal.outstanding_then)
+    running, waiting = r.running or 0.0, r.waiting or 0.0
+    others = max(0.0, running + waiting - signal.outstanding_then)
+    kv = max(0.0, (r.kv_usage or 0.0) - KV_PRESSURE) / (1.0 - KV_PRESSURE)
+    return outstanding + others + cfg.waiting_weight * waiting + cfg.kv_weight * kv
 
 
 def choose(
@@ -98,7 +109,10 @@ def choose(
     affinity: bool = True,
 ) -> Choice:
     """The cheapest candidate (see the module docstring); ``blocks``: the prompt's block count.
-    ``affinity`` False: load and LoRA only (``engine_load``). ``facts`` must not be empty."""
+    ``affinity`` False: load and LoRA only (``engine_load``). Ties go at random: a tie broken
+    on the latency figure herds new prompts onto the endpoint whose cached answers came back
+    fastest (measured: p99 TTFT 40 -> 270 ms on bench/routing.py). ``facts`` must not be
+    empty."""
     loads = [f.load + (cfg.saturated_penalty if batch and f.saturated else 0.0) for f in facts]
     least = min(loads)
     best_prefix = max((f.prefix_blocks for f in facts), default=0) if affinity else 0
@@ -162,20 +176,20 @@ class Route:
 class Router:
     """Chooses endpoints for requests and remembers where prompts and sessions went.
 
-    ``policy(model, upstream_id)`` gives the routing config, ``signal(url, now)`` a fresh engine
-    reading or None, ``saturated(upstream_id)`` whether its GPUs are. State is per model and
-    bounded (``prefix_max_blocks`` hashes, ``max_sessions`` sessions, LRU).
+    ``policy(model, upstream_id)`` gives the routing config, ``signal(upstream_id, url, now)`` a
+    fresh engine reading or None, ``saturated(upstream_id)`` whether its GPUs are. State is per
+    model and bounded (``prefix_max_blocks`` hashes, ``max_sessions`` sessions, LRU).
     """
 
     def __init__(
         self,
         policy: Callable[[str, str | None], RoutingConfig],
         *,
-        signal: Callable[[str, float], EngineSignal | None] | None = None,
+        signal: Callable[[str, str, float], EngineSignal | None] | None = None,
         saturated: Callable[[str], bool] | None = None,
     ) -> None:
         self.policy = policy
-        self.signal = signal or (lambda _url, _now: None)
+        self.signal = signal or (lambda _upstream, _url, _now: None)
         self.saturated = saturated or (lambda _upstream: False)
         self._indexes: dict[str, PrefixIndex] = {}
         self._sessions: dict[str, OrderedDict[str, str]] = {}
@@ -222,13 +236,17 @@ class Router:
         ]
         if len(available) <= 1:
             return picking.pick(candidates, rng, now, exclude=exclude), Reason.LOAD
+        if any(picking.is_backed_off(ep, now) for ep in available):  # a last resort, as in pick
+            available = [ep for ep in available if not picking.is_backed_off(ep, now)] or available
+            if len(available) == 1:
+                return available[0], Reason.LOAD
         affinity = cfg.policy == "prefix_affinity"
         runs = self._index(route.model, cfg).match(route.model, route.hashes) if affinity else {}
         sessions = self._sessions.get(route.model)
         last = sessions.get(route.session) if sessions is not None and route.session else None
         facts = []
         for ep in available:
-            signal = self.signal(ep.url, now)
+            signal = self.signal(ep.upstream_id, ep.url, now)
             loras = signal.reading.loras if signal is not None else frozenset()
             facts.append(
                 Facts(
@@ -240,7 +258,12 @@ class Router:
                 )
             )
         choice = choose(
-            facts, cfg, rng, blocks=len(route.hashes), batch=route.batch, affinity=affinity
+            facts,
+            cfg,
+            rng,
+            blocks=len(route.hashes),
+            batch=route.batch,
+            affinity=affinity,
         )
         return available[choice.index], choice.reason
 
@@ -277,3 +300,26 @@ def default_policy(_model: str, _upstream: str | None) -> RoutingConfig:
 
 
 _DEFAULT = RoutingConfig()
+
+
+def policy_table(
+    upstreams: Sequence[UpstreamConfig],
+    models: Sequence[ModelConfig] = (),
+    default: RoutingConfig = _DEFAULT,
+) -> Callable[[str, str | None], RoutingConfig]:
+    """``policy(model, upstream_id)`` for a config: the named upstream's ``routing``, else that
+    of the first upstream serving the model that has one, else the model's (``models[]``), else
+    ``default``. Dict lookups."""
+    by_upstream = {u.id: u.routing for u in upstreams if u.routing is not None}
+    by_model = {m.name: m.routing for m in models if m.routing is not None}
+    for u in reversed(upstreams):  # the first upstream with routing wins over the model's
+        if u.routing is not None:
+            for model in u.models:
+                by_model[model] = u.routing
+
+    def policy(model: str, upstream_id: str | None) -> RoutingConfig:
+        if upstream_id is not None and upstream_id in by_upstream:
+            return by_upstream[upstream_id]
+        return by_model.get(model, default)
+
+    return policy

@@ -170,12 +170,14 @@ class ModelServer:
         return self._apply(self._behaviour.patched(fields))
 
     def reset(self) -> None:
-        """Back to the behaviour and faults it was built with, counters and log zeroed
-        (``POST /_control/reset``)."""
+        """Back to the behaviour and faults it was built with, counters and log zeroed, the
+        engine's cache emptied (``POST /_control/reset``)."""
         self._apply(self._initial)
         self._stats = ServerStats(ROUTES, self.models)
         self._faults = FaultBook(self._initial_faults)
         self._log = RequestLog()
+        if self.engine is not None:  # an empty cache and queue, the spec kept
+            self.engine = Engine(self.engine.spec)
 
     def _apply(self, behaviour: ServerBehaviour) -> ServerBehaviour:
         self._behaviour = behaviour

@@ -36,8 +36,8 @@ log = logging.getLogger("gpugate.engine")
 
 #: Gets a metrics body; raises ScrapeError or UpstreamError when it cannot.
 Fetch = Callable[[str, float], Awaitable[bytes]]
-#: gpugate's own outstanding count of an endpoint (by url) now.
-Outstanding = Callable[[str], int]
+#: gpugate's own outstanding count of an endpoint (upstream id, url) now.
+Outstanding = Callable[[str, str], int]
 
 
 @dataclass(slots=True, eq=False)
@@ -83,9 +83,9 @@ class EngineMonitor:
         self._client = client
         self._clock = clock
         self._metrics = metrics
-        self._outstanding = outstanding or (lambda _url: 0)
+        self._outstanding = outstanding or (lambda _upstream, _url: 0)
         self._fetch = fetch or self._fetch_over_http
-        self.endpoints: dict[str, EngineEndpoint] = {}
+        self.endpoints: dict[tuple[str, str], EngineEndpoint] = {}  # by (upstream id, url)
         self.reconfigure(upstreams)
 
     def reconfigure(self, upstreams: Sequence[UpstreamConfig]) -> None:
@@ -98,11 +98,13 @@ class EngineMonitor:
             if cfg is None or cfg.kind == "none":
                 continue
             for url in upstream.endpoints:
-                kept = old.get(url)
-                if kept is not None and kept.cfg == cfg and kept.upstream_id == upstream.id:
-                    self.endpoints[url] = kept
-                else:
-                    self.endpoints[url] = EngineEndpoint(upstream.id, url, cfg)
+                key = (upstream.id, url)
+                kept = old.get(key)
+                self.endpoints[key] = (
+                    kept
+                    if kept is not None and kept.cfg == cfg
+                    else EngineEndpoint(upstream.id, url, cfg)
+                )
 
     @property
     def active(self) -> bool:
@@ -112,9 +114,10 @@ class EngineMonitor:
     def bind_outstanding(self, outstanding: Outstanding) -> None:
         self._outstanding = outstanding
 
-    def signal(self, url: str, now: float) -> EngineSignal | None:
-        """The fresh reading of the endpoint at ``url``, or None (never scraped, or stale)."""
-        endpoint = self.endpoints.get(url)
+    def signal(self, upstream_id: str, url: str, now: float) -> EngineSignal | None:
+        """The fresh reading of an upstream's endpoint at ``url``, or None (never scraped, or
+        stale)."""
+        endpoint = self.endpoints.get((upstream_id, url))
         if endpoint is None or endpoint.reading is None or endpoint.read_at is None:
             return None
         age = now - endpoint.read_at
@@ -159,7 +162,7 @@ class EngineMonitor:
             return False
         endpoint.reading = reading
         endpoint.read_at = self._clock.monotonic()
-        endpoint.outstanding_then = self._outstanding(endpoint.url)
+        endpoint.outstanding_then = self._outstanding(endpoint.upstream_id, endpoint.url)
         endpoint.last_error = None
         self._metrics.engine_scrapes.labels(endpoint.upstream_id, "ok").inc()
         self._export(endpoint, reading)
@@ -181,6 +184,6 @@ class EngineMonitor:
 
     def __repr__(self) -> str:
         now = self._clock.monotonic()
-        fresh = sum(1 for url in self.endpoints if self.signal(url, now) is not None)
+        fresh = sum(1 for key in self.endpoints if self.signal(*key, now) is not None)
         failing = sum(1 for e in self.endpoints.values() if e.last_error)
         return f"<EngineMonitor endpoints={len(self.endpoints)} fresh={fresh} failing={failing}>"

@@ -9,6 +9,8 @@ A duplicate that arrives while the first request is still in flight gets 409
 not hold a second connection open for the length of a generation). The same key with a different
 request body gets 422 ``IDEMPOTENCY_KEY_REUSED``. Responses with a 5xx status, streams and
 requests that failed in the gateway are not kept: the key is released so the client may retry.
+Nor is a response larger than ``server.max_idempotent_response_bytes`` (default 1 MiB, issue #15
+finding 4): the store does not grow by what an upstream returns, and a retry is sent again.
 """
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ class StoredResponse:
 class Idempotency:
     """Begin, complete or abandon a keyed request against the store."""
 
-    def __init__(self, store: Store, ttl_s: float) -> None:
+    def __init__(self, store: Store, ttl_s: float, *, max_body_bytes: int = 1 << 20) -> None:
         self._store = store
         self._ttl_s = ttl_s
+        #: A response body larger than this is not kept (the key is released instead).
+        self.max_body_bytes = max_body_bytes
 
     async def begin(self, key: str, method: str, path: str, body: bytes) -> Ticket | StoredResponse:
         """A ticket to go ahead, or the stored response to replay; raises on conflict/reuse."""
@@ -73,8 +77,9 @@ class Idempotency:
     async def complete(
         self, ticket: Ticket, status: int, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> None:
-        """Keep the response for replays (5xx responses release the key instead)."""
-        if status >= 500:
+        """Keep the response for replays (5xx responses, and bodies over ``max_body_bytes``,
+        release the key instead)."""
+        if status >= 500 or len(body) > self.max_body_bytes:
             await self.abandon(ticket)
             return
         pairs = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]

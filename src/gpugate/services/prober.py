@@ -75,7 +75,8 @@ class Prober:
         if not ok:
             self.failures += 1
         in_rotation = picking.is_available(ep, self._clock.monotonic())
-        self._metrics.endpoint_healthy.labels(upstream.id, ep.url).set(1 if in_rotation else 0)
+        index = str(upstream.endpoints.index(ep))  # its place in `urls`: no URL on /metrics
+        self._metrics.endpoint_healthy.labels(upstream.id, index).set(1 if in_rotation else 0)
         return ok
 
     def __repr__(self) -> str:

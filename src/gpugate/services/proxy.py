@@ -43,6 +43,7 @@ from gpugate.core.admission import AdmissionPool, Slot
 from gpugate.core.classes import RequestClass
 from gpugate.core.picking import EndpointState
 from gpugate.core.registry import Registry, UpstreamState
+from gpugate.core.scoring import Route, Router
 from gpugate.errors import (
     GatewayOverloaded,
     GpugateError,
@@ -63,6 +64,7 @@ from gpugate.services.attempts import (
     is_context_exceeded,
     with_model,
 )
+from gpugate.services.continuation import Delivered, Replay, deterministic, prefill_body
 from gpugate.services.shed import ShedGate
 
 log = logging.getLogger("gpugate.proxy")
@@ -154,9 +156,9 @@ class Reply:
         """The upstream broke off the body: that counts against the endpoint's health."""
         picking.record_failure(self.endpoint, self._proxy.clock.monotonic())
 
-    def close(self, code: str | None = None) -> None:
-        """Release the upstream connection, the endpoint claim and the admission slot; record
-        the request. ``code`` is what the client finally got (default: the upstream status)."""
+    def discard(self) -> None:
+        """Release everything without recording a request (a continuation's try that was not
+        used: the request is recorded once, by the reply that ends it)."""
         if self._closed:
             return
         self._closed = True
@@ -164,6 +166,13 @@ class Reply:
         if self._slot is not None:
             picking.release(self.endpoint, probe=self._probe)
             self._slot.release()
+
+    def close(self, code: str | None = None) -> None:
+        """Release the upstream connection, the endpoint claim and the admission slot; record
+        the request. ``code`` is what the client finally got (default: the upstream status)."""
+        if self._closed:
+            return
+        self.discard()
         self._proxy.finished(self._outbound, self.upstream, code or str(self.status))
 
 
@@ -187,6 +196,14 @@ def json_or_text(body: bytes) -> Any:
 _CREDENTIALS = frozenset({b"authorization", b"ocp-apim-subscription-key"})
 
 
+def endpoint_label(upstream: UpstreamState, endpoint: EndpointState) -> str:
+    """How errors and open metrics name an endpoint: its upstream's id and its place in the
+    upstream's ``urls``, never the URL (issue #15 finding 8; ``/admin/upstreams`` has them)."""
+    if len(upstream.endpoints) == 1:
+        return f"upstream {upstream.id!r}"
+    return f"upstream {upstream.id!r} endpoint {upstream.endpoints.index(endpoint)}"
+
+
 def _inflight(pool: AdmissionPool) -> int:
     return pool.inflight
 
@@ -208,6 +225,8 @@ class Proxy:
     ) -> None:
         self.registry = registry
         self.gate = gate
+        #: Set by the composition root; None: wave 1's power of two choices (docs/routing.md).
+        self.router: Router | None = None
         self.clock = clock
         self._client = client
         self._metrics = metrics
@@ -217,6 +236,7 @@ class Proxy:
         self._attempt_counters: dict[tuple[str, str], Any] = {}
         self._models: dict[str, ModelConfig] = {m.name: m for m in models}
         self._timed: dict[tuple[str, str], Any] = {}
+        self._picked: dict[tuple[str, str], Any] = {}
         self.bind_gauges()
 
     def set_secrets(self, secrets: Mapping[str, str]) -> None:
@@ -281,6 +301,55 @@ class Proxy:
                 self._metrics.fallbacks.labels(policy.name, chain[i], run.reason.value).inc()
         return self._give_up(run)
 
+    async def continue_stream(
+        self, out: Outbound, done: Delivered
+    ) -> tuple[Reply, Replay | None] | None:
+        """A stream of ``out`` broke after ``done`` reached the client: a reply that continues
+        it (and the filter a replay needs), or None when no target can do so faithfully.
+
+        Targets in order: the model's own upstreams, then its fallbacks'; each by its
+        ``continuation`` (``replay`` only for the same model and a deterministic request,
+        ``prefill`` for any). A target's refusal (a 4xx, a failure) is skipped silently.
+        """
+        doc = out.doc
+        if doc is None or out.model is None or done.finished:
+            return None
+        policy = self._models.get(out.model)
+        chain = [out.model, *(policy.fallbacks if policy is not None else ())]
+        same_again = deterministic(doc) and isinstance(out.body, bytes)
+        for hop, name in enumerate(chain):
+            try:
+                upstreams = self.candidates(dataclasses.replace(out, model=name))
+            except GpugateError:
+                continue
+            for upstream in upstreams:
+                mode = upstream.config.continuation
+                if hop and upstream.config.external and not out.allow_external:
+                    continue
+                if mode == "replay" and (hop or not same_again):
+                    continue
+                if mode == "none":
+                    continue
+                body = out.body if mode == "replay" else prefill_body(doc, name, done.text)
+                target = dataclasses.replace(
+                    out, model=name, upstream_id=upstream.id, body=body, doc=None
+                )
+                try:
+                    reply = await self._try_model(_Run(target), target, last=True)
+                except GpugateError:
+                    continue
+                if reply is None:
+                    continue
+                if reply.status != 200 or not _is_event_stream(reply.headers):
+                    reply.discard()  # e.g. a 400 refusing the prefill: never the client's story
+                    continue
+                self._metrics.continuations.labels(out.model, mode).inc()
+                if hop:
+                    self._metrics.fallbacks.labels(out.model, name, Reason.STREAM_BROKE).inc()
+                return reply, Replay(done.text) if mode == "replay" else None
+        self._metrics.continuations.labels(out.model, "failed").inc()
+        return None
+
     def _give_up(self, run: _Run) -> Reply:
         """Nothing answered: relay the failure kept (an upstream's own response, as it gave
         it), or raise our error."""
@@ -335,10 +404,12 @@ class Proxy:
         tried: set[str] = set()
         tries = 0
         slept = False
+        route = self._route(out)
+        reason = "p2c"
         while True:
             now = self.clock.monotonic()
             try:
-                chosen = picking.pick(endpoints, self._rng, now, exclude=tried)
+                chosen, reason = self._pick(route, endpoints, tried)
             except NoHealthyUpstream as exc:
                 again = tries and run.last is not None and run.last.outcome is not Outcome.TIMEOUT
                 if not again:  # nothing (left) to try: out of rotation, or every one timed out
@@ -375,7 +446,9 @@ class Proxy:
             run.attempts += 1
             slot = upstream.pool.try_acquire() or await self._admit(upstream, out.cls)
             try:
-                reply = await self._send(run, out, upstream, slot, chosen, tried)
+                reply = await self._send(
+                    run, out, upstream, slot, chosen, tried, route=route, reason=reason
+                )
             except BaseException:
                 slot.release()
                 raise
@@ -408,6 +481,36 @@ class Proxy:
         retry = upstream.config.retry
         return Backoff(retry.backoff_s, retry.max_backoff_s, self._rng).delay(tries)
 
+    def _route(self, out: Outbound) -> Route | None:
+        """The request's routing facts (prompt hashed once), when a router routes models."""
+        if self.router is None or out.model is None:
+            return None
+        batch = out.cls is RequestClass.BATCH
+        return self.router.route(out.model, out.upstream_id, out.doc, out.headers, batch=batch)
+
+    def _picks(self, policy: str, reason: str) -> Any:
+        child = self._picked.get((policy, reason))
+        if child is None:
+            child = self._picked[policy, reason] = self._metrics.routing_picks.labels(
+                policy, reason
+            )
+        return child
+
+    def _pick(
+        self, route: Route | None, endpoints: Sequence[EndpointState], tried: set[str]
+    ) -> tuple[EndpointState, str]:
+        now = self.clock.monotonic()
+        if route is None or self.router is None:
+            return picking.pick(endpoints, self._rng, now, exclude=tried), "p2c"
+        if any(ep.backoff_until > now for ep in endpoints):  # #14.2 under every policy too
+            calm = [
+                ep
+                for ep in endpoints
+                if ep.backoff_until <= now and ep.url not in tried and picking.is_available(ep, now)
+            ]
+            endpoints = calm or endpoints
+        return self.router.pick(route, endpoints, self._rng, now, exclude=tried)
+
     async def _admit(self, upstream: UpstreamState, cls: RequestClass) -> Slot:
         """Wait in the upstream's queue (the pool had no free slot)."""
         started = self.clock.monotonic()
@@ -417,7 +520,7 @@ class Proxy:
             waited = self.clock.monotonic() - started
             self._metrics.queue_wait.labels(upstream.id, cls.value).observe(waited)
 
-    async def _send(  # noqa: PLR0915 - one try, every way it can end
+    async def _send(  # noqa: PLR0913, PLR0915 - one try, every way it can end
         self,
         run: _Run,
         out: Outbound,
@@ -425,6 +528,9 @@ class Proxy:
         slot: Slot,
         endpoint: EndpointState,
         tried: set[str],
+        *,
+        route: Route | None = None,
+        reason: str = "p2c",
     ) -> Reply | None:
         """One try on ``endpoint``: the reply to relay, or None (recorded in ``run``) when it
         failed in a way worth another try. The slot is released on failure, kept by the reply
@@ -434,6 +540,9 @@ class Proxy:
             endpoint = picking.pick(upstream.endpoints, self._rng, now)
         probe = picking.claim(endpoint, now)
         tried.add(endpoint.url)
+        if route is not None and self.router is not None:
+            self.router.sent(route, endpoint)
+            self._picks(route.cfg.policy, reason).inc()
         sent_at = self.clock.monotonic()
         cfg = upstream.config
         try:
@@ -443,6 +552,7 @@ class Proxy:
                 self._headers(out, upstream),
                 out.body,
                 self._timeouts(upstream, stream=out.stream),
+                label=endpoint_label(upstream, endpoint),  # clients read the id, not the URL
             )
         except UpstreamError as exc:
             picking.release(endpoint, probe=probe)
@@ -475,7 +585,8 @@ class Proxy:
                 slot.release()
                 return None
             if status == 400 and run.wants_context(self._models, out.model):
-                body = await _read_kept(response)
+                read: list[bytes] = []
+                body = await _read_kept(response, read)
                 if body is not None and is_context_exceeded(body):
                     picking.record_success(endpoint, self.clock.monotonic())
                     response.release()
@@ -488,7 +599,7 @@ class Proxy:
                     )
                     run.fail(run.context, Reason.CONTEXT)
                     return None
-                held = [body] if body else []
+                held = read  # relayed as it came, whatever was read of it
             elif out.stream and status == 200 and _is_event_stream(response.headers):
                 held = await self._first_event(response, cfg.first_token_timeout_s, ttfb)
                 response.set_idle_timeout(cfg.stream_idle_timeout_s)
@@ -572,6 +683,8 @@ class Proxy:
                         raise UpstreamError("the upstream's stream ended before its first event")
                     held.append(chunk)
                     buffer = buffer + chunk if buffer else chunk
+                    if b"\r" in buffer:  # CRLF framing: find the event as LF
+                        buffer = buffer.replace(b"\r\n", b"\n")
                     end = first_data_end(buffer)
                     if end >= 0:
                         break
@@ -690,16 +803,16 @@ def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
     return any(k == b"content-type" and v.startswith(_EVENT_STREAM) for k, v in headers)
 
 
-async def _read_kept(response: UpstreamResponse) -> bytes | None:
+async def _read_kept(response: UpstreamResponse, parts: list[bytes] | None = None) -> bytes | None:
     """A failed try's body, whole, if it is at most :data:`KEEP_LIMIT` bytes; None if longer
-    (then it is not kept)."""
-    parts: list[bytes] = []
+    (then it is not kept, and ``parts``, when given, holds what was read of it)."""
+    parts = [] if parts is None else parts
     size = 0
     while chunk := await response.read_chunk():
         size += len(chunk)
+        parts.append(chunk)
         if size > KEEP_LIMIT:
             return None
-        parts.append(chunk)
     return b"".join(parts)
 
 

@@ -10,7 +10,6 @@ from gpugate.store.retention import (
     BATCH_ENDED_AT,
     ENDED_BATCHES,
     NAMED_FILES,
-    TABLES,
     TERMINAL_JOBS,
     Purged,
 )
@@ -52,6 +51,9 @@ DELETE FROM ledger WHERE id IN (
     SELECT id FROM ledger WHERE state <> 'reserved' AND at < %(before)s ORDER BY id
     LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"""
 _SPEND_DAYS = "DELETE FROM spend_days WHERE day < %(day)s"
+_TABLE_NAMES = (
+    "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY tablename"
+)
 
 
 class PostgresRetention:
@@ -95,9 +97,10 @@ class PostgresRetention:
 
     async def table_counts(self) -> dict[str, int]:
         async with self._transaction() as conn:
+            names = [name for (name,) in await (await conn.execute(_TABLE_NAMES)).fetchall()]
             counts = {}
-            for table in TABLES:
-                cursor = await conn.execute(f"SELECT count(*) FROM {table}")  # noqa: S608
+            for table in names:
+                cursor = await conn.execute(f'SELECT count(*) FROM "{table}"')  # noqa: S608
                 row = await cursor.fetchone()
                 counts[table] = int(row[0]) if row else 0
             return counts

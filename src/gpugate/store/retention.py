@@ -48,7 +48,8 @@ class RetentionStore(Protocol):
     async def purge_ledger(self, before: datetime, limit: int) -> int: ...
 
     async def table_counts(self) -> dict[str, int]:
-        """Every table's row count (for the soak and operators): a full count, not cheap."""
+        """Every table's row count, by name (the store's own tables, ``schema_migrations``
+        included): a full count, not cheap — for the soak and operators."""
         ...
 
 
@@ -60,17 +61,3 @@ NAMED_FILES = """
 SELECT input_file_id FROM batches
 UNION ALL SELECT output_file_id FROM batches WHERE output_file_id IS NOT NULL
 UNION ALL SELECT error_file_id FROM batches WHERE error_file_id IS NOT NULL"""
-TABLES = (
-    "jobs",
-    "job_events",
-    "idempotency",
-    "audit_events",
-    "config_versions",
-    "batches",
-    "batch_items",
-    "batch_files",
-    "ledger",
-    "spend_days",
-    "runtime_states",
-    "gateway_replicas",
-)

@@ -9,7 +9,6 @@ from gpugate.store.retention import (
     BATCH_ENDED_AT,
     ENDED_BATCHES,
     NAMED_FILES,
-    TABLES,
     TERMINAL_JOBS,
     Purged,
 )
@@ -45,6 +44,9 @@ _LEDGER = """
 DELETE FROM ledger WHERE id IN (
     SELECT id FROM ledger WHERE state <> 'reserved' AND at < :before ORDER BY id LIMIT :limit)"""
 _SPEND_DAYS = "DELETE FROM spend_days WHERE day < :day"
+_TABLE_NAMES = (
+    "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+)
 
 
 class SqliteRetention:
@@ -99,9 +101,10 @@ class SqliteRetention:
 
     async def table_counts(self) -> dict[str, int]:
         def work(conn: sqlite3.Connection) -> dict[str, int]:
+            names = [name for (name,) in conn.execute(_TABLE_NAMES).fetchall()]
             return {
-                table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608
-                for table in TABLES
+                table: conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]  # noqa: S608
+                for table in names
             }
 
         return await self._read(work)

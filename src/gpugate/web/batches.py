@@ -11,6 +11,7 @@ from typing import Any
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Message, Receive
 
 from gpugate.errors import (
     BadRequest,
@@ -62,6 +63,9 @@ async def create_file(request: Request, gateway: Gateway) -> FileView:
     """Upload a file (multipart `file`, `purpose` batch), as OpenAI's files.create."""
     limit = gateway.config.server.max_body_bytes
     refuse_declared_over(request, limit)
+    # The form parser spools a file part to disk as it comes: count the body as it arrives and
+    # stop at the limit, instead of refusing a 30 MiB upload after it was spooled whole.
+    request = Request(request.scope, _bounded(request.receive, limit))
     async with request.form(max_part_size=limit) as form:
         upload, purpose = form.get("file"), form.get("purpose")
         if not isinstance(upload, UploadFile) or not isinstance(purpose, str):
@@ -75,6 +79,21 @@ async def create_file(request: Request, gateway: Gateway) -> FileView:
     record = await _batches(gateway).create_file(name, purpose, data)
     await record_owned(request, gateway, "file", record.id)
     return FileView.of(file_view(record))
+
+
+def _bounded(receive: Receive, limit: int) -> Receive:
+    """``receive`` that raises :class:`PayloadTooLarge` once the body passes ``limit`` bytes."""
+    seen = 0
+
+    async def bounded() -> Message:
+        nonlocal seen
+        message = await receive()
+        seen += len(message.get("body", b""))
+        if seen > limit:
+            raise PayloadTooLarge(f"upload exceeds max_body_bytes ({limit})")
+        return message
+
+    return bounded
 
 
 @client(responses=A_FILE, errors=FILE_NOT_FOUND)

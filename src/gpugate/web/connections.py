@@ -6,7 +6,7 @@
   keep-alive request's first byte, to the end of its headers → ``408 REQUEST_TIMEOUT``;
 - a **header size and count cap** (``server.max_header_bytes``, ``server.max_headers``): the
   request line and headers together, counted as they arrive (httptools would buffer a 40 MiB
-  header whole) → ``431 HEADERS_TOO_LARGE``;
+  header whole) and as parsed (a whole request in one packet) → ``431 HEADERS_TOO_LARGE``;
 - a **body read timeout** (``server.body_timeout_s``): the longest silence between two pieces
   of a request body while the app is waiting for it (not while the app is not reading) →
   ``408`` if nothing was answered yet, and the app sees the client gone;
@@ -80,7 +80,8 @@ class _Guarded(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._refused = False
         self._in_head = True  # between a message's first byte and the end of its headers
-        self._head_bytes = 0
+        self._head_bytes = 0  # bytes received while in the head (a bound on what is buffered)
+        self._parsed_bytes = 0  # the request line and headers as parsed (all of one packet)
         self._header_count = 0
         self._too_large = False
         self._head_timer = _Timer(self.loop, self._head_late)
@@ -121,13 +122,22 @@ class _Guarded(HttpToolsProtocol):
         super().on_message_begin()
         self._in_head = True
         self._head_bytes = 0
+        self._parsed_bytes = 0
         self._header_count = 0
         if not self._head_timer.armed:
             self._arm_head_timer()
 
+    def on_url(self, url: bytes) -> None:
+        self._parsed_bytes += len(url)
+        super().on_url(url)
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
-        if self._header_count > self.limits.max_headers:
+        self._parsed_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        if (
+            self._header_count > self.limits.max_headers
+            or self._parsed_bytes > self.limits.max_header_bytes
+        ):
             self._too_large = True
         if not self._too_large:
             super().on_header(name, value)

@@ -8,26 +8,37 @@ a dict of plain data for its template.
 
 from __future__ import annotations
 
+import asyncio
+import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from gpugate.errors import BadRequest
 from gpugate.services.jobs import event_view, job_view
+from gpugate.services.samples import MAX_KEYS
 from gpugate.store import JOB_STATES
 from gpugate.web.admin import gpus_view, upstream_view
 from gpugate.web.admin_config import version_view
 from gpugate.web.admin_keys import usage_view
 from gpugate.web.admin_runtimes import audit_view, parse_since, runtime_view
+from gpugate.web.console import charts
+from gpugate.web.console.charts import Chart
 from gpugate.web.schemas.common import validation_message
 from gpugate.web.schemas.keys import UsageQuery
 
 if TYPE_CHECKING:
     from gpugate.services.runtime_ops import RuntimeOps
+    from gpugate.services.samples import Sampler
     from gpugate.wiring import Gateway
 
 PAGE = 50
 RECENT_JOBS = 10
+ERROR_CLASSES = ("s5", "s1", "s3", "s6", "s7")  # red, orange, purple, brown, slate
+OPTIONAL_CHARTS = ("attempts", "fallbacks", "tokens", "key_tokens")  # retries; keys' tokens
+OUTCOME_CHARTS = frozenset({"attempts", "fallbacks"})  # coloured like the requests: ok green
+GAP_SAMPLES = 2.5  # a line breaks where more than this many sample intervals are missing
 
 
 def _ops(gateway: Gateway) -> RuntimeOps:
@@ -67,23 +78,118 @@ async def overview(gateway: Gateway) -> dict[str, Any]:
         "shed_batch": bool(gpu_health and gpu_health.shed_batch),
         "runtimes": await runtimes(gateway),
         "config_version": gateway.config_version,
+        "charts": await asyncio.to_thread(fleet_charts, gateway),  # ~30 ms with a full ring
     }
 
 
-def chart(spend: dict[str, Any]) -> dict[str, Any]:
-    """Bars for ``spend["days"]`` (the runtime detail's last 14 UTC days, oldest first), scaled
-    to the largest of them and twice the daily budget (the over-budget line)."""
-    days = spend["days"]
-    budget = spend.get("daily_cents")
-    top = max([float(d["cents"]) for d in days] + ([2 * float(budget)] if budget else []) + [1.0])
-    bars = [
-        {"day": d["day"], "cents": float(d["cents"]), "pct": 100.0 * float(d["cents"]) / top}
-        for d in days
+def _budget_rules(daily_cents: float | None) -> list[tuple[str, float]]:
+    """The daily budget (soft cap) and twice it (over budget: skipped in the walk), in $."""
+    if not daily_cents:
+        return []
+    return [("daily budget", daily_cents / 100), ("over budget (2x)", 2 * daily_cents / 100)]
+
+
+def spend_chart(spend: dict[str, Any]) -> Chart:
+    """Dollars per UTC day for ``spend["days"]`` (the ledger's last 14 days, oldest first),
+    against the daily budget and twice it."""
+    bars = [(d["day"][5:], float(d["cents"]) / 100) for d in spend["days"]]
+    rules = _budget_rules(spend.get("daily_cents"))
+    return charts.bar_chart("spend-chart", "Spend per UTC day", "$", bars, rules=rules)
+
+
+def _line(ring: Sampler, name: str, keys: list[str] | None = None, **kw: Any) -> Chart:
+    series = ring.series[name]
+    return charts.line_chart(
+        f"chart-{name.replace('_', '-')}",
+        series.title,
+        series.unit,
+        ring.window(name, keys),
+        span=ring.span,
+        gap_s=GAP_SAMPLES * ring.every_s,
+        **kw,
+    )
+
+
+def fault_bands(ring: Sampler) -> list[charts.Band]:
+    """Each run of samples in which a GPU was faulted, as a band to shade."""
+    bands = []
+    for gpu, points in ring.window("gpu_faulted").items():
+        start = end = None
+        for at, faulted in [*points, (math.inf, 0.0)]:
+            if faulted >= 1:
+                start = at if start is None else start
+                end = at
+            elif start is not None and end is not None:
+                bands.append(charts.Band(start, end + ring.every_s, f"GPU {gpu} faulted"))
+                start = end = None
+    return bands
+
+
+def code_classes(codes: Iterable[str]) -> dict[str, str]:
+    """Answered (``2xx``, a try's ``ok``) in green, every other outcome in a warm colour of its
+    own."""
+    warm = iter(ERROR_CLASSES * (1 + MAX_KEYS // len(ERROR_CLASSES)))
+    return {c: "ok" if c.startswith("2") or c == "ok" else next(warm) for c in sorted(codes)}
+
+
+def fleet_charts(gateway: Gateway) -> list[Chart]:
+    """The incident at a glance: requests by code, latency, TTFB, queues, GPU util and
+    temperature per GPU, every chart with the GPU faults shaded."""
+    ring = gateway.samples
+    if ring is None:
+        return []
+    faults = fault_bands(ring)
+    codes = ring.window("requests")
+    shown = [
+        _line(ring, "requests", bands=faults, classes=code_classes(codes)),
+        _line(ring, "latency", bands=faults),
+        _line(ring, "ttfb", bands=faults),
+        _line(ring, "queue", bands=faults),
     ]
-    lines = {}
-    if budget:
-        lines = {"soft": 100.0 * float(budget) / top, "over": 100.0 * 2 * float(budget) / top}
-    return {"bars": bars, "lines": lines, "budget": budget}
+    # drawn once their metric has counted anything
+    for name in OPTIONAL_CHARTS:
+        if keys := ring.window(name):
+            classes = code_classes(keys) if name in OUTCOME_CHARTS else None
+            shown.append(_line(ring, name, bands=faults, classes=classes))
+    if gateway.monitor is not None:
+        shown.append(_line(ring, "gpu_util", bands=faults, min_top=100))
+        shown.append(_line(ring, "gpu_temp", bands=faults, min_top=100))
+    return shown
+
+
+def runtime_charts(gateway: Gateway, runtime_id: str, spend: dict[str, Any]) -> list[Chart]:
+    """Jobs queued and calls in flight over the last hour, spend today over it (with a budget),
+    spend per day from the ledger."""
+    shown = []
+    ring = gateway.samples
+    if ring is not None:
+        jobs = {
+            "queued": ring.window("jobs_queued", [runtime_id]).get(runtime_id, []),
+            "in flight": ring.window("jobs_in_flight", [runtime_id]).get(runtime_id, []),
+        }
+        shown.append(
+            charts.line_chart(
+                "chart-jobs",
+                "Jobs queued and calls in flight",
+                "jobs",
+                jobs,
+                span=ring.span,
+                gap_s=GAP_SAMPLES * ring.every_s,
+            )
+        )
+        if spend.get("daily_cents"):
+            rules = _budget_rules(spend["daily_cents"])
+            today = _line(
+                ring,
+                "spend_today",
+                [runtime_id],
+                labels={runtime_id: "spent today"},
+                rules=rules,
+                min_top=0.01,
+            )
+            shown.append(today)
+    shown.append(spend_chart(spend))
+    return shown
 
 
 async def runtime(gateway: Gateway, runtime_id: str) -> dict[str, Any]:
@@ -92,7 +198,7 @@ async def runtime(gateway: Gateway, runtime_id: str) -> dict[str, Any]:
     recent = await gateway.jobs.list(state=None, runner=runtime_id, limit=RECENT_JOBS, cursor=None)
     return {
         "runtime": view,
-        "chart": chart(view["spend"]),
+        "charts": await asyncio.to_thread(runtime_charts, gateway, runtime_id, view["spend"]),
         "recent_jobs": [job_view(j) for j in recent.jobs],
     }
 

@@ -43,7 +43,7 @@ class AuditPageQuery(PageQuery):
 
 
 class UsagePageQuery(PageQuery):
-    """The filters of ``GET /admin/usage`` (``from``/``to``: UTC days)."""
+    """The usage page's filters: as ``GET /admin/usage`` (``from``/``to`` are UTC days)."""
 
     tenant: str | None = None
     key: str | None = None
@@ -170,9 +170,7 @@ OPERATIONS = (
     Operation(
         "get",
         "/console/usage",
-        _page(
-            "Client keys' usage: a chart per day, totals per tenant and key", query=UsagePageQuery
-        ),
+        _page("Tokens and cents per day, key and tenant", query=UsagePageQuery),
     ),
     Operation("get", "/console/config", _page("The config in effect, its versions, an import")),
     Operation(

@@ -1,4 +1,5 @@
-// gpugate console: confirmations for actions, the import file picker, live refresh by polling.
+// gpugate console: confirmations for actions, the import file picker, live refresh by polling
+// (the charts are SVG drawn by the server: a refresh replaces them with the rest of the region).
 // Plain browser JavaScript, no build step.
 (function () {
   "use strict";
@@ -26,17 +27,6 @@
     });
   });
 
-  // Chart geometry comes as data attributes (the Content-Security-Policy allows no inline
-  // style attribute): set it through the CSSOM, on load and after each live refresh.
-  function geometry(root) {
-    root.querySelectorAll("[data-height-pct]").forEach(function (el) {
-      el.style.height = el.getAttribute("data-height-pct") + "%";
-    });
-    root.querySelectorAll("[data-bottom-pct]").forEach(function (el) {
-      el.style.bottom = el.getAttribute("data-bottom-pct") + "%";
-    });
-  }
-
   // Live regions: re-fetch this page's `live` block every few seconds while the tab is visible.
   function refresh(region) {
     if (document.hidden) return;
@@ -52,7 +42,6 @@
       .then(function (html) {
         if (html !== null && html !== undefined) {
           region.innerHTML = html;
-          geometry(region);
           region.setAttribute("data-refreshed", String(Date.now()));
         }
       })
@@ -60,7 +49,6 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
-    geometry(document);
     document.querySelectorAll("[data-refresh]").forEach(function (region) {
       var every = parseInt(region.getAttribute("data-refresh"), 10) || 3000;
       window.setInterval(function () { refresh(region); }, every);
