@@ -69,8 +69,14 @@ def asks_usage(doc: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-def with_include_usage(doc: dict[str, Any]) -> bytes:
-    """The request body with ``stream_options.include_usage`` set (the rest kept)."""
+def with_include_usage(doc: dict[str, Any], body: bytes | None = None) -> bytes:
+    """The request body with ``stream_options.include_usage`` set (the rest kept): ``body``
+    (``doc``'s own bytes) with the option written in before its closing brace when it has no
+    ``stream_options`` yet, else ``doc`` serialized again."""
+    if body is not None and "stream_options" not in doc and doc:
+        end = body.rstrip().rfind(b"}")
+        if end > 0:
+            return body[:end] + b',"stream_options":{"include_usage":true}' + body[end:]
     options = doc.get("stream_options")
     merged = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     return json.dumps({**doc, "stream_options": merged}, separators=(",", ":")).encode()

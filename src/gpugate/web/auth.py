@@ -202,7 +202,7 @@ class ClientKeys:
                     f"serves {model!r}"
                 )
             if stream and doc is not None and not asks_usage(doc):
-                body, hide = with_include_usage(doc), True
+                body, hide = with_include_usage(doc, body), True
         held = await gw.quota.reserve(
             principal, model if isinstance(model, str) else None, doc, len(body)
         )
