@@ -120,9 +120,11 @@ class UsageMeter:
                 await self.flush()
 
     async def purge(self) -> int:
-        """Delete the limit counters of windows older than :data:`COUNTERS_KEPT`."""
+        """Delete the limit counters of windows older than :data:`COUNTERS_KEPT`, and the
+        owner rows of jobs, batches and files no longer stored."""
         try:
-            return await self._store.purge_counters(self._clock.now() - COUNTERS_KEPT)
+            purged = await self._store.purge_counters(self._clock.now() - COUNTERS_KEPT)
+            return purged + await self._store.purge_orphan_owners()
         except GpugateError as exc:
             log.warning("key counters not purged: %s", exc.message)
             return 0
