@@ -63,6 +63,7 @@ class Seen:
 
     at: float  # time.monotonic() on arrival
     body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)  # lower-cased names
 
 
 @dataclass
@@ -92,7 +93,8 @@ async def _handle(request: web.Request) -> web.StreamResponse:
     raw = await request.read()
     body = json.loads(raw or b"{}")
     n = server.count
-    server.seen.append(Seen(time.monotonic(), body))
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    server.seen.append(Seen(time.monotonic(), body, headers))
     step = server.step(n)
     if step.hang_s:
         await asyncio.sleep(step.hang_s)
@@ -160,9 +162,18 @@ async def _handle(request: web.Request) -> web.StreamResponse:
         "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
     }
     await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+    await _usage(response, body, f"chatcmpl-{server.name}-{n}", len(words))
     if not step.no_done:
         await response.write(b"data: [DONE]\n\n")
     return response
+
+
+async def _usage(response: web.StreamResponse, body: dict[str, Any], cid: str, n: int) -> None:
+    """The usage event before ``[DONE]`` when the request asked for it, as OpenAI and vLLM do."""
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
+        chunk = {"id": cid, "model": body.get("model", "m"), "choices": [], "usage": usage}
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
 
 
 def _words_for(server: Scripted, body: dict[str, Any]) -> list[str]:

@@ -29,6 +29,7 @@ from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge, UpstreamEr
 from gpugate.logs import request_id
 from gpugate.services.idempotency import StoredResponse, Ticket
 from gpugate.services.proxy import Outbound, Reply
+from gpugate.telemetry import Generation, generated_span, request_span
 from gpugate.web.bodies import json_document
 from gpugate.web.errors import error_body, error_headers, status_of
 from gpugate.web.requestid import HEADER as REQUEST_ID
@@ -112,15 +113,27 @@ class DataPlane:
         gw = self.gateway
         received_at = gw.clock.monotonic()
         out: Outbound | None = None
+        headers = scope["headers"]
+        span = request_span(gw.tracer, "POST", scope["path"], headers, scope.get("server"))
+        error: str | None = None
         try:
             body = await _read_body(receive, seen.content_length, gw.config.server.max_body_bytes)
             doc = _parse_doc(body)
             model, stream = _routing_fields(doc)
+            span.set("gen_ai.request.model", model[:200])
             cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
-            headers = scope["headers"]
             path = _path_and_query(scope)
             out = Outbound(
-                "POST", path, headers, body, cls, received_at, model=model, doc=doc, stream=stream
+                "POST",
+                path,
+                headers,
+                body,
+                cls,
+                received_at,
+                model=model,
+                doc=doc,
+                stream=stream,
+                span=span,
             )
             ticket: Ticket | None = None
             if seen.idempotency_key is not None:
@@ -132,9 +145,13 @@ class DataPlane:
                 ticket = begun
             await self._forward(out, receive, send, rid, ticket, keep=not stream, body_done=None)
         except GpugateError as exc:
+            error = exc.code
+            span.set("http.response.status_code", status_of(exc))
             if out is not None:
                 gw.proxy.refused(out, exc)
             await _send_error(send, exc, rid)
+        finally:
+            span.end(error)
 
     async def _raw(
         self, scope: Scope, receive: Receive, send: Send, seen: _Seen, rid: bytes
@@ -222,10 +239,12 @@ class DataPlane:
         code: str | None = None
         kept: list[bytes] | None = [] if ticket is not None and keep else None
         kept_bytes, keep_at_most = 0, gw.idempotency.max_body_bytes
+        seen = Generation(out.received_at, stream=out.stream)
         try:
             await send(_start(reply, rid))
             try:
                 while chunk := await reply.read_chunk():
+                    seen.chunk(chunk, gw.clock.monotonic())
                     if kept is not None:
                         kept.append(chunk)
                         kept_bytes += len(chunk)
@@ -245,9 +264,19 @@ class DataPlane:
                 ticket = None
             await send(_END)
         finally:
+            if code is None and reply.at_eof() and out.model is not None:
+                _generated(gw, out, reply, seen)
             reply.close(code)
             if ticket is not None:
                 await asyncio.shield(gw.idempotency.abandon(ticket))
+
+
+def _generated(gw: Gateway, out: Outbound, reply: Reply, seen: Generation) -> None:
+    """A whole answer went by: its GenAI histograms and the request span's usage."""
+    told = seen.finish()
+    if reply.status < 300:
+        gw.proxy.generated(out, reply, told)
+    generated_span(out.span, reply.status, told)
 
 
 async def _settle(gw: Gateway, ticket: Ticket, reply: Reply, kept: list[bytes] | None) -> None:
