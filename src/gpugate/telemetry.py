@@ -241,6 +241,14 @@ def traced(
     return [(k, v) for k, v in headers if k.lower() not in TRACE_HEADERS] + ours
 
 
+def refused_span(span: Span, status: int, code: str) -> str | None:
+    """Note our error on the request span; the error to end it with: only a 5xx is the
+    gateway's failure (HTTP semantic conventions: a 4xx leaves a SERVER span's status unset)."""
+    span.set("http.response.status_code", status)
+    span.set("error.type", code)
+    return code if status >= 500 else None
+
+
 def generated_span(span: Span, status: int, seen: Generated) -> None:
     """The request span's answer: its status and what the answer told (model, usage)."""
     if not span.recording:

@@ -198,3 +198,41 @@ async def test_without_telemetry_a_clients_traceparent_reaches_the_upstream_unch
         async with serving(config) as gw:
             await stream_chat(gw.v1, "small", extra_headers={"traceparent": CLIENT_PARENT})
     assert CLIENT_PARENT == small.seen[0].headers["traceparent"]
+
+
+async def test_a_refused_request_is_a_server_span_with_its_status_and_error_code(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """A 4xx is the client's error: the span says so, its status stays unset (semconv)."""
+    async with otlp_receiver() as collector, scripted(OK, name="small") as small:
+        config = make_config(
+            sqlite_dsn,
+            [upstream("small-u", [small.url], ["small"])],
+            telemetry={"otlp_endpoint": collector.url},
+        )
+        async with serving(config) as gw:
+            body = {"model": "nope", "messages": CHAT}
+            async with http.post(gw.v1 + "/chat/completions", json=body) as resp:
+                status = resp.status
+    (request,) = collector.spans
+    assert (404, "POST /v1/chat/completions", False) == (status, request.name, request.failed)
+    assert {
+        "http.response.status_code": 404,
+        "error.type": "UNKNOWN_MODEL",
+        "gen_ai.request.model": "nope",
+    }.items() <= request.attributes.items()
+
+
+async def test_with_sample_ratio_zero_nothing_is_exported_and_no_traceparent_is_invented(
+    sqlite_dsn: str,
+) -> None:
+    async with otlp_receiver() as collector, scripted(OK, name="small") as small:
+        config = make_config(
+            sqlite_dsn,
+            [upstream("small-u", [small.url], ["small"])],
+            telemetry={"otlp_endpoint": collector.url, "sample_ratio": 0},
+        )
+        async with serving(config) as gw:
+            await stream_chat(gw.v1, "small")
+    assert ([], 0) == (collector.spans, collector.refused)
+    assert "traceparent" not in small.seen[0].headers

@@ -29,7 +29,7 @@ from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge, UpstreamEr
 from gpugate.logs import request_id
 from gpugate.services.idempotency import StoredResponse, Ticket
 from gpugate.services.proxy import Outbound, Reply
-from gpugate.telemetry import Generation, generated_span, request_span
+from gpugate.telemetry import Generation, generated_span, refused_span, request_span
 from gpugate.web.bodies import json_document
 from gpugate.web.errors import error_body, error_headers, status_of
 from gpugate.web.requestid import HEADER as REQUEST_ID
@@ -145,8 +145,7 @@ class DataPlane:
                 ticket = begun
             await self._forward(out, receive, send, rid, ticket, keep=not stream, body_done=None)
         except GpugateError as exc:
-            error = exc.code
-            span.set("http.response.status_code", status_of(exc))
+            error = refused_span(span, status_of(exc), exc.code)
             if out is not None:
                 gw.proxy.refused(out, exc)
             await _send_error(send, exc, rid)
