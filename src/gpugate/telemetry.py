@@ -298,13 +298,16 @@ def dispatch_ended(span: Span, outcome: str, runtime: str) -> None:
 _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,12})')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,12})')
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
-#: How much of an answer's end is kept to find its ``usage`` (it comes last).
+#: How much of an answer's end is read for its ``usage`` (it comes last), and of its start
+#: for its ``model``.
 TAIL_BYTES = 4096
+HEAD_BYTES = 4096
 
 
 class Generation:
     """Watches one relayed answer: call :meth:`chunk` for each piece sent to the client (in
-    order), then :meth:`finish`. Keeps the first and the last :data:`TAIL_BYTES`, no more.
+    order), then :meth:`finish`. Copies nothing on the way: it holds the first piece and the
+    last three, counts ``data:`` events, and reads the pieces it holds at the end.
 
     * time to first token: from the request's arrival to the first SSE ``data:`` event sent
       (streams only; a whole JSON answer has no first token to time);
@@ -324,36 +327,47 @@ class Generation:
         self._first: float | None = None
         self._last = 0.0
         self._events = 0
-        self._head = b""
-        self._tail = b""
+        self._head: bytes | None = None
+        self._tail: list[bytes] = []  # the last three pieces (a usage event, then [DONE])
 
     def chunk(self, data: bytes, now: float) -> None:
-        if len(self._head) < TAIL_BYTES:  # the answer's model is near its start
-            self._head += data[: TAIL_BYTES - len(self._head)]
-        if len(data) >= TAIL_BYTES:  # the usage comes last
-            self._tail = data[-TAIL_BYTES:]
-        else:
-            self._tail = (self._tail + data)[-TAIL_BYTES:]
+        if self._head is None:
+            self._head = data
+        tail = self._tail
+        tail.append(data)
+        if len(tail) > 3:
+            del tail[0]
         if self.stream:
             events = data.count(b"data:")
             if events:
                 if self._first is None:
                     self._first = now
                 self._last = now
-                self._events += events - (b"data: [DONE]" in data)
+                self._events += events
 
-    def finish(self) -> Generated:
-        prompt = _last_int(_PROMPT, self._tail)
-        completion = _last_int(_COMPLETION, self._tail)
-        if completion is None and self.stream and self._events:
-            completion = self._events
+    def finish(self, *, model: bool = True) -> Generated:
+        """What the answer told; ``model=False`` skips looking for its ``model`` (only a
+        recording span wants it)."""
+        tail = b"".join(self._tail)[-TAIL_BYTES:]
+        at = tail.rfind(b'"usage"')
+        usage = tail[at:] if at >= 0 else b""
+        prompt = _first_int(_PROMPT, usage)
+        completion = _first_int(_COMPLETION, usage)
+        events = self._events - tail.rstrip().endswith(b"data: [DONE]")
+        if completion is None and self.stream and events > 0:
+            completion = events
         ttft = None if self._first is None else self._first - self._started
         tpot = None
         if self._first is not None and completion is not None and completion > 1:
             tpot = (self._last - self._first) / (completion - 1)
-        found = _MODEL.search(self._head)
-        model = found.group(1).decode("utf-8", "replace") if found else None
-        return Generated(ttft, tpot, prompt, completion, model)
+        return Generated(ttft, tpot, prompt, completion, self._model(tail) if model else None)
+
+    def _model(self, tail: bytes) -> str | None:
+        head = (self._head or b"")[:HEAD_BYTES]
+        found = _MODEL.search(head)
+        if found is None and len(head) < HEAD_BYTES:  # a short first piece: the rest follows
+            found = _MODEL.search(tail)
+        return found.group(1).decode("utf-8", "replace") if found else None
 
 
 class Generated:
@@ -382,8 +396,6 @@ class Generated:
         )
 
 
-def _last_int(pattern: re.Pattern[bytes], data: bytes) -> int | None:
-    found = None
-    for found in pattern.finditer(data):  # noqa: B007 - the last match is the one wanted
-        pass
+def _first_int(pattern: re.Pattern[bytes], data: bytes) -> int | None:
+    found = pattern.search(data) if data else None
     return int(found.group(1)) if found is not None else None

@@ -240,7 +240,7 @@ class Proxy:
         self._models: dict[str, ModelConfig] = {m.name: m for m in models}
         self._timed: dict[tuple[str, str], Any] = {}
         self._picked: dict[tuple[str, str], Any] = {}
-        self._tokens: dict[tuple[str, str], Any] = {}
+        self._generation: dict[tuple[str, str], Any] = {}  # GenAI histogram children
         self.bind_gauges()
 
     def set_secrets(self, secrets: Mapping[str, str]) -> None:
@@ -759,17 +759,25 @@ class Proxy:
         """Record what a finished answer told of its generation (TTFT, time per output token,
         tokens; :class:`gpugate.telemetry.Generation`), by the model that answered."""
         model = bounded(reply.model or out.model or "", self.registry.configured)
-        m = self._metrics
-        if seen.ttft is not None:
-            m.time_to_first_token.labels(model).observe(seen.ttft)
-        if seen.time_per_output_token is not None:
-            m.time_per_output_token.labels(model).observe(seen.time_per_output_token)
-        for kind, count in (("input", seen.input_tokens), ("output", seen.output_tokens)):
-            if count is not None:
-                child = self._tokens.get((model, kind))
+        for kind, value in (
+            ("ttft", seen.ttft),
+            ("tpot", seen.time_per_output_token),
+            ("input", seen.input_tokens),
+            ("output", seen.output_tokens),
+        ):
+            if value is not None:
+                child = self._generation.get((model, kind))
                 if child is None:
-                    child = self._tokens[model, kind] = m.tokens_per_request.labels(model, kind)
-                child.observe(count)
+                    child = self._generation[model, kind] = self._generation_child(model, kind)
+                child.observe(value)
+
+    def _generation_child(self, model: str, kind: str) -> Any:
+        m = self._metrics
+        if kind == "ttft":
+            return m.time_to_first_token.labels(model)
+        if kind == "tpot":
+            return m.time_per_output_token.labels(model)
+        return m.tokens_per_request.labels(model, kind)
 
     def refused(self, out: Outbound, error: GpugateError) -> None:
         """Record a request that ended with one of our errors before any upstream reply."""

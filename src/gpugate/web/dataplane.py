@@ -272,7 +272,7 @@ class DataPlane:
 
 def _generated(gw: Gateway, out: Outbound, reply: Reply, seen: Generation) -> None:
     """A whole answer went by: its GenAI histograms and the request span's usage."""
-    told = seen.finish()
+    told = seen.finish(model=out.span.recording)  # the answer's model is only a span's
     if reply.status < 300:
         gw.proxy.generated(out, reply, told)
     generated_span(out.span, reply.status, told)
