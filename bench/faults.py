@@ -43,6 +43,7 @@ from typing import Any
 import aiohttp
 import openai
 from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpugate.fleet import Fault, ModelServer, ServerBehaviour, token_text
 from gpugate.worker import WorkerSettings
@@ -688,6 +689,64 @@ async def one_request(http: aiohttp.ClientSession, url: str, body: dict[str, Any
         return type(exc).__name__
 
 
+async def counters(rig: Rig) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    async with rig.session.get(rig.gateway_url + "/metrics") as response:
+        text = await response.text()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def delta(
+    before: dict[tuple[str, frozenset[tuple[str, str]]], float],
+    after: dict[tuple[str, frozenset[tuple[str, str]]], float],
+    name: str,
+    **labels: str,
+) -> float:
+    wanted = set(labels.items())
+    return sum(
+        value - before.get(key, 0.0)
+        for key, value in after.items()
+        if key[0] == name and wanted <= key[1]
+    )
+
+
+async def accounting(rig: Rig, _: argparse.Namespace) -> list[Row]:
+    """Fail-over accounting: a request the fallback served after the primary's 503s is one
+    request served (by the fallback), its failed tries counted as attempts, one fallback."""
+    prompt = rig.prompt("accounting")
+    rig.primary.inject("status", status=503)
+    before = await counters(rig)
+    wanted = {complete(FALLBACK, prompt)}
+    seen = await ask(rig.through, prompt, stream=False, wanted=wanted, wait_s=GATEWAY_WAIT_S)
+    after = await counters(rig)
+    tries = len(rig.primary.log.of(prompt))
+    attempts = delta(before, after, "gateway_upstream_attempts_total", upstream="primary")
+    fallbacks = delta(before, after, "gateway_fallbacks_total", model=PRIMARY, to=FALLBACK)
+    served_primary = delta(before, after, "gateway_requests_total", upstream="primary")
+    served_fallback = delta(before, after, "gateway_requests_total", upstream="fallback")
+    ok = (
+        seen.how == "complete"
+        and attempts == tries
+        and fallbacks == 1
+        and (served_primary, served_fallback) == (0, 1)
+    )
+    ok = ok and await rig.settle()
+    return [
+        Row(
+            "fail-over accounting (503 persistent)",
+            "1 served by fb; primary's tries = attempts",
+            "—",
+            f"{seen.cell()}; attempts{{primary}} +{attempts:g} for {tries} tries,"
+            f" fallbacks +{fallbacks:g}, requests{{primary}} +{served_primary:g},"
+            f" requests{{fallback}} +{served_fallback:g}",
+            ok,
+        )
+    ]
+
+
 def rows_of_issue_13() -> list[tuple[str, Scenario]]:
     f = Fault
     return [
@@ -733,6 +792,10 @@ def rows_of_issue_13() -> list[tuple[str, Scenario]]:
                 stream=True,
             ),
         ),
+        (
+            "no-done-after-finish",
+            one_fault("no [DONE] after the finish chunk", f(kind="no_done", count=1), stream=True),
+        ),
         ("context", one_fault("context_length_exceeded", f(kind="context_length"), stream=False)),
         (
             "content-filter",
@@ -753,6 +816,7 @@ def rows_of_issue_13() -> list[tuple[str, Scenario]]:
             ),
         ),
         ("outage", outage),
+        ("accounting", accounting),
     ]
 
 

@@ -29,6 +29,7 @@ import os
 import platform
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,6 +80,7 @@ from proxy_targets import (
     serve_model,
     start_all,
 )
+from routing_cost import memory_per_10k, picker_costs
 from venvs import CANDIDATES, VLLM_ROUTER, VenvError, candidate_env
 
 # -- the phases ---------------------------------------------------------------------------------
@@ -150,6 +152,50 @@ def phase_ttfb(setup: Setup, report: Report) -> None:
         if r.errors or not r.ttfb_ms:
             report.problems.append(f"slow streams via {target}: {r.errors} failed")
     print(ttfb_table(report))
+
+
+ROUTING_PAIRS = 6  # alternated pairs of wrk runs per mix: A B, B A, A B, ...
+
+
+def phase_routing_rps(setup: Setup, wrk: str, report: Report) -> None:
+    """gpugate with the default routing against gpugate with wave 1's picker: pairs of wrk runs
+    back to back, in alternating order (the machine's noise drifts; neither gets the quiet
+    seconds); per mix, the median of the pairs' req/s and CPU ratios, and the spread."""
+    pair = ("gpugate", "gpugate-p2c")
+    if not all(t in setup.targets for t in pair):
+        return
+    duration = max(1, report.settings.duration // 2)
+    print(f"\n== Routing: {pair[0]} / {pair[1]}, {ROUTING_PAIRS} alternated pairs of {duration} s"
+          " wrk -c64 runs ==")  # fmt: skip
+    for mix in ("chat", "sse"):
+        lane, path = MIXES[mix]
+        rps_ratios, cpu_ratios = [], []
+        for k in range(ROUTING_PAIRS):
+            loads = {}
+            for target in pair if k % 2 == 0 else tuple(reversed(pair)):
+                url, pid = setup.url(target, lane, path), setup.pid(target, lane)
+                loads[target] = run_wrk(wrk, url, BODIES[mix], duration, pid)
+            a, b = loads[pair[0]], loads[pair[1]]
+            rps_ratios.append(a.rps / b.rps)
+            cpu_ratios.append(a.cpu_us / b.cpu_us)
+        spread = " ".join(f"{r:.2f}" for r in sorted(rps_ratios))
+        print(
+            f"  {mix:<5} req/s ratio median {statistics.median(rps_ratios):.3f} (pairs: {spread}),"
+            f" CPU/req ratio median {statistics.median(cpu_ratios):.3f}"
+        )
+
+
+def phase_picker() -> None:
+    """The picker's CPU per request in process (issue #18): wave 1's beside each policy's; the
+    throughput tables compare gpugate (prefix_affinity, the default) with gpugate-p2c."""
+    print("\n== Routing: the picker's CPU per request, 4 endpoints, a 2,000-token chat ==")
+    costs = picker_costs()
+    base = costs[0][1]
+    for what, us in costs:
+        print(f"  {what:<50} {us:7.1f} us  ({us / base:5.1f}x wave 1)")
+    print("  prefix index + sessions per 10,000 four-turn conversations:")
+    for label, blocks, mb in memory_per_10k():
+        print(f"    {label:<40} {blocks:>9,} blocks {mb:7.1f} MB")
 
 
 def read_rss(setup: Setup, report: Report, moment: str) -> None:
@@ -247,6 +293,7 @@ def run(settings: Settings, targets: tuple[str, ...], cores: Cores, *, keys: boo
         report.targets, report.proxies = setup.targets, setup.proxies
         read_rss(setup, report, "idle")
         phase_throughput(setup, wrk, report)
+        phase_routing_rps(setup, wrk, report)
         if keys:
             report.problems += phase_keys(setup, wrk, procs, cores, settings.duration)
         read_rss(setup, report, "loaded")
@@ -255,6 +302,7 @@ def run(settings: Settings, targets: tuple[str, ...], cores: Cores, *, keys: boo
         phase_ttfb(setup, report)
         phase_held(setup, report)
         procs.check()
+    phase_picker()
     print_summary(report)
     if report.problems:
         print("\nFAILED:\n" + "\n".join(f"  - {p}" for p in report.problems), file=sys.stderr)

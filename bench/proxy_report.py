@@ -83,7 +83,17 @@ def throughput_tables(r: Report) -> str:
         if t not in ("direct", PEER)
     ]
     ratio_headers = ["target", *(f"{mix} /{base}" for mix in mixes for base in ("router", BARE))]
-    return table(headers, rows) + "\n\n" + table(ratio_headers, ratio_rows)
+    text = table(headers, rows) + "\n\n" + table(ratio_headers, ratio_rows)
+    routed = [
+        f"{mix} {_x(r.ratio(mix, 'gpugate', 'gpugate-p2c'))}"
+        for mix, loads in r.loads.items()
+        if "gpugate" in loads and "gpugate-p2c" in loads
+    ]
+    if routed:  # issue #18: the default routing against wave 1's picker, req/s
+        text += "\n\ngpugate (prefix_affinity) / gpugate-p2c (least_outstanding): " + ", ".join(
+            routed
+        )
+    return text
 
 
 def bursts_table(r: Report) -> str:

@@ -30,7 +30,9 @@ from typing import Self
 import uvloop
 
 HERE = Path(__file__).resolve().parent
-TARGETS = ("direct", "nginx", "vllm-router", "bare", "gpugate")
+TARGETS = ("direct", "nginx", "vllm-router", "bare", "gpugate", "gpugate-p2c")
+#: gpugate as configured by default (routing prefix_affinity), and with wave 1's picker
+GATEWAYS = {"gpugate": "prefix_affinity", "gpugate-p2c": "least_outstanding"}
 LANES = ("json", "sse", "slow", "long")  # an upstream each; nginx, the router and bare by port
 # The hot-path prototypes (docs in bench/README.md): name -> script and its arguments.
 PROTOTYPES: dict[str, tuple[str, ...]] = {
@@ -203,12 +205,15 @@ def nginx_proxy_http(routes: dict[int, int]) -> str:
     )
 
 
-def gateway_yaml(workdir: Path, port: int, upstream_ports: dict[str, int]) -> str:
-    lines = [f"listen: 127.0.0.1:{port}", f"store: sqlite:///{workdir}/bench.db", "upstreams:"]
+def gateway_yaml(
+    workdir: Path, port: int, upstream_ports: dict[str, int], policy: str = "prefix_affinity"
+) -> str:
+    lines = [f"listen: 127.0.0.1:{port}", f"store: sqlite:///{workdir}/{port}.db", "upstreams:"]
     for model, lane in MODELS.items():
         url = f"http://127.0.0.1:{upstream_ports[lane]}"
         limits = "max_inflight: 4096, max_queue: 10000"  # admission never throttles the bench
-        lines.append(f"  - {{id: {model}, url: '{url}', models: [{model}], {limits}}}")
+        routing = f"routing: {{policy: {policy}}}"
+        lines.append(f"  - {{id: {model}, url: '{url}', models: [{model}], {limits}, {routing}}}")
     return "\n".join(lines) + "\n"
 
 
@@ -410,13 +415,12 @@ def start_all(
             bare = [f"--route={ports['bare'][lane]}=http://127.0.0.1:{up[lane]}" for lane in LANES]
             argv = [sys.executable, str(HERE / "bare_proxy.py"), *bare]
             pids["bare"] = dict.fromkeys(LANES, procs.start("bare", cores.wrap(argv)))
-        elif target == "gpugate":
-            (workdir / "gateway.yaml").write_text(
-                gateway_yaml(workdir, ports["gpugate"]["json"], up)
-            )
-            serve = ["serve", "--config", str(workdir / "gateway.yaml"), "--log-level", "WARNING"]
+        elif target in GATEWAYS:
+            config = workdir / f"{target}.yaml"
+            config.write_text(gateway_yaml(workdir, ports[target]["json"], up, GATEWAYS[target]))
+            serve = ["serve", "--config", str(config), "--log-level", "WARNING"]
             argv = [sys.executable, "-m", "gpugate", *serve]
-            pids["gpugate"] = dict.fromkeys(LANES, procs.start("gpugate", cores.wrap(argv)))
+            pids[target] = dict.fromkeys(LANES, procs.start(target, cores.wrap(argv)))
         elif target in PROTOTYPES:
             argv = prototype_argv(tools, target, ports[target]["json"], up)
             pid = procs.start(target, cores.wrap(argv), env=tools.candidate_env)
@@ -424,7 +428,7 @@ def start_all(
     setup = Setup(targets, ports, pids, cores)
     for target in ("direct", *targets):
         for lane in LANES if target in ("direct", *BY_PORT) else ("json",):
-            health = "/readyz" if target == "gpugate" else "/health"
+            health = "/readyz" if target in GATEWAYS else "/health"
             wait_http(procs, setup.url(target, lane, health), timeout_s=60)
     return setup
 

@@ -431,6 +431,17 @@ MEANING: dict[str, str] = {
     "import_env.allow": "and these names (besides those the file's own gateway document names); "
     "never a variable a process key names (the admin token's, the blob store's keys)",
 }
+# models[].routing has the keys and meanings of upstreams[].routing (one RoutingConfig)
+MEANING["models[].routing"] = (
+    "how this model's endpoints are chosen; an upstream's own `routing` wins (docs/routing.md)"
+)
+MEANING.update(
+    {
+        key.replace("upstreams[]", "models[]", 1): meaning
+        for key, meaning in list(MEANING.items())
+        if key.startswith("upstreams[].routing.")
+    }
+)
 
 
 def all_keys() -> list[Key]:

@@ -36,6 +36,8 @@ class Step:
     - ``first_event_error``: a stream answers 200 and then an error event first.
     - ``no_done``: end the stream without ``data: [DONE]``.
     - ``garbage_at``: the content event with this index is not JSON.
+    - ``end``: after ``events`` content events, end the stream cleanly (no finish, no [DONE]).
+    - ``words``: answer these words (a server that is not deterministic after all).
     """
 
     status: int = 200
@@ -52,6 +54,8 @@ class Step:
     no_done: bool = False
     garbage_at: int | None = None
     delay_s: float = 0.0
+    end: bool = False
+    words: tuple[str, ...] | None = None  # this answer's words instead of the server's
 
 
 OK = Step()
@@ -75,6 +79,8 @@ class Scripted:
     name: str
     words: list[str]
     seen: list[Seen] = field(default_factory=list)
+    #: Until this time.monotonic(), every request is answered 503 (an outage), then the script.
+    down_until: float = 0.0
 
     @property
     def count(self) -> int:
@@ -88,14 +94,14 @@ def answer_text(words: list[str]) -> str:
     return "".join(words)
 
 
-async def _handle(request: web.Request) -> web.StreamResponse:
+async def _handle(request: web.Request) -> web.StreamResponse:  # noqa: C901, PLR0911, PLR0912
     server = request.app[_SERVER]
     raw = await request.read()
     body = json.loads(raw or b"{}")
     n = server.count
     headers = {k.lower(): v for k, v in request.headers.items()}
     server.seen.append(Seen(time.monotonic(), body, headers))
-    step = server.step(n)
+    step = server.step(n) if time.monotonic() >= server.down_until else Step(status=503)
     if step.hang_s:
         await asyncio.sleep(step.hang_s)
     if step.drop:
@@ -117,7 +123,7 @@ async def _handle(request: web.Request) -> web.StreamResponse:
             body=payload,
             headers={"Content-Type": "application/json", **dict(step.headers)},
         )
-    words = _words_for(server, body)
+    words = list(step.words) if step.words is not None else _words_for(server, body)
     if not body.get("stream"):
         doc = {
             "id": f"cmpl-{server.name}-{n}",
@@ -145,6 +151,9 @@ async def _handle(request: web.Request) -> web.StreamResponse:
                 assert request.transport is not None
                 request.transport.abort()
                 return response
+            if step.end:
+                await response.write_eof()
+                return response
             if step.stall_s:
                 await asyncio.sleep(step.stall_s)
         chunk = {
@@ -153,7 +162,9 @@ async def _handle(request: web.Request) -> web.StreamResponse:
             "model": model,
             "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
         }
-        data = b"{not json" if step.garbage_at == i else json.dumps(chunk).encode()
+        data = json.dumps(chunk).encode()
+        if step.garbage_at == i:
+            data = data[: len(data) // 2]  # an event cut off in the middle
         await response.write(b"data: " + data + b"\n\n")
     final = {
         "id": f"chatcmpl-{server.name}-{n}",

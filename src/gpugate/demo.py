@@ -77,11 +77,20 @@ gpu_health:
   sustained_samples: 3
   shed_batch: true        # on for the demo: `--scenario saturate` shows batch being shed
 
+models:
+  - name: qwen-35b
+    fallbacks: [qwen-7b]    # `--scenario failover`: GPU 0 faults, the chat goes on on qwen-7b
+
 upstreams:
   - id: qwen-35b
     url: {s["qwen-35b"].url}
     models: [qwen-35b]
     gpu_ids: [0]
+  - id: qwen-7b
+    url: {s["qwen-7b"].url}
+    models: [qwen-7b]
+    gpu_ids: [1]
+    continuation: prefill   # it goes on after the text already delivered (a broken stream)
   - id: cleanup-3b
     url: {s["cleanup-3b"].url}
     models: [cleanup-3b]

@@ -12,6 +12,7 @@ not happen in ``timeout_s`` raises :class:`ScenarioFailed` naming it.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from gpugate.adapters.gateway_api import GatewayApi, GatewayApiError
 from gpugate.errors import GpugateError
 
 CHAT_MODEL = "qwen-35b"  # served by the upstream on GPU 0 alone, so GPU 0 decides its fate
+FALLBACK_MODEL = "qwen-7b"  # on GPU 1: the demo config's fallback of qwen-35b
 HOME = "home-1"  # the demo's push runtime: its worker is in front of qwen-35b too
 FATAL_XID = 79  # "GPU has fallen off the bus": a fatal XID in NVIDIA's table
 
@@ -67,16 +69,45 @@ class Stage:
         await asyncio.to_thread(api.request, "POST", "/_control", behaviour)
 
     async def chat(self, cls: str = "interactive") -> str:
-        """One chat request of class ``cls``: ``200`` or the error code the gateway answered."""
-        body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hello"}]}
-        headers = {"X-Request-Class": cls}
+        """One chat request of class ``cls``: ``200 (by MODEL)`` or the error the gateway
+        answered (``429 GPU_SATURATED``)."""
+        messages = [{"role": "user", "content": "hello"}]
         try:
-            await asyncio.to_thread(
-                self._gateway.request, "POST", "/v1/chat/completions", body, headers=headers
-            )
+            reply = await self.converse(messages, cls=cls)
         except GatewayApiError as exc:
             return f"{exc.status} {exc.code}"
-        return "200"
+        return f"200 (by {reply.model})"
+
+    async def converse(
+        self, messages: list[dict[str, str]], *, stream: bool = False, cls: str = "interactive"
+    ) -> Reply:
+        """One turn of a conversation with qwen-35b (GatewayApiError if refused)."""
+        body = {"model": CHAT_MODEL, "messages": messages, "stream": stream}
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", "X-Request-Class": cls}
+        _, got, raw = await asyncio.to_thread(
+            self._gateway.send, "POST", "/v1/chat/completions", data, headers=headers
+        )
+        model, attempts = got.get("x-gateway-model", "?"), got.get("x-gateway-attempts", "?")
+        if stream:
+            return Reply.of_stream(model, raw, attempts)
+        answer = json.loads(raw)
+        text = str(answer["choices"][0]["message"]["content"])
+        return Reply(model, text, done=True, attempts=attempts)
+
+    async def server_log(self, name: str) -> list[dict[str, Any]]:
+        """The model requests the fake model server ``name`` saw (its ``/_control/log``)."""
+        api = GatewayApi(self.servers[name])
+        _, log = await asyncio.to_thread(api.request, "GET", "/_control/log")
+        return list(log["requests"])
+
+    async def server_faults(self, name: str, rules: list[dict[str, Any]] | None) -> None:
+        """Arm fault rules on the fake model server ``name`` (None: clear them all)."""
+        api = GatewayApi(self.servers[name])
+        if rules is None:
+            await asyncio.to_thread(api.request, "DELETE", "/_control/faults")
+        else:
+            await asyncio.to_thread(api.request, "POST", "/_control/faults", {"faults": rules})
 
     async def submit_job(self, *, cls: str = "batch", runner: str | None = None) -> str:
         body: dict[str, Any] = {
@@ -151,6 +182,34 @@ class Stage:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One answer of a conversation: the model that answered (``X-Gateway-Model``), its text,
+    and whether it ended properly (a stream: ``data: [DONE]``, no ``event: error``)."""
+
+    model: str
+    text: str
+    done: bool
+    error: str | None = None
+    attempts: str = "?"  # X-Gateway-Attempts
+
+    @classmethod
+    def of_stream(cls, model: str, raw: bytes, attempts: str = "?") -> Reply:
+        text: list[str] = []
+        done, error = False, None
+        for event in raw.decode(errors="replace").split("\n\n"):
+            lines = event.strip().splitlines()
+            data = next((line[6:] for line in lines if line.startswith("data: ")), None)
+            if "event: error" in lines:
+                error = data
+            elif data == "[DONE]":
+                done = True
+            elif data is not None:
+                choices = json.loads(data).get("choices") or ()
+                text.extend(choice.get("delta", {}).get("content") or "" for choice in choices)
+        return cls(model, "".join(text), done and error is None, error, attempts)
+
+
 Script = Callable[[Stage], Awaitable[None]]
 
 
@@ -174,9 +233,12 @@ async def xid(stage: Stage) -> None:
 
     await stage.until("qwen-35b leaves rotation", out)
     answer = await stage.chat()
-    say(f"[xid] qwen-35b is out of rotation; a chat request now answers {answer}")
-    if answer == "200":
-        raise ScenarioFailed("a chat request succeeded with its only upstream out of rotation")
+    say(
+        f"[xid] qwen-35b is out of rotation; a chat request for it now answers {answer}:"
+        f" its fallback {FALLBACK_MODEL} stands in"
+    )
+    if answer != f"200 (by {FALLBACK_MODEL})":
+        raise ScenarioFailed(f"expected the fallback {FALLBACK_MODEL} to answer: {answer}")
     await stage.hold(2)
     say("[xid] the operator replaced the GPU and clears the fault: POST /admin/gpus/0/clear")
     await stage.admin("POST", "/admin/gpus/0/clear")
@@ -201,7 +263,7 @@ async def saturate(stage: Stage) -> None:
     await stage.until("GPU 0 is saturated", saturated)
     batch, interactive = await stage.chat("batch"), await stage.chat("interactive")
     say(f"[saturate] saturated: a batch request answers {batch}, an interactive one {interactive}")
-    if not batch.endswith("GPU_SATURATED") or interactive != "200":
+    if not batch.endswith("GPU_SATURATED") or not interactive.startswith("200"):
         raise ScenarioFailed(f"expected batch shed and interactive served: {batch}, {interactive}")
     slug = await stage.submit_job()
 
@@ -312,6 +374,69 @@ async def auth(stage: Stage) -> None:
         raise ScenarioFailed(f"job {slug} ran on {ran_on}, not on {HOME}")
 
 
+async def failover(stage: Stage) -> None:
+    """A conversation with qwen-35b; GPU 0 falls off the bus between two turns and its model
+    server dies with it; the next turn, streamed, is answered by the fallback qwen-7b as one
+    unbroken stream (the gateway holds the headers until a first token is in); while GPU 0 is
+    faulted qwen-7b answers at once; the operator replaces the GPU and qwen-35b takes over."""
+    say = stage.say
+    chat: list[dict[str, str]] = [{"role": "user", "content": "plan the maintenance window"}]
+    first = await stage.converse(chat)
+    say(f"[failover] turn 1, answered by {first.model}: {first.text!r}")
+    if first.model != CHAT_MODEL:
+        raise ScenarioFailed(f"turn 1 was answered by {first.model}, not {CHAT_MODEL}")
+    chat.append({"role": "assistant", "content": first.text})
+    await stage.hold()
+    say(
+        f"[failover] GPU 0 reports XID {FATAL_XID} (fallen off the bus); qwen-35b's server dies"
+        " with it: every request to it is reset, its /health answers 503"
+    )
+    await stage.server_faults(CHAT_MODEL, [{"kind": "reset"}])
+    await stage.server(CHAT_MODEL, health_status=503)
+    await stage.gpu(0, xid=FATAL_XID)
+    chat.append({"role": "user", "content": "and which GPUs go first"})
+    second = await stage.converse(chat, stream=True)
+    if not second.done or second.model != FALLBACK_MODEL:
+        raise ScenarioFailed(f"turn 2 did not stream whole from {FALLBACK_MODEL}: {second}")
+    say(
+        f"[failover] turn 2, streamed: one unbroken stream ending in [DONE], answered by"
+        f" {second.model} ({second.attempts} tries): {second.text!r}"
+    )
+    chat.append({"role": "assistant", "content": second.text})
+
+    async def out() -> bool:
+        return (await stage.upstream(CHAT_MODEL))["out_of_rotation"] is not None
+
+    await stage.until("qwen-35b leaves rotation", out)
+    tried = len(await stage.server_log(CHAT_MODEL))
+    chat.append({"role": "user", "content": "thanks, and after that?"})
+    third = await stage.converse(chat)
+    untouched = len(await stage.server_log(CHAT_MODEL)) == tried
+    say(
+        f"[failover] qwen-35b is out of rotation: turn 3 is answered by {third.model} at once"
+        + (", without a try on the dead server" if untouched else "")
+    )
+    if third.model != FALLBACK_MODEL or not untouched:
+        raise ScenarioFailed(f"turn 3: {third.model}, the dead server tried: {not untouched}")
+    chat.append({"role": "assistant", "content": third.text})
+    await stage.hold(2)
+    say("[failover] the operator replaces GPU 0 and clears the fault: POST /admin/gpus/0/clear")
+    await stage.server_faults(CHAT_MODEL, None)
+    await stage.server(CHAT_MODEL, health_status=200)
+    await stage.gpu(0, xid=0)
+    await stage.admin("POST", "/admin/gpus/0/clear")
+
+    async def back() -> bool:
+        return (await stage.upstream(CHAT_MODEL))["out_of_rotation"] is None
+
+    await stage.until("qwen-35b returns to rotation", back)
+    chat.append({"role": "user", "content": "good, go ahead"})
+    fourth = await stage.converse(chat)
+    say(f"[failover] qwen-35b is back: turn 4 of the conversation is answered by {fourth.model}")
+    if fourth.model != CHAT_MODEL:
+        raise ScenarioFailed(f"turn 4 was answered by {fourth.model}, not {CHAT_MODEL}")
+
+
 async def _not(check: Callable[[], Awaitable[bool]]) -> bool:
     return not await check()
 
@@ -333,6 +458,11 @@ SCENARIOS: dict[str, Scenario] = {
             "budget",
             "a runtime over its daily budget is skipped in the walk; the operator raises it",
             budget,
+        ),
+        Scenario(
+            "failover",
+            "a GPU faults mid-conversation: the chat goes on on the fallback model; it returns",
+            failover,
         ),
         Scenario(
             "auth",

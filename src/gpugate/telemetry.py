@@ -226,6 +226,27 @@ def fallback_span(parent: Span, model: str, to: str, reason: str) -> Span:
     return parent.child(f"fallback {to}", Kind.INTERNAL, attributes)
 
 
+def continuation_span(parent: Span, model: str | None, after: str) -> Span:
+    """The INTERNAL span of one continuation of a stream broken after bytes reached the
+    client (``after``: the break's error code); its tries are its children."""
+    if not parent.recording:
+        return NO_SPAN
+    attributes: dict[str, AttributeValue] = {"gpugate.continuation.after": after}
+    if model is not None:
+        attributes["gen_ai.request.model"] = model[:200]
+    return parent.child(f"continuation {model or ''}".rstrip(), Kind.INTERNAL, attributes)
+
+
+def continuation_ended(span: Span, upstream: str | None, mode: str | None) -> None:
+    """End a continuation's span: who continued the stream and how, or failed (none could)."""
+    if not span.recording:
+        return
+    span.set("gpugate.continuation.outcome", mode or "failed")
+    if upstream is not None:
+        span.set("gpugate.upstream", upstream)
+    span.end(None if mode is not None else "failed")
+
+
 def traced(
     span: Span, headers: list[tuple[bytes, bytes]], endpoints: Sequence[object], endpoint: object
 ) -> list[tuple[bytes, bytes]]:

@@ -157,7 +157,7 @@ class Gateway:
         if self.engine_monitor is not None:
             self.engine_monitor.reconfigure(config.upstreams)
         if self.proxy.router is not None:
-            self.proxy.router.policy = scoring.policy_table(config.upstreams)
+            self.proxy.router.policy = scoring.policy_table(config.upstreams, config.models)
         if self.new_runtime is not None:
             before = {entry.id: entry for entry in self.config.runtimes}
             for entry in config.runtimes:
@@ -745,7 +745,7 @@ def _routing(
 
     engines = EngineMonitor(config.upstreams, client, clock, metrics, outstanding=outstanding)
     proxy.router = scoring.Router(
-        scoring.policy_table(config.upstreams),
+        scoring.policy_table(config.upstreams, config.models),
         signal=engines.signal,
         saturated=monitor.saturated if monitor is not None else None,
     )

@@ -47,7 +47,7 @@ def answer_dialogs(page: Page, text: str = "") -> list[str]:
 
 def test_an_operator_logs_in_and_sees_the_fleet_and_the_runtimes(page: Page, demo: Demo) -> None:
     log_in(page, demo)
-    expect(page.locator("#upstreams tr[data-upstream]")).to_have_count(4)
+    expect(page.locator("#upstreams tr[data-upstream]")).to_have_count(5)  # qwen-7b: the fallback
     expect(page.locator("#gpus tr[data-gpu]")).to_have_count(2)
     expect(page.locator("header .who")).to_have_text("console:browser")
     shot(page, "01-fleet")

@@ -34,7 +34,16 @@ def free_port() -> int:
 
 # What the newcomer must see happen, per scenario (a line of its narration each).
 WITNESS = {
-    "xid": ["answers 503 NO_HEALTHY_UPSTREAM", "back in rotation; a chat request answers 200"],
+    "xid": [
+        "a chat request for it now answers 200 (by qwen-7b): its fallback qwen-7b stands in",
+        "back in rotation; a chat request answers 200 (by qwen-35b)",
+    ],
+    "failover": [
+        "turn 1, answered by qwen-35b",
+        "turn 2, streamed: one unbroken stream ending in [DONE], answered by qwen-7b",
+        "turn 3 is answered by qwen-7b at once, without a try on the dead server",
+        "qwen-35b is back: turn 4 of the conversation is answered by qwen-35b",
+    ],
     "saturate": ["a batch request answers 429 GPU_SATURATED", "is deferred", "completed"],
     "budget": [
         "past the soft cap (runtime.soft_cap, audited once)",
@@ -106,7 +115,7 @@ def test_every_scenario_has_its_witness_lines() -> None:
 
 
 async def test_an_unknown_scenario_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
-    with pytest.raises(GpugateError, match="known: xid, saturate, budget, auth"):
+    with pytest.raises(GpugateError, match="known: xid, saturate, budget, failover, auth"):
         await run_demo("127.0.0.1", 0, workdir=tmp_path, scenario="meteor")
 
 

@@ -195,3 +195,22 @@ async def test_a_key_limited_to_interactive_sending_system_queues_behind_a_real_
             await asyncio.wait_for(asyncio.gather(holder, clamped, real), timeout=20)
     assert {"interactive": 1, "system": 1} == queued
     assert ["holder", "real", "clamped"] == order
+
+
+async def test_the_model_list_shows_a_key_only_its_models_and_azure_di_needs_a_key(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("u", ["m", "other"])) as (server,):
+        config = keyed_config(sqlite_dsn, [server.url], ["m", "other"])
+        async with serving(config, environ=ENVIRON) as gw:
+            secret = (await create_key(http, gw.url, models=["m"]))["key"]
+            async with http.get(gw.url + "/v1/models", headers=bearer(secret)) as resp:
+                listed = [m["id"] for m in (await resp.json())["data"]]
+            path = "/azure-di/documentintelligence/documentModels/prebuilt-read:analyze"
+            async with http.post(gw.url + path, data=b"x") as resp:
+                anonymous = resp.status
+            async with http.post(gw.url + path, data=b"x", headers=bearer(secret)) as resp:
+                limited = (resp.status, (await resp.json())["error"]["code"])
+    assert ["m"] == listed
+    assert 401 == anonymous
+    assert (403, "EXTERNAL_UPSTREAM_FORBIDDEN") == limited

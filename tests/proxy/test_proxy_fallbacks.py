@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import aiohttp
@@ -171,3 +173,27 @@ def test_a_fallback_must_be_a_served_model_other_than_itself() -> None:
     assert "models[0].fallbacks[0]: no upstream serves model 'nope'" in text
     assert "models[0].fallbacks[1]: 'big' is the model itself" in text
     assert "context_fallbacks" not in text
+
+
+async def test_a_primary_down_then_healthy_every_request_answered_and_traffic_back_within_10_s(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """Issue #13 Done-when 3, compressed: the primary is down 6 s, then healthy; a request every
+    0.4 s for 14 s. All answered; during the outage by the fallback (after the primary backed
+    off, without paying for it); the primary serves again within 10 s of its recovery."""
+    async with scripted(OK, name="big") as big, scripted(OK, name="small") as small:
+        async with serving(fleet(sqlite_dsn, big.url, small.url)) as gw:
+            started = time.monotonic()
+            big.down_until = started + 6.0
+            served: list[tuple[float, int, str]] = []
+            while time.monotonic() - started < 14.0:
+                status, headers, _ = await post(http, gw.v1)
+                served.append((time.monotonic() - started, status, headers["X-Gateway-Model"]))
+                await asyncio.sleep(0.4)
+    assert all(status == 200 for _, status, _ in served)
+    back = [at for at, _, model in served if model == "big" and at > 6.0]
+    assert back
+    assert back[0] < 6.0 + 10.0
+    during = [s for s in big.seen if s.at - started < 6.0]
+    outage_requests = [1 for at, _, _ in served if at < 6.0]
+    assert len(during) < len(outage_requests)  # most went straight to the fallback

@@ -3,20 +3,18 @@
 answers 429 to every call beyond its one slot; on main the jobs it refused failed
 ``CHAIN_EXHAUSTED`` within seconds. Busy is not a failed attempt: all 100 jobs complete, none
 fails, the worker never runs more than one call at a time (counted at its model server, through
-a counting proxy), and the gateway learns the worker's real capacity from its 429s instead of
-being refused for every job.
+a counting loopback proxy), and the gateway learns the worker's real capacity from its 429s
+instead of being refused for every job.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
+from kill_window import StampingProxy
 
 from e2e.jobs_e2e import GatewayProcess, create_jobs, free_port, write_config
 from gpugate.fleet import ModelServer
@@ -27,50 +25,6 @@ pytestmark = pytest.mark.e2e
 
 SECRET = {"HOME1_SECRET": "home-1-secret"}
 JOBS = 100
-
-
-class CountingProxy:
-    """A loopback HTTP proxy in front of the model server: ``peak`` is the most model requests
-    it ever had open at once — the calls the worker really ran concurrently."""
-
-    def __init__(self, target: str, http: aiohttp.ClientSession) -> None:
-        self._target = target.rstrip("/")
-        self._http = http
-        self.open = 0
-        self.peak = 0
-        self.total = 0
-        self.url = ""
-
-    async def _forward(self, request: web.Request) -> web.Response:
-        self.open += 1
-        self.total += 1
-        self.peak = max(self.peak, self.open)
-        try:
-            headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
-            async with self._http.request(
-                request.method, self._target + request.path_qs, headers=headers,
-                data=await request.read(),
-            ) as upstream:  # fmt: skip
-                body = await upstream.read()
-                kept = {"Content-Type": upstream.headers.get("Content-Type", "application/json")}
-                return web.Response(status=upstream.status, body=body, headers=kept)
-        finally:
-            self.open -= 1
-
-    @contextlib.asynccontextmanager
-    async def serving(self) -> AsyncIterator[CountingProxy]:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._forward)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        site = web.TCPSite(runner, "127.0.0.1", port)
-        await site.start()
-        self.url = f"http://127.0.0.1:{port}"
-        try:
-            yield self
-        finally:
-            await runner.cleanup()
 
 
 class Worker(GatewayProcess):
@@ -110,7 +64,7 @@ async def test_100_jobs_through_a_worker_of_concurrency_1_all_complete_none_fail
     gw_port, worker_port = free_port(), free_port()
     async with ModelServer(["qwen"], name="q0") as fake:
         fake.update(delay_s=0.02)
-        async with CountingProxy(fake.url, http).serving() as proxy:
+        async with StampingProxy(fake.url).serving() as proxy:
             config = write_config(
                 tmp_path / "gw.yaml", port=gw_port, store=f"sqlite:///{db}",
                 upstream_url=fake.url, extra=one_push_runtime(worker_port),

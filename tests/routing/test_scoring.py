@@ -9,10 +9,19 @@ from typing import Any
 
 import pytest
 
-from gpugate.config import RoutingConfig
+from gpugate.config import RoutingConfig, UpstreamConfig
+from gpugate.config.models import ModelConfig
 from gpugate.core.engine_metrics import EngineReading, EngineSignal
 from gpugate.core.picking import EndpointState
-from gpugate.core.scoring import Facts, Reason, Router, choose, load_of, session_key
+from gpugate.core.scoring import (
+    Facts,
+    Reason,
+    Router,
+    choose,
+    load_of,
+    policy_table,
+    session_key,
+)
 
 CFG = RoutingConfig()
 SYSTEM = "You are a careful assistant. " * 40  # ~1,200 characters: a shared system prompt
@@ -233,3 +242,36 @@ def test_one_available_endpoint_is_chosen_whatever_the_policy(policy: str) -> No
     eps[1].down = True
 
     assert eps[0] is send(r, eps, {"model": "m", "prompt": "p"})
+
+
+def test_an_upstreams_routing_wins_over_the_models_and_the_default_covers_the_rest() -> None:
+    upstreams = [
+        UpstreamConfig(id="a", url="http://127.0.0.1:1", models=["m", "n"]),
+        UpstreamConfig(
+            id="b", url="http://127.0.0.1:2", models=["n"], routing={"policy": "engine_load"}
+        ),
+    ]
+    models = [ModelConfig(name="m", routing={"policy": "least_outstanding"}),
+              ModelConfig(name="n", routing={"policy": "least_outstanding"})]  # fmt: skip
+    policy = policy_table(upstreams, models)
+
+    assert "least_outstanding" == policy("m", None).policy
+    assert "engine_load" == policy("n", None).policy
+    assert "engine_load" == policy("m", "b").policy
+    assert "prefix_affinity" == policy("other", None).policy
+
+
+def test_an_endpoint_that_asked_to_back_off_is_a_last_resort() -> None:
+    r, eps = router(), endpoints(2)
+    send(r, eps[:1], chat(SYSTEM, "q"))  # e0 holds the prompt...
+    eps[0].backoff_until = 10.0  # ...but answered 429 with Retry-After
+
+    assert eps[1] is send(r, eps, chat(SYSTEM, "q2"))
+    eps[1].down = True
+    assert eps[0] is send(r, eps, chat(SYSTEM, "q3"))
+
+
+def test_ties_go_to_the_lower_latency() -> None:
+    facts = [Facts(load=1), Facts(load=1), Facts(load=1)]
+
+    assert 2 == choose(facts, CFG, rng(), latencies=[0.3, None, 0.1]).index

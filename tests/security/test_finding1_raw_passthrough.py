@@ -122,3 +122,17 @@ async def test_finding1_an_internal_keyless_upstream_keeps_every_method_and_path
     ]
     assert [200] * 5 == [a.status for a in answers]
     assert ["GET", "POST", "PUT", "PATCH", "DELETE"] == [s.method for s in rig.up.seen]
+
+
+async def test_finding1_x_allow_external_false_refuses_an_external_upstream_as_the_facade_does(
+    rig: Rig,
+) -> None:
+    refused = await send_raw(
+        rig.gw.url, "POST", "/u/sends-key/v1/embeddings", headers={"X-Allow-External": "false"}
+    )
+    internal = await send_raw(
+        rig.gw.url, "GET", "/u/int/v1/models", headers={"X-Allow-External": "false"}
+    )
+    assert (403, "EXTERNAL_UPSTREAM_FORBIDDEN") == (refused.status, refused.error_code())
+    assert 200 == internal.status
+    assert ["/base/v1/models"] == [s.target for s in rig.up.seen]

@@ -236,3 +236,32 @@ async def test_with_sample_ratio_zero_nothing_is_exported_and_no_traceparent_is_
             await stream_chat(gw.v1, "small")
     assert ([], 0) == (collector.spans, collector.refused)
     assert "traceparent" not in small.seen[0].headers
+
+
+async def test_a_stream_broken_mid_way_and_replayed_has_a_continuation_span_over_its_try(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """The first try answered (and broke after 40 of 60 words); the continuation is its own
+    span with the replay's try under it; the histograms count the one answer the client got."""
+    async with otlp_receiver() as collector, scripted(Step(events=40, cut=True), OK) as server:
+        config = make_config(
+            sqlite_dsn,
+            [upstream("u", [server.url], ["m"], retry=FAST)],
+            telemetry={"otlp_endpoint": collector.url},
+        )
+        async with serving(config) as gw:
+            text = await stream_chat(gw.v1, "m", temperature=0)
+            metrics = histograms(await (await http.get(gw.url + "/metrics")).text())
+    assert answer_text(WORDS) == text
+    (request,) = collector.named("POST /v1/chat/completions")
+    assert [
+        [("chat m", "client", "ok"), []],
+        [("continuation m", "internal", None), [[("chat m", "client", "ok"), []]]],
+    ] == tree(collector, request)
+    (continuation,) = collector.named("continuation m")
+    assert ("replay", "u", "UPSTREAM_ERROR") == (
+        continuation.attributes["gpugate.continuation.outcome"],
+        continuation.attributes["gpugate.upstream"],
+        continuation.attributes["gpugate.continuation.after"],
+    )
+    assert 1 == metrics["gateway_time_to_first_token_seconds_count", (("model", "m"),)]

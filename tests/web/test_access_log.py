@@ -39,7 +39,7 @@ async def test_each_request_is_one_line_with_status_duration_upstream_and_reques
                     pass
     chat, listed, missing = lines(caplog)
     assert chat.getMessage().startswith("POST /v1/chat/completions 200 ")
-    assert chat.getMessage().endswith(" upstream=u1")
+    assert chat.getMessage().endswith(" upstream=u1 model=m1 attempts=1")
     assert "req-42" == chat.request_id  # type: ignore[attr-defined]
     assert 0 < chat.duration_ms  # type: ignore[attr-defined]
     assert listed.getMessage().startswith("GET /v1/jobs 200 ")  # the query is not kept

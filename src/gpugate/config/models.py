@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from gpugate.config.engine import RoutingConfig
 from gpugate.config.fields import ConfigModel, Name
 
 
@@ -17,7 +18,7 @@ class PriceConfig(ConfigModel):
 
 
 class ModelConfig(ConfigModel):
-    """One model's policy on the data plane (``routing`` is added by the routing work)."""
+    """One model's policy on the data plane."""
 
     name: Name
     #: Tried in order when every upstream of the model failed the request (after retries), is
@@ -27,3 +28,5 @@ class ModelConfig(ConfigModel):
     context_fallbacks: list[Name] = Field(default_factory=list)
     #: Its price per 1000 tokens: usage per client key becomes cost, and daily_cents holds.
     price: PriceConfig | None = None
+    #: How its endpoints are chosen (docs/routing.md); an upstream's own ``routing`` wins.
+    routing: RoutingConfig | None = None

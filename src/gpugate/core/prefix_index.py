@@ -80,17 +80,25 @@ class PrefixIndex:
         if not blocks or not hashes:
             return {}
         runs: dict[str, int] = {}
-        alive: set[str] | None = None
+        alive: tuple[str, ...] = ()
+        depth = 0
         for depth, h in enumerate(hashes):
             holders = blocks.get(h)
             if holders is None:
                 break
-            here = set(holders) if alive is None else alive.intersection(holders)
+            if holders == alive:  # the usual case: the same endpoints hold the next block
+                continue
+            here = holders if depth == 0 else tuple(u for u in alive if u in holders)
+            for url in alive:
+                if url not in here:
+                    runs[url] = depth
             if not here:
-                break
-            for url in here:
-                runs[url] = depth + 1
+                return runs
             alive = here
+        else:
+            depth = len(hashes)
+        for url in alive:
+            runs[url] = depth
         return runs
 
     def record(self, model: str, hashes: Sequence[int], url: str) -> None:

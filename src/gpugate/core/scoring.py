@@ -21,7 +21,8 @@ prefix cannot pile a queue onto one replica. Ties go at random.
 Policies: ``least_outstanding`` is wave 1's power of two choices
 (:func:`gpugate.core.picking.pick`); ``engine_load`` is load (and LoRA residency) only;
 ``prefix_affinity`` is all of the above.
-Endpoints that are not available (ejected, down, probing, already tried) never compete, and the
+Endpoints that are not available (ejected, down, probing, already tried) never compete, one that
+asked to back off (429/503) only when nothing else is left, and the
 GPU guard has already taken upstreams on faulted GPUs out of the candidates (a hard filter).
 
 :class:`Router` gathers the facts for a request — its prompt's block hashes in the
@@ -35,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpugate.config.engine import RoutingConfig
 from gpugate.core import picking
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     import random
 
     from gpugate.config import UpstreamConfig
+    from gpugate.config.models import ModelConfig
     from gpugate.core.engine_metrics import EngineSignal
     from gpugate.core.picking import EndpointState
 
@@ -65,9 +67,8 @@ class Reason(StrEnum):
     P2C = "p2c"  # least_outstanding
 
 
-@dataclass(frozen=True, slots=True)
-class Facts:
-    """One candidate endpoint as the scorer sees it."""
+class Facts(NamedTuple):
+    """One candidate endpoint as the scorer sees it (a tuple: built per candidate per request)."""
 
     load: float
     prefix_blocks: int = 0
@@ -106,9 +107,11 @@ def choose(
     blocks: int = 0,
     batch: bool = False,
     affinity: bool = True,
+    latencies: Sequence[float | None] = (),
 ) -> Choice:
     """The cheapest candidate (see the module docstring); ``blocks``: the prompt's block count.
-    ``affinity`` False: load and LoRA only (``engine_load``). ``facts`` must not be empty."""
+    ``affinity`` False: load and LoRA only (``engine_load``). Ties go to the lower of
+    ``latencies`` (when known), then at random. ``facts`` must not be empty."""
     loads = [f.load + (cfg.saturated_penalty if batch and f.saturated else 0.0) for f in facts]
     least = min(loads)
     best_prefix = max((f.prefix_blocks for f in facts), default=0) if affinity else 0
@@ -127,6 +130,11 @@ def choose(
         costs.append(load - credit)
     cheapest = min(costs)
     ties = [i for i, cost in enumerate(costs) if cost <= cheapest + _EPSILON]
+    if len(ties) > 1 and latencies:
+        known = [latencies[i] for i in ties if latencies[i] is not None]
+        if known:
+            fastest = min(v for v in known if v is not None)
+            ties = [i for i in ties if latencies[i] is None or latencies[i] == fastest]
     index = ties[0] if len(ties) == 1 else ties[rng.randrange(len(ties))]
     return Choice(index, _reason(facts[index], loads[index], least, overridden, blocks))
 
@@ -232,6 +240,10 @@ class Router:
         ]
         if len(available) <= 1:
             return picking.pick(candidates, rng, now, exclude=exclude), Reason.LOAD
+        if any(picking.is_backed_off(ep, now) for ep in available):  # a last resort, as in pick
+            available = [ep for ep in available if not picking.is_backed_off(ep, now)] or available
+            if len(available) == 1:
+                return available[0], Reason.LOAD
         affinity = cfg.policy == "prefix_affinity"
         runs = self._index(route.model, cfg).match(route.model, route.hashes) if affinity else {}
         sessions = self._sessions.get(route.model)
@@ -250,7 +262,13 @@ class Router:
                 )
             )
         choice = choose(
-            facts, cfg, rng, blocks=len(route.hashes), batch=route.batch, affinity=affinity
+            facts,
+            cfg,
+            rng,
+            blocks=len(route.hashes),
+            batch=route.batch,
+            affinity=affinity,
+            latencies=[picking.latency(ep, now) for ep in available],
         )
         return available[choice.index], choice.reason
 
@@ -290,16 +308,19 @@ _DEFAULT = RoutingConfig()
 
 
 def policy_table(
-    upstreams: Sequence[UpstreamConfig], default: RoutingConfig = _DEFAULT
+    upstreams: Sequence[UpstreamConfig],
+    models: Sequence[ModelConfig] = (),
+    default: RoutingConfig = _DEFAULT,
 ) -> Callable[[str, str | None], RoutingConfig]:
     """``policy(model, upstream_id)`` for a config: the named upstream's ``routing``, else that
-    of the first upstream serving the model that has one, else ``default``. Dict lookups."""
+    of the first upstream serving the model that has one, else the model's (``models[]``), else
+    ``default``. Dict lookups."""
     by_upstream = {u.id: u.routing for u in upstreams if u.routing is not None}
-    by_model: dict[str, RoutingConfig] = {}
-    for u in upstreams:
+    by_model = {m.name: m.routing for m in models if m.routing is not None}
+    for u in reversed(upstreams):  # the first upstream with routing wins over the model's
         if u.routing is not None:
             for model in u.models:
-                by_model.setdefault(model, u.routing)
+                by_model[model] = u.routing
 
     def policy(model: str, upstream_id: str | None) -> RoutingConfig:
         if upstream_id is not None and upstream_id in by_upstream:

@@ -64,6 +64,7 @@ from gpugate.services.attempts import (
     is_context_exceeded,
     with_model,
 )
+from gpugate.services.continuation import Delivered, Replay, deterministic, prefill_body
 from gpugate.services.shed import ShedGate
 from gpugate.telemetry import (
     NO_SPAN,
@@ -166,9 +167,9 @@ class Reply:
         """The upstream broke off the body: that counts against the endpoint's health."""
         picking.record_failure(self.endpoint, self._proxy.clock.monotonic())
 
-    def close(self, code: str | None = None) -> None:
-        """Release the upstream connection, the endpoint claim and the admission slot; record
-        the request. ``code`` is what the client finally got (default: the upstream status)."""
+    def discard(self) -> None:
+        """Release everything without recording a request (a continuation's try that was not
+        used: the request is recorded once, by the reply that ends it)."""
         if self._closed:
             return
         self._closed = True
@@ -176,6 +177,13 @@ class Reply:
         if self._slot is not None:
             picking.release(self.endpoint, probe=self._probe)
             self._slot.release()
+
+    def close(self, code: str | None = None) -> None:
+        """Release the upstream connection, the endpoint claim and the admission slot; record
+        the request. ``code`` is what the client finally got (default: the upstream status)."""
+        if self._closed:
+            return
+        self.discard()
         self._proxy.finished(self._outbound, self.upstream, code or str(self.status))
 
 
@@ -308,6 +316,55 @@ class Proxy:
             if i < len(chain):
                 self._metrics.fallbacks.labels(policy.name, chain[i], run.reason.value).inc()
         return self._give_up(run)
+
+    async def continue_stream(
+        self, out: Outbound, done: Delivered
+    ) -> tuple[Reply, Replay | None] | None:
+        """A stream of ``out`` broke after ``done`` reached the client: a reply that continues
+        it (and the filter a replay needs), or None when no target can do so faithfully.
+
+        Targets in order: the model's own upstreams, then its fallbacks'; each by its
+        ``continuation`` (``replay`` only for the same model and a deterministic request,
+        ``prefill`` for any). A target's refusal (a 4xx, a failure) is skipped silently.
+        """
+        doc = out.doc
+        if doc is None or out.model is None or done.finished:
+            return None
+        policy = self._models.get(out.model)
+        chain = [out.model, *(policy.fallbacks if policy is not None else ())]
+        same_again = deterministic(doc) and isinstance(out.body, bytes)
+        for hop, name in enumerate(chain):
+            try:
+                upstreams = self.candidates(dataclasses.replace(out, model=name))
+            except GpugateError:
+                continue
+            for upstream in upstreams:
+                mode = upstream.config.continuation
+                if hop and upstream.config.external and not out.allow_external:
+                    continue
+                if mode == "replay" and (hop or not same_again):
+                    continue
+                if mode == "none":
+                    continue
+                body = out.body if mode == "replay" else prefill_body(doc, name, done.text)
+                target = dataclasses.replace(
+                    out, model=name, upstream_id=upstream.id, body=body, doc=None
+                )
+                try:
+                    reply = await self._try_model(_Run(target), target, last=True)
+                except GpugateError:
+                    continue
+                if reply is None:
+                    continue
+                if reply.status != 200 or not _is_event_stream(reply.headers):
+                    reply.discard()  # e.g. a 400 refusing the prefill: never the client's story
+                    continue
+                self._metrics.continuations.labels(out.model, mode).inc()
+                if hop:
+                    self._metrics.fallbacks.labels(out.model, name, Reason.STREAM_BROKE).inc()
+                return reply, Replay(done.text) if mode == "replay" else None
+        self._metrics.continuations.labels(out.model, "failed").inc()
+        return None
 
     def _give_up(self, run: _Run) -> Reply:
         """Nothing answered: relay the failure kept (an upstream's own response, as it gave
@@ -474,6 +531,13 @@ class Proxy:
         now = self.clock.monotonic()
         if route is None or self.router is None:
             return picking.pick(endpoints, self._rng, now, exclude=tried), "p2c"
+        if any(ep.backoff_until > now for ep in endpoints):  # #14.2 under every policy too
+            calm = [
+                ep
+                for ep in endpoints
+                if ep.backoff_until <= now and ep.url not in tried and picking.is_available(ep, now)
+            ]
+            endpoints = calm or endpoints
         return self.router.pick(route, endpoints, self._rng, now, exclude=tried)
 
     async def _admit(self, upstream: UpstreamState, cls: RequestClass) -> Slot:

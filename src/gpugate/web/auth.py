@@ -133,6 +133,18 @@ async def record_owned(request: Request, gateway: Gateway, kind: str, *ids: str 
             await gateway.store.own(kind, thing_id, tenant)
 
 
+def di_allowed(principal: Principal) -> None:
+    """A client key may use the Azure DI façade (an external service, DI model ids that are not
+    the data plane's models) only with ``allow_external`` and no ``models`` list."""
+    key = principal.key
+    if not key.allow_external:
+        raise ExternalUpstreamForbidden(
+            f"client key {key.prefix}… may not use external upstreams (Azure DI is one)"
+        )
+    if key.models is not None:
+        raise ModelNotAllowed(f"client key {key.prefix}… is limited to models, not Azure DI")
+
+
 class ClientKeys:
     """The middleware of the module docstring."""
 

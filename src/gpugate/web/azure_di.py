@@ -18,6 +18,7 @@ from gpugate.services.azure_di import (
     rewrite_location,
 )
 from gpugate.services.proxy import Outbound, Reply
+from gpugate.web.auth import authorize_client, di_allowed
 from gpugate.web.bodies import read_body
 from gpugate.wiring import Gateway
 
@@ -41,12 +42,17 @@ async def forward(request: Request) -> Response:
       202: {description: "analyze accepted: Operation-Location, Retry-After"}
       200: {description: "the analysis: status notStarted, running, succeeded or failed"}
       400: {description: BAD_REQUEST (not an analyze or poll path, or an unknown Host)}
-      403: {description: EXTERNAL_UPSTREAM_FORBIDDEN (X-Allow-External false)}
+      401: {description: "UNAUTHORIZED: auth.mode keys, and no client key or not a valid one"}
+      403: {description: "EXTERNAL_UPSTREAM_FORBIDDEN (X-Allow-External false, or a client key
+        without allow_external), MODEL_NOT_ALLOWED (a client key limited to models)"}
       404: {description: UNKNOWN_MODEL}
     """
     gateway: Gateway = request.app.state.gateway
     facade = gateway.azure_di
     assert facade is not None
+    principal = await authorize_client(request, gateway)  # auth.mode keys: a key, 401 else
+    if principal is not None:
+        di_allowed(principal)
     config = gateway.config
     base_url = gateway_base(
         config.server.public_url, config.host, str(request.base_url), request.headers.get("host")
@@ -54,6 +60,8 @@ async def forward(request: Request) -> Response:
     cls = parse_request_class(
         request.headers.get("x-request-class"), default=RequestClass.INTERACTIVE
     )
+    if principal is not None:
+        cls = principal.key.clamp(cls)
     body = None
     if request.method == "POST":
         body = await read_body(request, gateway.config.server.max_body_bytes)

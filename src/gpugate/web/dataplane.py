@@ -16,6 +16,7 @@ truncation is never silent.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -25,11 +26,33 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpugate.core import raw_path
 from gpugate.core.classes import RequestClass, parse_request_class
-from gpugate.errors import BadRequest, GpugateError, PayloadTooLarge, UpstreamError
+from gpugate.errors import (
+    BadRequest,
+    ExternalUpstreamForbidden,
+    GpugateError,
+    PayloadTooLarge,
+    UpstreamError,
+)
 from gpugate.logs import request_id
+from gpugate.services.azure_di import allow_external
+from gpugate.services.continuation import (
+    KEEP_LIMIT,
+    MAX_CONTINUATIONS,
+    Diverged,
+    Replay,
+    continuable,
+    delivered,
+)
 from gpugate.services.idempotency import StoredResponse, Ticket
 from gpugate.services.proxy import Outbound, Reply
-from gpugate.telemetry import Generation, generated_span, refused_span, request_span
+from gpugate.telemetry import (
+    Generation,
+    continuation_ended,
+    continuation_span,
+    generated_span,
+    refused_span,
+    request_span,
+)
 from gpugate.web.bodies import json_document
 from gpugate.web.errors import error_body, error_headers, status_of
 from gpugate.web.requestid import HEADER as REQUEST_ID
@@ -43,6 +66,8 @@ RAW_PREFIX = "/u/"
 _JSON = [(b"content-type", b"application/json")]
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
 _ATTEMPTS = [str(n).encode() for n in range(16)]
+#: The largest single SSE event relayed (a bigger one is a broken stream, not a memory sink).
+EVENT_LIMIT = 1024 * 1024
 
 
 class ClientGone(Exception):
@@ -163,6 +188,8 @@ class DataPlane:
         out: Outbound | None = None
         try:
             upstream_id, path = raw_path.split(_raw_path_of(scope))
+            if not allow_external(_header(scope["headers"], b"x-allow-external")):
+                _refuse_external(gw, upstream_id)
             cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
             body: bytes | None = None
             if _has_body(scope["method"], scope["headers"]):
@@ -235,6 +262,9 @@ class DataPlane:
             if ticket is not None:
                 await asyncio.shield(gw.idempotency.abandon(ticket))
             raise
+        if out.stream and reply.status == 200 and _is_sse(reply):
+            await _relay_stream(gw, out, reply, send, rid, ticket)
+            return
         code: str | None = None
         kept: list[bytes] | None = [] if ticket is not None and keep else None
         kept_bytes, keep_at_most = 0, gw.idempotency.max_body_bytes
@@ -276,6 +306,160 @@ def _generated(gw: Gateway, out: Outbound, reply: Reply, seen: Generation) -> No
     if reply.status < 300:
         gw.proxy.generated(out, reply, told)
     generated_span(out.span, reply.status, told)
+
+
+async def _relay_stream(
+    gw: Gateway, out: Outbound, reply: Reply, send: Send, rid: bytes, ticket: Ticket | None
+) -> None:
+    """A streamed answer: the headers, then the events (a stream is never kept under a key)."""
+    try:
+        try:
+            await send(_start(reply, rid))
+        except BaseException:
+            reply.close()
+            raise
+        await _relay_events(gw, out, reply, send)
+    finally:
+        if ticket is not None:
+            await asyncio.shield(gw.idempotency.abandon(ticket))
+
+
+def _is_sse(reply: Reply) -> bool:
+    return any(
+        k == b"content-type" and v.startswith(b"text/event-stream") for k, v in reply.headers
+    )
+
+
+class _Events:
+    """An SSE reply read as whole events; a stream that does not end with ``data: [DONE]``,
+    or sends a malformed or an error event, raises :class:`UpstreamError` like a break."""
+
+    __slots__ = ("done", "pending", "reply")
+
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
+        self.pending = b""  # the start of an event whose end has not come yet
+        self.done = False
+
+    async def next(self) -> bytes:
+        """The next whole events, ``b""`` at a proper end."""
+        while True:
+            chunk = await self.reply.read_chunk()
+            if not chunk:
+                return self._end()
+            if self.pending:
+                chunk, self.pending = self.pending + chunk, b""
+            if not chunk.endswith(b"\n\n"):
+                chunk = self._hold_tail(chunk)
+                if not chunk:
+                    continue
+            if not _well_formed(chunk):
+                raise UpstreamError("the upstream sent a malformed or an error event")
+            self.done = chunk.endswith(b"data: [DONE]\n\n")
+            return chunk
+
+    def _end(self) -> bytes:
+        if not self.done or self.pending:
+            raise UpstreamError("the upstream's stream ended without data: [DONE]")
+        return b""
+
+    def _hold_tail(self, chunk: bytes) -> bytes:
+        if len(chunk) > EVENT_LIMIT:
+            raise UpstreamError("the upstream sent an event larger than 1 MiB")
+        cut = chunk.rfind(b"\n\n")
+        if cut < 0:
+            self.pending = chunk
+            return b""
+        self.pending = chunk[cut + 2 :]
+        return chunk[: cut + 2]
+
+
+async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, send: Send) -> None:
+    """Relay an SSE answer event by event (:class:`_Events`), and rescue it if it breaks.
+
+    Only whole events are passed on (a piece of one waits for the rest), so a break never
+    leaves half an event at the client. A broken stream is continued elsewhere
+    (:mod:`gpugate.services.continuation`) when that can be done faithfully, else ended with
+    the terminal ``event: error`` naming the *first* break. The current reply is closed at the
+    end, whatever happens.
+    """
+    keep: list[bytes] | None = [] if continuable(out.doc, out.path) else None
+    kept_size = 0
+    events = _Events(reply)
+    replay: Replay | None = None
+    continued = 0
+    first: UpstreamError | None = None  # the first break: the story if nothing rescues it
+    code: str | None = None
+    seen = Generation(out.received_at, stream=True)
+    try:
+        while True:
+            try:
+                chunk = await events.next()
+                if not chunk:
+                    break
+                if replay is not None and not (chunk := replay.feed(chunk)):
+                    continue
+            except (UpstreamError, Diverged) as exc:
+                error = exc if isinstance(exc, UpstreamError) else UpstreamError(str(exc))
+                if isinstance(exc, UpstreamError):
+                    events.reply.broke()
+                first = first or error
+                code = first.code
+                rescue = None
+                if keep is not None and continued < MAX_CONTINUATIONS and not events.done:
+                    rescue = await _continue(gw, out, keep, error)
+                if rescue is None:
+                    await _end_broken_stream(send, events.reply, first)
+                    return
+                log.info("stream of %s continued after: %s", out.model, error.message)
+                continued += 1
+                events.reply.discard()  # the request is recorded once, by the reply that ends it
+                events, replay, code = _Events(rescue[0]), rescue[1], None
+                continue
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            seen.chunk(chunk, gw.clock.monotonic())
+            if keep is not None:
+                kept_size += len(chunk)
+                keep = keep if kept_size <= KEEP_LIMIT else None  # too long to continue
+                if keep is not None:
+                    keep.append(chunk)
+        await send(_END)
+        _generated(gw, out, events.reply, seen)
+    finally:
+        events.reply.close(code)
+
+
+async def _continue(
+    gw: Gateway, out: Outbound, keep: list[bytes], error: UpstreamError
+) -> tuple[Reply, Replay | None] | None:
+    """:meth:`Proxy.continue_stream` inside a continuation span (its tries are its children)."""
+    span = continuation_span(out.span, out.model, error.code)
+    target = dataclasses.replace(out, span=span) if span.recording else out
+    try:
+        rescue = await gw.proxy.continue_stream(target, delivered(keep))
+    except BaseException as exc:
+        span.end(type(exc).__name__)
+        raise
+    if rescue is None:
+        continuation_ended(span, None, None)
+    else:
+        continuation_ended(
+            span, rescue[0].upstream.id, "prefill" if rescue[1] is None else "replay"
+        )
+    return rescue
+
+
+def _well_formed(chunk: bytes) -> bool:
+    """Whether every data line of these whole events is ``[DONE]`` or a JSON object that is not
+    an error (a cheap check of the ends: a cut-off event fails it)."""
+    for line in chunk.split(b"\n"):
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                continue
+            if data[:1] != b"{" or data[-1:] != b"}" or data.startswith(b'{"error"'):
+                return False
+    return True
 
 
 async def _settle(gw: Gateway, ticket: Ticket, reply: Reply, kept: list[bytes] | None) -> None:
@@ -349,6 +533,14 @@ def _has_body(method: str, headers: list[tuple[bytes, bytes]]) -> bool:
             _header(headers, b"transfer-encoding") is not None
         )
     return True
+
+
+def _refuse_external(gw: Gateway, upstream_id: str) -> None:
+    """``X-Allow-External: false`` on ``/u/`` to an external upstream: 403, as the façade."""
+    if gw.registry.upstream(upstream_id).config.external:
+        raise ExternalUpstreamForbidden(
+            f"upstream {upstream_id!r} is external and the request says X-Allow-External: false"
+        )
 
 
 def _raw_path_of(scope: Scope) -> bytes:

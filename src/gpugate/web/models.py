@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from starlette.requests import Request
+
 from gpugate.web.api import operation, route
+from gpugate.web.auth import principal_of
 from gpugate.web.schemas.operation import Answer, Security
 from gpugate.web.schemas.ops import ModelEntry, ModelList
 from gpugate.wiring import Gateway
@@ -14,12 +17,15 @@ from gpugate.wiring import Gateway
     responses={200: Answer("the models, in OpenAI's list shape", ModelList)},
     uses_store=False,
 )
-async def list_models(gateway: Gateway) -> ModelList:
-    """The models with at least one endpoint in rotation (healthy, not faulted, not ejected)."""
+async def list_models(request: Request, gateway: Gateway) -> ModelList:
+    """The models with at least one endpoint in rotation (healthy, not faulted, not ejected);
+    with a client key, only those it may use."""
     created = int(gateway.started_at.timestamp())
+    principal = principal_of(request)
     data = [
         ModelEntry(id=model, object="model", created=created, owned_by="gpugate")
         for model in gateway.registry.models()
+        if principal is None or principal.key.may_use_model(model)
     ]
     return ModelList(object="list", data=data)
 

@@ -37,6 +37,7 @@ PAGE = 50
 RECENT_JOBS = 10
 ERROR_CLASSES = ("s5", "s1", "s3", "s6", "s7")  # red, orange, purple, brown, slate
 OPTIONAL_CHARTS = ("attempts", "fallbacks", "tokens", "key_tokens")  # retries; keys' tokens
+OUTCOME_CHARTS = frozenset({"attempts", "fallbacks"})  # coloured like the requests: ok green
 GAP_SAMPLES = 2.5  # a line breaks where more than this many sample intervals are missing
 
 
@@ -125,9 +126,10 @@ def fault_bands(ring: Sampler) -> list[charts.Band]:
 
 
 def code_classes(codes: Iterable[str]) -> dict[str, str]:
-    """Answered (``2xx``) in green, every error in a warm colour of its own."""
+    """Answered (``2xx``, a try's ``ok``) in green, every other outcome in a warm colour of its
+    own."""
     warm = iter(ERROR_CLASSES * (1 + MAX_KEYS // len(ERROR_CLASSES)))
-    return {code: "ok" if code.startswith("2") else next(warm) for code in sorted(codes)}
+    return {c: "ok" if c.startswith("2") or c == "ok" else next(warm) for c in sorted(codes)}
 
 
 def fleet_charts(gateway: Gateway) -> list[Chart]:
@@ -145,7 +147,10 @@ def fleet_charts(gateway: Gateway) -> list[Chart]:
         _line(ring, "queue", bands=faults),
     ]
     # drawn once their metric has counted anything
-    shown.extend(_line(ring, name, bands=faults) for name in OPTIONAL_CHARTS if ring.window(name))
+    for name in OPTIONAL_CHARTS:
+        if keys := ring.window(name):
+            classes = code_classes(keys) if name in OUTCOME_CHARTS else None
+            shown.append(_line(ring, name, bands=faults, classes=classes))
     if gateway.monitor is not None:
         shown.append(_line(ring, "gpu_util", bands=faults, min_top=100))
         shown.append(_line(ring, "gpu_temp", bands=faults, min_top=100))

@@ -42,6 +42,16 @@ class AuditPageQuery(PageQuery):
     cursor: str | None = None
 
 
+class UsagePageQuery(PageQuery):
+    """The usage page's filters: as ``GET /admin/usage`` (``from``/``to`` are UTC days)."""
+
+    tenant: str | None = None
+    key: str | None = None
+    model: str | None = None
+    since: str | None = Field(None, alias="from")
+    until: str | None = Field(None, alias="to")
+
+
 class LoginQuery(Query):
     next: str | None = Field(None, description="where to go after logging in (a console path)")
 
@@ -157,6 +167,11 @@ OPERATIONS = (
     Operation("get", "/console/jobs", _page("Jobs, filtered", query=JobsPageQuery)),
     Operation("get", "/console/jobs/{slug}", _page("One job and its events", path=JobPagePath)),
     Operation("get", "/console/audit", _page("The audit log, filtered", query=AuditPageQuery)),
+    Operation(
+        "get",
+        "/console/usage",
+        _page("Tokens and cents per day, key and tenant", query=UsagePageQuery),
+    ),
     Operation("get", "/console/config", _page("The config in effect, its versions, an import")),
     Operation(
         "get",

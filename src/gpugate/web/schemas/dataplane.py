@@ -102,14 +102,15 @@ _ERRORS = {
     429: "GPU_SATURATED (batch), RATE_LIMITED, TOKEN_LIMITED, CONCURRENCY_LIMITED, "
     "BUDGET_EXCEEDED; Retry-After",
     502: "UPSTREAM_UNREACHABLE",
-    503: "NO_HEALTHY_UPSTREAM, QUEUE_TIMEOUT, QUEUE_FULL; Retry-After",
+    503: "NO_HEALTHY_UPSTREAM (the whole fallback chain is out), QUEUE_TIMEOUT, QUEUE_FULL, "
+    "GATEWAY_OVERLOADED (the gateway is out of file descriptors); Retry-After",
     504: "UPSTREAM_TIMEOUT",
 }
 _RAW_ERRORS = {
     **_ERRORS,
     400: "BAD_REQUEST: a dot segment, an encoded / \\ ? #, or a malformed escape in the path",
     403: "RAW_FORBIDDEN: an azure-di, external or keyed upstream without `raw:` for this "
-    "method and path",
+    "method and path; EXTERNAL_UPSTREAM_FORBIDDEN: X-Allow-External false, external upstream",
     404: "UNKNOWN_UPSTREAM: no upstream has this id",
     413: "PAYLOAD_TOO_LARGE: the body is over server.max_body_bytes",
 }
