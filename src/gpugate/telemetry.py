@@ -20,7 +20,7 @@ header, prompt or answer text is ever an attribute.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Protocol
 
@@ -327,8 +327,9 @@ HEAD_BYTES = 4096
 
 class Generation:
     """Watches one relayed answer: call :meth:`chunk` for each piece sent to the client (in
-    order), then :meth:`finish`. Copies nothing on the way: it holds the first piece and the
-    last three, counts ``data:`` events, and reads the pieces it holds at the end.
+    order), then :meth:`finish` at once after the last. Copies nothing on the way: it holds the
+    first piece and the last three, counts ``data:`` events, reads the clock at the first data
+    event and at the end, and reads the pieces it holds at the end.
 
     * time to first token: from the request's arrival to the first SSE ``data:`` event sent
       (streams only; a whole JSON answer has no first token to time);
@@ -336,40 +337,38 @@ class Generation:
       or a stream with ``stream_options.include_usage``), else — streams only — its data
       events but ``[DONE]`` (one token each, as vLLM and OpenAI send them); input tokens only
       from ``usage``;
-    * time per output token: from the first to the last event, over the output tokens after
+    * time per output token: from the first event to the end, over the output tokens after
       the first (streams of two tokens or more).
     """
 
-    __slots__ = ("_events", "_first", "_head", "_last", "_started", "_tail", "stream")
+    __slots__ = ("_a", "_b", "_c", "_clock", "_events", "_first", "_head", "_started", "stream")
 
-    def __init__(self, started: float, *, stream: bool) -> None:
+    def __init__(self, started: float, clock: Callable[[], float], *, stream: bool) -> None:
         self._started = started
+        self._clock = clock  # read once, at the first data event; and at the end
         self.stream = stream
         self._first: float | None = None
-        self._last = 0.0
         self._events = 0
         self._head: bytes | None = None
-        self._tail: list[bytes] = []  # the last three pieces (a usage event, then [DONE])
+        self._a = self._b = self._c = b""  # the last three pieces (a usage event, then [DONE])
 
-    def chunk(self, data: bytes, now: float) -> None:
+    def chunk(self, data: bytes) -> None:
+        """One piece sent to the client; call it right after the send."""
         if self._head is None:
             self._head = data
-        tail = self._tail
-        tail.append(data)
-        if len(tail) > 3:
-            del tail[0]
+        self._a, self._b, self._c = self._b, self._c, data
         if self.stream:
             events = data.count(b"data:")
             if events:
                 if self._first is None:
-                    self._first = now
-                self._last = now
+                    self._first = self._clock()
                 self._events += events
 
     def finish(self, *, model: bool = True) -> Generated:
         """What the answer told; ``model=False`` skips looking for its ``model`` (only a
         recording span wants it)."""
-        tail = b"".join(self._tail)[-TAIL_BYTES:]
+        ended = self._clock()  # the last event was sent just now
+        tail = (self._a + self._b + self._c)[-TAIL_BYTES:]
         at = tail.rfind(b'"usage"')
         usage = tail[at:] if at >= 0 else b""
         prompt = _first_int(_PROMPT, usage)
@@ -380,7 +379,7 @@ class Generation:
         ttft = None if self._first is None else self._first - self._started
         tpot = None
         if self._first is not None and completion is not None and completion > 1:
-            tpot = (self._last - self._first) / (completion - 1)
+            tpot = (ended - self._first) / (completion - 1)
         return Generated(ttft, tpot, prompt, completion, self._model(tail) if model else None)
 
     def _model(self, tail: bytes) -> str | None:

@@ -268,12 +268,12 @@ class DataPlane:
         code: str | None = None
         kept: list[bytes] | None = [] if ticket is not None and keep else None
         kept_bytes, keep_at_most = 0, gw.idempotency.max_body_bytes
-        seen = Generation(out.received_at, stream=out.stream)
+        seen = Generation(out.received_at, gw.clock.monotonic, stream=out.stream)
         try:
             await send(_start(reply, rid))
             try:
                 while chunk := await reply.read_chunk():
-                    seen.chunk(chunk, gw.clock.monotonic())
+                    seen.chunk(chunk)
                     if kept is not None:
                         kept.append(chunk)
                         kept_bytes += len(chunk)
@@ -390,7 +390,7 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, send: Send) ->
     continued = 0
     first: UpstreamError | None = None  # the first break: the story if nothing rescues it
     code: str | None = None
-    seen = Generation(out.received_at, stream=True)
+    seen = Generation(out.received_at, gw.clock.monotonic, stream=True)
     try:
         while True:
             try:
@@ -417,7 +417,7 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, send: Send) ->
                 events, replay, code = _Events(rescue[0]), rescue[1], None
                 continue
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            seen.chunk(chunk, gw.clock.monotonic())
+            seen.chunk(chunk)
             if keep is not None:
                 kept_size += len(chunk)
                 keep = keep if kept_size <= KEEP_LIMIT else None  # too long to continue
