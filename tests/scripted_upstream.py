@@ -56,6 +56,7 @@ class Step:
     delay_s: float = 0.0
     end: bool = False
     words: tuple[str, ...] | None = None  # this answer's words instead of the server's
+    crlf: bool = False  # frame events with CRLF (sse-starlette's default)
 
 
 OK = Step()
@@ -141,9 +142,10 @@ async def _handle(request: web.Request) -> web.StreamResponse:  # noqa: C901, PL
         return web.json_response(doc)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    end = b"\r\n\r\n" if step.crlf else b"\n\n"
     if step.first_event_error:
         error = {"error": {"message": "overloaded", "type": "server_error", "code": 503}}
-        await response.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+        await response.write(b"data: " + json.dumps(error).encode() + end)
         return response
     for i, word in enumerate(words):
         if step.events is not None and i == step.events:
@@ -165,26 +167,28 @@ async def _handle(request: web.Request) -> web.StreamResponse:  # noqa: C901, PL
         data = json.dumps(chunk).encode()
         if step.garbage_at == i:
             data = data[: len(data) // 2]  # an event cut off in the middle
-        await response.write(b"data: " + data + b"\n\n")
+        await response.write(b"data: " + data + end)
     final = {
         "id": f"chatcmpl-{server.name}-{n}",
         "object": "chat.completion.chunk",
         "model": model,
         "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
     }
-    await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
-    await _usage(response, body, f"chatcmpl-{server.name}-{n}", len(words))
+    await response.write(b"data: " + json.dumps(final).encode() + end)
+    await _usage(response, body, f"chatcmpl-{server.name}-{n}", len(words), end)
     if not step.no_done:
-        await response.write(b"data: [DONE]\n\n")
+        await response.write(b"data: [DONE]" + end)
     return response
 
 
-async def _usage(response: web.StreamResponse, body: dict[str, Any], cid: str, n: int) -> None:
+async def _usage(
+    response: web.StreamResponse, body: dict[str, Any], cid: str, n: int, end: bytes
+) -> None:
     """The usage event before ``[DONE]`` when the request asked for it, as OpenAI and vLLM do."""
     if (body.get("stream_options") or {}).get("include_usage"):
         usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
         chunk = {"id": cid, "model": body.get("model", "m"), "choices": [], "usage": usage}
-        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await response.write(b"data: " + json.dumps(chunk).encode() + end)
 
 
 def _words_for(server: Scripted, body: dict[str, Any]) -> list[str]:

@@ -98,9 +98,17 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    from gpugate.demo import run_fleet
+    from gpugate.demo import fleet_ports, run_fleet
+    from gpugate.fleet import demo_spec
 
-    _run(run_fleet(gpus=args.gpus, host_label=args.host_label))
+    ports = [args.port] if args.port is not None else args.ports or []
+    if ports:
+        try:
+            fleet_ports(demo_spec(), ports)
+        except ValueError as exc:
+            print(f"gpugate fleet: {exc}", file=sys.stderr)
+            return 2
+    _run(run_fleet(gpus=args.gpus, host_label=args.host_label, ports=ports))
     return 0
 
 
@@ -436,6 +444,19 @@ def _add_process_commands(sub: Any) -> None:
     )
     p.add_argument("--gpus", type=int, default=2, help="GPUs on the fake exporter (default 2)")
     p.add_argument("--host-label", choices=["Hostname", "hostname"], default="Hostname")
+    fixed = p.add_mutually_exclusive_group()
+    fixed.add_argument(
+        "--port",
+        type=int,
+        help="fixed ports from P up: each server in the order listed, then the exporter "
+        "(default: free ports, new on every run)",
+    )
+    fixed.add_argument(
+        "--ports",
+        type=lambda text: [int(part) for part in text.split(",")],
+        metavar="P1,P2,...",
+        help="one fixed port per member, in that order",
+    )
     p.set_defaults(func=cmd_fleet)
 
     from gpugate.demo_scenarios import SCENARIOS, describe

@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import signal
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Self
@@ -22,7 +23,7 @@ from typing import Self
 from gpugate.config import load_config
 from gpugate.demo_scenarios import SCENARIOS, Stage, play
 from gpugate.errors import GpugateError
-from gpugate.fleet import Fleet, FleetSpec, HostLabel, demo_spec
+from gpugate.fleet import EXPORTER, Fleet, FleetSpec, HostLabel, demo_spec
 from gpugate.server import bind, serve_gateway
 from gpugate.worker import WorkerSettings
 from gpugate.worker.server import running_worker
@@ -43,13 +44,33 @@ def fleet_spec(gpus: int = 2, host_label: HostLabel = "Hostname") -> FleetSpec:
     return dataclasses.replace(spec, gpus=gpus, exporter=exporter)
 
 
-async def run_fleet(*, gpus: int = 2, host_label: HostLabel = "Hostname") -> None:
-    """Run the simulated fleet until SIGINT or SIGTERM, printing where each member listens."""
+def fleet_ports(spec: FleetSpec, ports: Sequence[int]) -> dict[str, int]:
+    """Fixed ports for the fleet's members, in order: every server as the spec lists them, then
+    the exporter. One port is the first of consecutive ones; otherwise one per member."""
+    members = [*(server.name for server in spec.servers), EXPORTER]
+    if len(ports) == 1:
+        ports = [ports[0] + i for i in range(len(members))]
+    if len(ports) != len(members):
+        raise ValueError(
+            f"--ports needs {len(members)} ports ({', '.join(members)}), got {len(ports)}"
+        )
+    if any(not 0 < port < 65536 for port in ports):
+        raise ValueError(f"ports must be 1-65535, got {list(ports)}")
+    return dict(zip(members, ports, strict=True))
+
+
+async def run_fleet(
+    *, gpus: int = 2, host_label: HostLabel = "Hostname", ports: Sequence[int] = ()
+) -> None:
+    """Run the simulated fleet until SIGINT or SIGTERM, printing where each member listens;
+    ``ports`` fixes them (see :func:`fleet_ports`), else each gets a free one."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Fleet(fleet_spec(gpus, host_label)) as fleet:
+    spec = fleet_spec(gpus, host_label)
+    fixed = fleet_ports(spec, ports) if ports else None
+    async with Fleet(spec, ports=fixed) as fleet:
         for line in fleet.describe():
             print(line, flush=True)  # noqa: T201 - the command's output
         print("Ctrl-C stops.", flush=True)  # noqa: T201

@@ -143,7 +143,7 @@ async def test_demo_brings_up_the_gateway_and_the_fleet_and_stops_on_sigterm(
         await wait_ready(http, url, proc)
         async with http.get(url + "/v1/models") as resp:
             models = sorted(m["id"] for m in (await resp.json())["data"])
-        assert ["bge-m3", "cleanup-3b", "doc-classifier", "qwen-35b"] == models
+        assert ["bge-m3", "cleanup-3b", "doc-classifier", "qwen-35b", "qwen-7b"] == models
         body = {"model": "qwen-35b", "messages": [{"role": "user", "content": "hi"}]}
         async with http.post(url + "/v1/chat/completions", json=body) as resp:
             assert 200 == resp.status
@@ -165,3 +165,40 @@ async def test_demo_brings_up_the_gateway_and_the_fleet_and_stops_on_sigterm(
     assert 0 == proc.returncode
     assert f"gpugate demo is up: {url}" in out.decode()
     assert (workdir / "demo.yaml").exists()
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (held together while chosen, so they differ)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+async def test_gpugate_fleet_ports_fixes_every_members_port_so_a_second_run_matches_the_config(
+    http: aiohttp.ClientSession,
+) -> None:
+    ports = free_ports(6)  # the demo fleet: five model servers, then the exporter
+    async with gpugate("fleet", "--ports", ",".join(map(str, ports))) as proc:
+        assert proc.stdout is not None
+        lines = [(await proc.stdout.readline()).decode() for _ in range(6)]
+        for port, line in zip(ports, lines, strict=True):
+            assert f"http://127.0.0.1:{port}" in line, line
+        async with http.get(f"http://127.0.0.1:{ports[0]}/v1/models") as resp:
+            assert 200 == resp.status
+            assert "qwen-35b" in await resp.text()
+        async with http.get(f"http://127.0.0.1:{ports[-1]}/metrics") as resp:
+            assert "DCGM_FI_DEV_GPU_UTIL" in await resp.text()
+        proc.send_signal(signal.SIGTERM)
+        assert 0 == await asyncio.wait_for(proc.wait(), timeout=10)
+
+
+async def test_gpugate_fleet_refuses_a_ports_list_of_the_wrong_length() -> None:
+    async with gpugate("fleet", "--ports", "9001,9002") as proc:
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=20)
+    assert 2 == proc.returncode
+    assert "--ports needs 6 ports (qwen-35b, qwen-7b, cleanup-3b" in err.decode()

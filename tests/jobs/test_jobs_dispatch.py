@@ -72,8 +72,12 @@ async def test_a_retryable_failure_is_retried_once_in_place_then_the_walk_goes_o
         await r.idle()
         job = await r.job("j1")
         trail = await r.trail("j1")
+        (walked,) = [e for e in await r.events("j1") if e.status == "walked"]
     assert ["j1", "j1"] == home.submits
     assert (1, 1) == (report.dispatched, report.walked)
+    # the walked event says where from and why: the last error there
+    assert "home-1" == walked.detail["from"]
+    assert walked.detail["why"].startswith("RUNTIME_TIMEOUT")
     assert ("completed", "local", {"home-1": 2, "local": 1}) == (
         job.state,
         job.runner,

@@ -164,3 +164,27 @@ async def test_a_stream_that_ended_properly_is_relayed_untouched(sqlite_dsn: str
         async with serving(config) as gw:
             text = await stream(gw.v1, temperature=0)
     assert (FULL, 1) == (text, server.count)
+
+
+async def test_a_crlf_framed_stream_is_relayed_whole_and_continued_like_any_other(
+    sqlite_dsn: str,
+) -> None:
+    async with scripted(Step(crlf=True, events=40, cut=True), Step(crlf=True)) as server:
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"], retry=FAST)])
+        async with serving(config) as gw:
+            text = await stream(gw.v1, temperature=0)
+    assert (FULL, 2) == (text, server.count)
+
+
+async def test_a_stream_that_ends_without_done_after_its_finish_is_the_whole_answer(
+    sqlite_dsn: str,
+) -> None:
+    """Every word and the finish chunk came, only ``data: [DONE]`` is missing: the answer is
+    whole. The gateway writes the [DONE] and ends normally (counted), never an error."""
+    async with scripted(Step(no_done=True)) as server:
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"], retry=FAST)])
+        async with serving(config) as gw:
+            text = await stream(gw.v1)
+            repaired = gw.gateway.metrics.continuations.labels("m", "completed_missing_done")
+    assert (FULL, 1) == (text, server.count)
+    assert 1 == repaired._value.get()

@@ -36,6 +36,9 @@ DEADLINE_S = 1.5
 """first_byte / first_token / stream_idle timeout of both upstreams."""
 RETRY = {"attempts": 3, "backoff_s": 0.1, "max_backoff_s": 0.5, "retry_after_max_s": 5}
 ATTEMPTS = 3
+WAIT_PER_TRY_S = 4.0
+"""The longest a gateway may reasonably wait before one more try after a load signal (a
+``Retry-After: 2`` written as an HTTP date rounds up to 3-4 s; its own back-off of a 429/503)."""
 SLACK_S = 6.0
 """What a loaded 2-core machine may add to a bound (never what a test waits for)."""
 CLIENT_BOUND_S = 45.0

@@ -13,15 +13,13 @@ from resilience.rig import (
     DEADLINE_S,
     PRIMARY,
     SLACK_S,
+    WAIT_PER_TRY_S,
     Outcome,
     Rig,
     complete,
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-RETRY_AFTER_WAIT_S = 4.0
-"""The most one try may wait for a ``Retry-After: 2`` (an HTTP date rounds up to whole seconds)."""
 
 FAULTS = {
     "429 Retry-After 2 s": Fault(kind="status", status=429, retry_after_s=2),
@@ -48,7 +46,7 @@ its no-fallback counterpart is a stream cut on every try; a primary down is the 
 The stream-only faults (a malformed chunk, no ``[DONE]``) leave a non-streamed request alone:
 there it is the plain answer."""
 
-BOUND_S = ATTEMPTS * max(RETRY_AFTER_WAIT_S, DEADLINE_S) + DEADLINE_S + SLACK_S
+BOUND_S = ATTEMPTS * max(WAIT_PER_TRY_S, DEADLINE_S) + DEADLINE_S + SLACK_S
 
 
 def assert_complete_or_clean_error(out: Outcome, prompt: str) -> None:

@@ -271,7 +271,9 @@ def test_an_endpoint_that_asked_to_back_off_is_a_last_resort() -> None:
     assert eps[0] is send(r, eps, chat(SYSTEM, "q3"))
 
 
-def test_ties_go_to_the_lower_latency() -> None:
+def test_ties_go_at_random_not_to_the_fastest_answerer() -> None:
+    """Cached answers come back fastest: breaking ties on latency would herd new prompts."""
     facts = [Facts(load=1), Facts(load=1), Facts(load=1)]
+    seen = {choose(facts, CFG, random.Random(seed)).index for seed in range(30)}
 
-    assert 2 == choose(facts, CFG, rng(), latencies=[0.3, None, 0.1]).index
+    assert {0, 1, 2} == seen

@@ -107,11 +107,12 @@ def choose(
     blocks: int = 0,
     batch: bool = False,
     affinity: bool = True,
-    latencies: Sequence[float | None] = (),
 ) -> Choice:
     """The cheapest candidate (see the module docstring); ``blocks``: the prompt's block count.
-    ``affinity`` False: load and LoRA only (``engine_load``). Ties go to the lower of
-    ``latencies`` (when known), then at random. ``facts`` must not be empty."""
+    ``affinity`` False: load and LoRA only (``engine_load``). Ties go at random: a tie broken
+    on the latency figure herds new prompts onto the endpoint whose cached answers came back
+    fastest (measured: p99 TTFT 40 -> 270 ms on bench/routing.py). ``facts`` must not be
+    empty."""
     loads = [f.load + (cfg.saturated_penalty if batch and f.saturated else 0.0) for f in facts]
     least = min(loads)
     best_prefix = max((f.prefix_blocks for f in facts), default=0) if affinity else 0
@@ -130,11 +131,6 @@ def choose(
         costs.append(load - credit)
     cheapest = min(costs)
     ties = [i for i, cost in enumerate(costs) if cost <= cheapest + _EPSILON]
-    if len(ties) > 1 and latencies:
-        known = [latencies[i] for i in ties if latencies[i] is not None]
-        if known:
-            fastest = min(v for v in known if v is not None)
-            ties = [i for i in ties if latencies[i] is None or latencies[i] == fastest]
     index = ties[0] if len(ties) == 1 else ties[rng.randrange(len(ties))]
     return Choice(index, _reason(facts[index], loads[index], least, overridden, blocks))
 
@@ -268,7 +264,6 @@ class Router:
             blocks=len(route.hashes),
             batch=route.batch,
             affinity=affinity,
-            latencies=[picking.latency(ep, now) for ep in available],
         )
         return available[choice.index], choice.reason
 

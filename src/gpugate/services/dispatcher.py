@@ -317,6 +317,13 @@ class Dispatcher:
 
     # -- the walk --------------------------------------------------------------------------
 
+    def _walked(
+        self, job: JobRecord, token: str, left: str, to: str, walk: ChainWalk
+    ) -> Awaitable[bool]:
+        """The job moves on from ``left`` to ``to``; its ``walked`` event says why."""
+        why = walk.errors.get(left) or walk.skipped.get(left) or "not in the chain"
+        return self._store.promote_runner(job.slug, token, to, why=why)
+
     async def _dispatch(
         self, job: JobRecord, views: dict[str, RuntimeView], tally: _Tally, span: Span = NO_SPAN
     ) -> tuple[Outcome, str] | _Submitted:
@@ -343,7 +350,7 @@ class Dispatcher:
         while isinstance(step, Submit):
             name = step.runtime
             if name != runner:
-                await self._fenced(self._store.promote_runner(job.slug, token, name))
+                await self._fenced(self._walked(job, token, runner, name, walk))
                 runner = name
                 tally.walked += 1
             reserved = await self._reserve(job, token, name, views)

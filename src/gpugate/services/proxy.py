@@ -616,7 +616,8 @@ class Proxy:
                 slot.release()
                 return None
             if status == 400 and run.wants_context(self._models, out.model):
-                body = await _read_kept(response)
+                read: list[bytes] = []
+                body = await _read_kept(response, read)
                 if body is not None and is_context_exceeded(body):
                     picking.record_success(endpoint, self.clock.monotonic())
                     response.release()
@@ -629,7 +630,7 @@ class Proxy:
                     )
                     run.fail(run.context, Reason.CONTEXT)
                     return None
-                held = [body] if body else []
+                held = read  # relayed as it came, whatever was read of it
             elif out.stream and status == 200 and _is_event_stream(response.headers):
                 held = await self._first_event(response, cfg.first_token_timeout_s, ttfb)
                 response.set_idle_timeout(cfg.stream_idle_timeout_s)
@@ -713,6 +714,8 @@ class Proxy:
                         raise UpstreamError("the upstream's stream ended before its first event")
                     held.append(chunk)
                     buffer = buffer + chunk if buffer else chunk
+                    if b"\r" in buffer:  # CRLF framing: find the event as LF
+                        buffer = buffer.replace(b"\r\n", b"\n")
                     end = first_data_end(buffer)
                     if end >= 0:
                         break
@@ -855,16 +858,16 @@ def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
     return any(k == b"content-type" and v.startswith(_EVENT_STREAM) for k, v in headers)
 
 
-async def _read_kept(response: UpstreamResponse) -> bytes | None:
+async def _read_kept(response: UpstreamResponse, parts: list[bytes] | None = None) -> bytes | None:
     """A failed try's body, whole, if it is at most :data:`KEEP_LIMIT` bytes; None if longer
-    (then it is not kept)."""
-    parts: list[bytes] = []
+    (then it is not kept, and ``parts``, when given, holds what was read of it)."""
+    parts = [] if parts is None else parts
     size = 0
     while chunk := await response.read_chunk():
         size += len(chunk)
+        parts.append(chunk)
         if size > KEEP_LIMIT:
             return None
-        parts.append(chunk)
     return b"".join(parts)
 
 

@@ -316,9 +316,10 @@ class JobStore(Protocol):
         ...
 
     async def promote_runner(
-        self, slug: str, token: str, runtime: str, *, actor: str = "dispatcher"
+        self, slug: str, token: str, runtime: str, *, actor: str = "dispatcher", why: str = ""
     ) -> bool:
-        """Make ``runtime`` the job's runner (event ``walked`` when it changes). Fenced."""
+        """Make ``runtime`` the job's runner (event ``walked`` when it changes, its detail
+        saying from which runtime and ``why`` it was left). Fenced."""
         ...
 
     async def record_submit(

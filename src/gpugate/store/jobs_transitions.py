@@ -146,10 +146,11 @@ def claim(job: JobRecord, *, now: datetime, lease_s: float, token: str, holder: 
     return Change(values, EventDraft("dispatching", CLAIM_ACTOR, runtime=job.runner))
 
 
-def promote(job: JobRecord, *, now: datetime, runtime: str, actor: str) -> Change:
+def promote(job: JobRecord, *, now: datetime, runtime: str, actor: str, why: str = "") -> Change:
     if runtime == job.runner:
         return UNCHANGED
-    event = EventDraft("walked", actor, runtime=runtime, detail={"from": job.runner})
+    detail = {"from": job.runner, "why": why[:200]} if why else {"from": job.runner}
+    event = EventDraft("walked", actor, runtime=runtime, detail=detail)
     return Change({"runner": check_runtime(runtime), "updated_at": now}, event)
 
 

@@ -133,12 +133,12 @@ class JobWrites(ABC):
         """:meth:`_change_leased` without the fence; None for an unknown slug."""
 
     async def promote_runner(
-        self, slug: str, token: str, runtime: str, *, actor: str = "dispatcher"
+        self, slug: str, token: str, runtime: str, *, actor: str = "dispatcher", why: str = ""
     ) -> bool:
         check_runtime(runtime)
         check_actor(actor)
         now = self._clock.now()
-        decide = partial(transitions.promote, now=now, runtime=runtime, actor=actor)
+        decide = partial(transitions.promote, now=now, runtime=runtime, actor=actor, why=why)
         return await self._change_leased(slug, token, now, decide) is not None
 
     async def record_submit(

@@ -334,12 +334,14 @@ class _Events:
     """An SSE reply read as whole events; a stream that does not end with ``data: [DONE]``,
     or sends a malformed or an error event, raises :class:`UpstreamError` like a break."""
 
-    __slots__ = ("done", "pending", "reply")
+    __slots__ = ("done", "finished", "pending", "repaired", "reply")
 
     def __init__(self, reply: Reply) -> None:
         self.reply = reply
         self.pending = b""  # the start of an event whose end has not come yet
         self.done = False
+        self.finished = False  # a finish_reason was relayed: the answer is whole
+        self.repaired = False  # it ended cleanly without [DONE] after its finish: we wrote it
 
     async def next(self) -> bytes:
         """The next whole events, ``b""`` at a proper end."""
@@ -349,6 +351,10 @@ class _Events:
                 return self._end()
             if self.pending:
                 chunk, self.pending = self.pending + chunk, b""
+            if b"\r" in chunk:  # CRLF framing (sse-starlette's default): relayed as LF
+                chunk = chunk.replace(b"\r\n", b"\n")
+                if chunk.endswith(b"\r"):  # a CRLF split between two chunks
+                    chunk, self.pending = chunk[:-1], b"\r"
             if not chunk.endswith(b"\n\n"):
                 chunk = self._hold_tail(chunk)
                 if not chunk:
@@ -356,11 +362,16 @@ class _Events:
             if not _well_formed(chunk):
                 raise UpstreamError("the upstream sent a malformed or an error event")
             self.done = chunk.endswith(b"data: [DONE]\n\n")
+            if not self.finished:
+                self.finished = b'"finish_reason":"' in chunk or b'"finish_reason": "' in chunk
             return chunk
 
     def _end(self) -> bytes:
-        if not self.done or self.pending:
+        if self.pending or not (self.done or self.finished):
             raise UpstreamError("the upstream's stream ended without data: [DONE]")
+        if not self.done:  # the whole answer and its finish came, only [DONE] is missing
+            self.done = self.repaired = True
+            return b"data: [DONE]\n\n"
         return b""
 
     def _hold_tail(self, chunk: bytes) -> bytes:
@@ -423,6 +434,8 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, send: Send) ->
                 keep = keep if kept_size <= KEEP_LIMIT else None  # too long to continue
                 if keep is not None:
                     keep.append(chunk)
+        if events.repaired:
+            gw.metrics.continuations.labels(out.model or "", "completed_missing_done").inc()
         await send(_END)
         _generated(gw, out, events.reply, seen)
     finally:
