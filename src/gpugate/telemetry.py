@@ -173,8 +173,7 @@ def request_span(
     route = path.partition("?")[0] if op != "http" else "/u/{upstream}/{path}"
     attributes: dict[str, AttributeValue] = {
         "http.request.method": method,
-        "http.route": route,
-        "url.path": route,  # a raw path may carry ids of the client's: the route only
+        "http.route": route,  # a raw path's own ids are never an attribute: the route only
         "gen_ai.operation.name": op,
     }
     if server is not None:
@@ -192,7 +191,6 @@ def attempt_span(parent: Span, path: str, model: str | None, upstream: _Upstream
     attributes: dict[str, AttributeValue] = {
         "gen_ai.operation.name": op,
         "gen_ai.provider.name": provider(upstream.kind),
-        "gen_ai.system": provider(upstream.kind),  # the older name of the provider attribute
         "gpugate.upstream": upstream.id,
         "gpugate.attempt": n,
     }

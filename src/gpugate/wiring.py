@@ -285,9 +285,9 @@ def _secrets(config: GatewayConfig, environ: Mapping[str, str]) -> dict[str, str
     return {name: environ[name] for name in names if name in environ}
 
 
-def open_tracer(config: TelemetryConfig) -> Tracer:
+def open_tracer(config: TelemetryConfig, *, line: int | None = None) -> Tracer:
     """The OpenTelemetry tracer when ``telemetry.otlp_endpoint`` is set (the ``gpugate[otel]``
-    extra, imported only then), else :data:`NO_TRACER`."""
+    extra, imported only then), else :data:`NO_TRACER`; ``line``: the key's in the file."""
     if config.otlp_endpoint is None:
         return NO_TRACER
     try:
@@ -296,6 +296,7 @@ def open_tracer(config: TelemetryConfig) -> Tracer:
         problem = ConfigProblem(
             "telemetry.otlp_endpoint",
             f"needs the OpenTelemetry extra: pip install 'gpugate[otel]' ({exc.name} is missing)",
+            line,
         )
         raise ConfigError([problem]) from exc
     return OtelTracer(config)
@@ -327,7 +328,8 @@ async def build_gateway(
         config, version = await _load_config_version(store, file_config)
         metrics = Metrics()
         metrics.config_version.set(version)
-        tracer = open_tracer(file_config.telemetry)
+        where = file_config.source_map.line(("telemetry", "otlp_endpoint"))
+        tracer = open_tracer(file_config.telemetry, line=where)
         if tracer is not NO_TRACER:  # last out: exports the spans of everything stopped before
             stack.push_async_callback(asyncio.to_thread, tracer.shutdown)
         client = UpstreamClient()
