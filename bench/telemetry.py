@@ -3,8 +3,8 @@ exported over OTLP/HTTP) and on at ``sample_ratio: 0``, same run, same load.
 
     python bench/telemetry.py                 # ~1 min: 3 variants x 2 rounds x 2 bodies x 5 s
     python bench/telemetry.py --duration 2    # shorter
-    mkdir -p /tmp/b && git archive main | tar -x -C /tmp/b && python bench/telemetry.py --baseline /tmp/b
-                                              # + the gateway of another tree, tracing off
+    mkdir -p /tmp/b && git archive main | tar -x -C /tmp/b
+    python bench/telemetry.py --baseline /tmp/b   # + the gateway of that tree, tracing off
 
 Each variant is a ``gpugate serve`` process (SQLite store, admission wide open) in front of one
 fake upstream process answering canned OpenAI responses from memory (a ~600-byte chat
