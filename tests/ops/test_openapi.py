@@ -147,7 +147,7 @@ def test_the_data_plane_documents_its_headers_and_its_error_shape(
     answer = set(chat["responses"]["200"]["headers"])
     error = chat["responses"]["503"]
 
-    assert {"X-Request-Class", "Idempotency-Key", "X-Request-Id"} == headers
+    assert {"X-Request-Class", "Idempotency-Key", "X-Request-Id", "X-Session-Id"} == headers
     assert {
         "X-Gateway-Upstream",
         "X-Gateway-Overhead-Ms",

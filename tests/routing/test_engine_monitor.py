@@ -4,6 +4,8 @@ the last reading until it goes stale, then routing gets nothing (fail open)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,13 +15,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import ManualClock
-from gpugate.config import EngineConfig, UpstreamConfig
+from gpugate.config import EngineConfig, RoutingConfig, UpstreamConfig
+from gpugate.core.picking import EndpointState
+from gpugate.core.scoring import Router
 from gpugate.errors import ScrapeError
 from gpugate.fleet import EngineSpec, ModelServer
 from gpugate.metrics import Metrics
 from gpugate.services.engine_monitor import EngineMonitor
 
 MODEL = "m"
+FAST_IDLE = EngineSpec(prefill_s_per_token=0.0, decode_s_per_token=0.0)
 
 
 def upstream(url: str, **engine: Any) -> UpstreamConfig:
@@ -53,23 +58,35 @@ def scrapes(metrics: Metrics, outcome: str) -> float:
     )
 
 
-async def test_a_scrape_of_a_real_engine_gives_its_running_and_waiting_requests(
-    busy_engine: ModelServer, client: UpstreamClient
-) -> None:
+@contextlib.asynccontextmanager
+async def three_held(server: ModelServer) -> AsyncIterator[None]:
+    """Three requests held on ``server``'s one slot (1 running, 2 waiting) for the block."""
     body = {"model": MODEL, "prompt": "hold", "max_tokens": 2, "stream": True}
 
     async def hold(http: aiohttp.ClientSession) -> None:
-        async with http.post(f"{busy_engine.url}/v1/completions", json=body) as response:
+        async with http.post(f"{server.url}/v1/completions", json=body) as response:
             await response.read()
 
+    engine = server.engine
+    assert engine is not None
     async with aiohttp.ClientSession() as http:
         held = [asyncio.create_task(hold(http)) for _ in range(3)]
-        engine = busy_engine.engine
-        assert engine is not None
-        for _ in range(500):  # bounded: the three requests reach the engine
-            if engine.running + engine.waiting == 3:
-                break
-            await asyncio.sleep(0.01)
+        try:
+            for _ in range(500):  # bounded: the three requests reach the engine
+                if engine.running + engine.waiting == 3:
+                    break
+                await asyncio.sleep(0.01)
+            yield
+        finally:
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+
+
+async def test_a_scrape_of_a_real_engine_gives_its_running_and_waiting_requests(
+    busy_engine: ModelServer, client: UpstreamClient
+) -> None:
+    async with three_held(busy_engine):
         clock = ManualClock()
         monitor = EngineMonitor(
             [upstream(busy_engine.url)],
@@ -80,9 +97,6 @@ async def test_a_scrape_of_a_real_engine_gives_its_running_and_waiting_requests(
         )
 
         assert 1 == await monitor.tick()
-        for task in held:
-            task.cancel()
-        await asyncio.gather(*held, return_exceptions=True)
 
     signal = monitor.signal("u", busy_engine.url, clock.monotonic())
     assert signal is not None
@@ -172,3 +186,33 @@ async def test_a_dead_endpoint_is_a_counted_failure_and_never_raises(
 def test_staleness_must_be_longer_than_the_poll() -> None:
     with pytest.raises(ValueError, match="staleness_s must be longer than poll_s"):
         EngineConfig(poll_s=5, staleness_s=5)
+
+
+async def test_the_router_avoids_a_busy_engine_then_falls_back_to_outstanding_counts_when_stale(
+    busy_engine: ModelServer, client: UpstreamClient
+) -> None:
+    """The busy engine's queue comes from its scrape; once that reading is older than
+    staleness_s, load is gpugate's own count (0 there): it competes again — fail open."""
+    async with ModelServer([MODEL], name="idle", engine=FAST_IDLE) as idle:
+        async with three_held(busy_engine):
+            clock = ManualClock()
+            config = UpstreamConfig(
+                id="u",
+                urls=[busy_engine.url, idle.url],
+                models=[MODEL],
+                engine=EngineConfig(poll_s=2, staleness_s=10),
+            )
+            monitor = EngineMonitor([config], client, clock, Metrics())
+            assert 2 == await monitor.tick()
+
+        cfg = RoutingConfig(policy="engine_load")
+        router = Router(lambda _m, _u: cfg, signal=monitor.signal)
+        busy, quiet = EndpointState("u", busy_engine.url), EndpointState("u", idle.url)
+        quiet.outstanding = 2  # gpugate's own: the idle engine has two of ours
+        route = router.route(MODEL, None, {"prompt": "p"})
+        fresh, _ = router.pick(route, [busy, quiet], random.Random(1), clock.monotonic())
+        clock.advance(10.5)  # no scrape since: the reading is stale
+        stale, _ = router.pick(route, [busy, quiet], random.Random(1), clock.monotonic())
+
+    assert quiet is fresh  # 3 requests of others + 2 waiting on the busy one, against 2
+    assert busy is stale  # outstanding 0 against 2

@@ -65,7 +65,9 @@ async def fresh_readings(gw: RunningGateway, n: int) -> None:
 async def test_a_4x_slower_engine_gets_under_15_percent_of_the_traffic_under_engine_load(
     sqlite_dsn: str,
 ) -> None:
-    specs = [FAST, FAST, FAST, EngineSpec(**{**_fields(FAST), "slowdown": 4.0})]
+    # service times of 0.3 s and 1.2 s: far above what a loaded machine adds to a request
+    steady = EngineSpec(max_seqs=4, prefill_s_per_token=1e-3, decode_s_per_token=1e-3)
+    specs = [steady] * 3 + [EngineSpec(**{**_fields(steady), "slowdown": 4.0})]
     routing = {"policy": "engine_load"}
     async with fleet(sqlite_dsn, specs, engine=ENGINE, routing=routing) as (gw, _):
         await fresh_readings(gw, 4)
@@ -73,14 +75,14 @@ async def test_a_4x_slower_engine_gets_under_15_percent_of_the_traffic_under_eng
         counts: Counter[str] = Counter()
 
         async def worker() -> None:
-            for _ in range(15):
+            for _ in range(8):
                 counts[await served_by(client, [{"role": "user", "content": prompt()}])] += 1
 
         await asyncio.gather(*(worker() for _ in range(8)))
         await client.close()
 
-    assert 120 == sum(counts.values())
-    assert counts["e3"] < 0.15 * 120, counts
+    assert 64 == sum(counts.values())
+    assert counts["e3"] < 0.15 * 64, counts
 
 
 async def test_a_faulted_gpus_endpoints_get_nothing_even_when_they_hold_the_prompt(
@@ -179,3 +181,23 @@ async def _read(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> 
 
 def _fields(spec: EngineSpec) -> dict[str, Any]:
     return {name: getattr(spec, name) for name in spec.__dataclass_fields__}
+
+
+async def test_an_endpoint_removed_by_a_new_config_leaves_the_prefix_index(
+    sqlite_dsn: str,
+) -> None:
+    async with fleet(sqlite_dsn, [FAST, FAST]) as (gw, servers):
+        client = openai.AsyncOpenAI(base_url=gw.v1, api_key="unused", max_retries=0)
+        system = {"role": "system", "content": prompt(200)}
+        await served_by(client, [system, {"role": "user", "content": "q"}])
+        await client.close()
+        router = gw.gateway.proxy.router
+        assert router is not None
+        assert "blocks=0" not in repr(router)
+
+        gone = make_config(sqlite_dsn, [upstream("u", [servers[0].url], [MODEL])])
+        kept = make_config(sqlite_dsn, [upstream("u", [servers[1].url], [MODEL])])
+        for config in (gone, kept):
+            gw.gateway.apply_config(config, gw.gateway.config_version + 1)
+
+    assert "blocks=0" in repr(router)

@@ -57,9 +57,15 @@ def router(
     return Router(lambda _m, _u: routing, signal=lambda _up, url, _now: table.get(url))
 
 
-def send(r: Router, eps: list[EndpointState], doc: dict[str, Any], **route: Any) -> EndpointState:
+def send(
+    r: Router,
+    eps: list[EndpointState],
+    doc: dict[str, Any],
+    seed: int = 7,
+    **route: Any,
+) -> EndpointState:
     planned = r.route("m", None, doc, **route)
-    chosen, _ = r.pick(planned, eps, rng(), 0.0)
+    chosen, _ = r.pick(planned, eps, random.Random(seed), 0.0)
     r.sent(planned, chosen)
     return chosen
 
@@ -271,9 +277,18 @@ def test_an_endpoint_that_asked_to_back_off_is_a_last_resort() -> None:
     assert eps[0] is send(r, eps, chat(SYSTEM, "q3"))
 
 
-def test_ties_go_at_random_not_to_the_fastest_answerer() -> None:
-    """Cached answers come back fastest: breaking ties on latency would herd new prompts."""
+def test_ties_go_to_the_lower_latency_when_it_is_known_else_at_random() -> None:
     facts = [Facts(load=1), Facts(load=1), Facts(load=1)]
     seen = {choose(facts, CFG, random.Random(seed)).index for seed in range(30)}
 
+    assert 2 == choose(facts, CFG, rng(), latencies=[0.3, None, 0.1]).index
     assert {0, 1, 2} == seen
+
+
+def test_a_cacheable_prompts_ties_ignore_latency_which_only_tells_past_cache_hits() -> None:
+    r, eps = router(), endpoints(3)
+    for ep, seconds in zip(eps, (0.001, 0.5, 0.5), strict=True):  # e0 answered cached ones
+        ep.latency_ewma_s, ep.latency_at = seconds, 0.0
+    chosen = {send(r, eps, chat(f"system prompt {i} " * 30, "q"), seed=i).url for i in range(30)}
+
+    assert 1 < len(chosen)

@@ -107,12 +107,11 @@ def choose(
     blocks: int = 0,
     batch: bool = False,
     affinity: bool = True,
+    latencies: Sequence[float | None] = (),
 ) -> Choice:
     """The cheapest candidate (see the module docstring); ``blocks``: the prompt's block count.
-    ``affinity`` False: load and LoRA only (``engine_load``). Ties go at random: a tie broken
-    on the latency figure herds new prompts onto the endpoint whose cached answers came back
-    fastest (measured: p99 TTFT 40 -> 270 ms on bench/routing.py). ``facts`` must not be
-    empty."""
+    ``affinity`` False: load and LoRA only (``engine_load``). Ties go to the lower of
+    ``latencies`` when given and known, else at random. ``facts`` must not be empty."""
     loads = [f.load + (cfg.saturated_penalty if batch and f.saturated else 0.0) for f in facts]
     least = min(loads)
     best_prefix = max((f.prefix_blocks for f in facts), default=0) if affinity else 0
@@ -131,6 +130,11 @@ def choose(
         costs.append(load - credit)
     cheapest = min(costs)
     ties = [i for i, cost in enumerate(costs) if cost <= cheapest + _EPSILON]
+    if len(ties) > 1 and latencies:
+        known = [v for v in (latencies[i] for i in ties) if v is not None]
+        if known:
+            fastest = min(known)
+            ties = [i for i in ties if latencies[i] is None or latencies[i] == fastest]
     index = ties[0] if len(ties) == 1 else ties[rng.randrange(len(ties))]
     return Choice(index, _reason(facts[index], loads[index], least, overridden, blocks))
 
@@ -264,6 +268,10 @@ class Router:
             blocks=len(route.hashes),
             batch=route.batch,
             affinity=affinity,
+            # a prompt that can be cached: the latency figure tells past cache hits, not the
+            # endpoint's speed, and breaking ties on it herds new prompts onto whichever answered
+            # cached ones fastest (bench/routing.py: p99 TTFT 40 -> 270 ms). Otherwise, as wave 1.
+            latencies=() if route.hashes else [picking.latency(ep, now) for ep in available],
         )
         return available[choice.index], choice.reason
 

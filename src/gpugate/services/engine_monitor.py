@@ -158,7 +158,8 @@ class EngineMonitor:
             endpoint.failures += 1
             endpoint.last_error = f"{exc.code}: {exc.message}"
             self._metrics.engine_scrapes.labels(endpoint.upstream_id, "error").inc()
-            log.warning("engine scrape of %s failed: %s", endpoint.metrics_url, exc.message)
+            where = endpoint.label + endpoint.cfg.metrics_path  # never an URL's userinfo
+            log.warning("engine scrape of %s failed: %s", where, exc.message)
             return False
         endpoint.reading = reading
         endpoint.read_at = self._clock.monotonic()

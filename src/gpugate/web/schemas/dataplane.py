@@ -66,6 +66,13 @@ class DataPlaneHeaders(Query):
         pattern=r"^[A-Za-z0-9._:-]{1,128}$",
         description="echoed in the response and the logs (made up when absent or not sane)",
     )
+    session_id: str | None = Field(
+        None,
+        alias="X-Session-Id",
+        description="the conversation this request belongs to (else the body's `user`): with "
+        "routing `prefix_affinity` it stays on the endpoint that served it last unless that "
+        "one is out or much busier (docs/routing.md)",
+    )
 
 
 class RawPath(Query):
