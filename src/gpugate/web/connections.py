@@ -81,8 +81,6 @@ class _Guarded(HttpToolsProtocol):
         self._refused = False
         self._in_head = True  # between a message's first byte and the end of its headers
         self._head_bytes = 0  # bytes received while in the head (a bound on what is buffered)
-        self._parsed_bytes = 0  # the request line and headers as parsed (all of one packet)
-        self._header_count = 0
         self._too_large = False
         self._awaiting_body = False  # headers done, the body not yet whole
         self._head_started = False  # a request's first byte came, its headers not yet all
@@ -130,29 +128,21 @@ class _Guarded(HttpToolsProtocol):
         self._head_started = True
         self._in_head = True
         self._head_bytes = 0
-        self._parsed_bytes = 0
-        self._header_count = 0
-
-    def on_url(self, url: bytes) -> None:
-        self._parsed_bytes += len(url)
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        self._parsed_bytes += len(name) + len(value) + 4  # ": " and CRLF
-        if (
-            self._header_count > self.limits.max_headers
-            or self._parsed_bytes > self.limits.max_header_bytes
-        ):
-            self._too_large = True
-        if not self._too_large:
-            super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_started = False
         self._cancel_head_timer()
-        if self._too_large or self._refused:
+        if self._refused:
+            return
+        # A head that came in one packet is whole here (what data_received counted is a bound
+        # on what was buffered only across packets): its size and count are checked now.
+        headers = self.headers
+        if len(headers) > self.limits.max_headers or (
+            len(self.url) + sum(len(k) + len(v) + 4 for k, v in headers)
+            > self.limits.max_header_bytes
+        ):
+            self._too_large = True
             return
         if len(self.connections) > self.limits.max_connections:
             log.warning("refused a request: %d connections open", len(self.connections))
