@@ -1,12 +1,13 @@
 """The cost of ``auth.mode: keys`` on the hot path (issue #16, Done-when 5), a phase of
-``bench/proxy.py``: a second gpugate on the same upstreams and core, in keys mode with one
-bootstrap key from the environment, measured with wrk (the same ``-c64`` POSTs, the key in
-``Authorization: Bearer``) alternately with the open gpugate of the run, twice each, so the
-machine's noise falls on both alike. Two keys are measured: one without limits (the key's
-lookup, a local cache hit after the first request, and the usage read from the body) and one
-with limits (rpm, tpm and daily tokens: leased in slices from the store, SQLite here as the
-bench's gpugate, so a store transaction every slice rather than every request). Prints req/s
-and the ratios to open.
+``bench/proxy.py``: a second gpugate on the same upstreams and core, in keys mode with two
+bootstrap keys from the environment, measured with wrk (the same ``-c64`` POSTs, the key in
+``Authorization: Bearer``) alternately with the open gpugate of the run, three rounds, so the
+machine's noise falls on all alike; the ratios are of the medians. One key has no limits (its
+lookup, a local cache hit after the first request, and the usage read from the body), one has
+limits (rpm, tpm and daily tokens: leased in slices from the store, SQLite here as the bench's
+gpugate, so a store transaction every slice rather than every request). Prints req/s and the
+gateway process's CPU per request (less sensitive to a loaded machine than req/s), and their
+ratios to open.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from proxy_targets import Cores, Processes, Setup, free_port, gateway_yaml, wait
 KEY_FREE = "gk-bench-free-" + "x" * 32
 KEY_LIMITED = "gk-bench-limited-" + "y" * 32
 BIG = 10**9
+ROUNDS = 3
 
 
 def start_keyed(procs: Processes, setup: Setup, cores: Cores) -> tuple[int, int]:
@@ -51,12 +53,15 @@ def phase_keys(setup: Setup, wrk: str, procs: Processes, cores: Cores, duration:
     if "gpugate" not in setup.targets:
         return []
     port, keyed_pid = start_keyed(procs, setup, cores)
-    print(f"\n== auth.mode keys vs open: wrk -t1 -c64 -d{duration}s, twice each, alternated ==")
+    print(
+        f"\n== auth.mode keys vs open: wrk -t1 -c64 -d{duration}s, {ROUNDS} rounds, alternated =="
+    )
     problems: list[str] = []
     for mix in ("chat", "sse"):
         lane, path = MIXES[mix]
         rates: dict[str, list[float]] = {"open": [], "keys": [], "keys+limits": []}
-        for _ in range(2):
+        cpu: dict[str, list[float]] = {name: [] for name in rates}
+        for _ in range(ROUNDS):
             runs = (
                 ("open", setup.url("gpugate", lane, path), setup.pid("gpugate", lane), None),
                 ("keys", f"http://127.0.0.1:{port}{path}", keyed_pid, KEY_FREE),
@@ -65,11 +70,17 @@ def phase_keys(setup: Setup, wrk: str, procs: Processes, cores: Cores, duration:
             for name, url, pid, key in runs:
                 load = run_wrk(wrk, url, BODIES[mix], duration, pid, bearer=key)
                 rates[name].append(load.rps)
+                cpu[name].append(load.cpu_us)
                 if load.non_2xx or load.socket_errors:
                     problems.append(f"{mix} via gpugate {name}: {load.non_2xx} non-2xx (wrk)")
-        base = statistics.mean(rates["open"])
+        base = statistics.median(rates["open"])
+        base_cpu = statistics.median(cpu["open"])
         for name, values in rates.items():
-            mean = statistics.mean(values)
-            runs_text = " / ".join(f"{v:8.0f}" for v in values)
-            print(f"  {mix:<5} {name:<12} {runs_text} req/s   {mean / base:7.1%} of open")
+            mean = statistics.median(values)
+            runs_text = " / ".join(f"{v:6.0f}" for v in values)
+            used = statistics.median(cpu[name])
+            print(
+                f"  {mix:<5} {name:<12} {runs_text} req/s {mean / base:7.1%} of open;"
+                f" CPU {used:6.0f} us/req ({used / base_cpu:6.1%})"
+            )
     return problems

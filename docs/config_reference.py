@@ -373,6 +373,16 @@ MEANING: dict[str, str] = {
     "retention.every_s": "how often the purge runs (and once at start)",
     "retention.batch_rows": "rows deleted per transaction; a pass runs at most 50 of them per "
     "kind and leaves the rest to the next",
+    "telemetry": "OpenTelemetry traces over OTLP/HTTP (the `gpugate[otel]` extra); off until "
+    "`otlp_endpoint` is set (docs/observability.md)",
+    "telemetry.otlp_endpoint": "an OTLP/HTTP collector's base URL (`http://collector:4318`): "
+    "spans are POSTed as protobuf to `{otlp_endpoint}/v1/traces`; headers, certificates and "
+    "compression come from the standard `OTEL_EXPORTER_OTLP_*` variables; null: no tracing",
+    "telemetry.service_name": "the `service.name` of every span's resource",
+    "telemetry.sample_ratio": "the share of new traces recorded (0 to 1); a client's "
+    "`traceparent` decides for the traces it starts (parent-based)",
+    "telemetry.export_timeout_s": "how long one export to the collector may take (in the "
+    "exporter's thread, never the request's); at stop, the last flush is bounded by it too",
     "blobs": "where large job results go",
     "blobs.kind": "`local` (a directory) or `s3` (S3-compatible; needed by `modal` runtimes)",
     "blobs.dir": "the directory of the `local` blob store",

@@ -32,6 +32,7 @@ LAYER_NAMES = (
     "composition",
     "services",
     "adapters",
+    "telemetry",
     "core",
     "foundation",
     "foundation",

@@ -68,6 +68,7 @@ class Seen:
 
     at: float  # time.monotonic() on arrival
     body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)  # lower-cased names
 
 
 @dataclass
@@ -99,7 +100,8 @@ async def _handle(request: web.Request) -> web.StreamResponse:  # noqa: C901, PL
     raw = await request.read()
     body = json.loads(raw or b"{}")
     n = server.count
-    server.seen.append(Seen(time.monotonic(), body))
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    server.seen.append(Seen(time.monotonic(), body, headers))
     step = server.step(n) if time.monotonic() >= server.down_until else Step(status=503)
     if step.hang_s:
         await asyncio.sleep(step.hang_s)
@@ -173,9 +175,20 @@ async def _handle(request: web.Request) -> web.StreamResponse:  # noqa: C901, PL
         "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
     }
     await response.write(b"data: " + json.dumps(final).encode() + end)
+    await _usage(response, body, f"chatcmpl-{server.name}-{n}", len(words), end)
     if not step.no_done:
         await response.write(b"data: [DONE]" + end)
     return response
+
+
+async def _usage(
+    response: web.StreamResponse, body: dict[str, Any], cid: str, n: int, end: bytes
+) -> None:
+    """The usage event before ``[DONE]`` when the request asked for it, as OpenAI and vLLM do."""
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
+        chunk = {"id": cid, "model": body.get("model", "m"), "choices": [], "usage": usage}
+        await response.write(b"data: " + json.dumps(chunk).encode() + end)
 
 
 def _words_for(server: Scripted, body: dict[str, Any]) -> list[str]:

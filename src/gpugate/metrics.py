@@ -19,6 +19,29 @@ from gpugate import __version__
 # Buckets that resolve the gateway's own sub-millisecond overhead as well as long generations.
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# The GenAI semantic conventions' advised buckets (gen_ai.server.time_to_first_token,
+# gen_ai.server.time_per_output_token, gen_ai.client.token.usage), so dashboards built for
+# them read ours too.
+_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1,
+    2.5,
+    5,
+    7.5,
+    10,
+)
+_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5)
+_TOKEN_BUCKETS = tuple(float(4**n) for n in range(14))  # 1, 4, 16, ... 67 108 864
 
 #: The one label value for anything a client names that the config does not (a model no
 #: upstream serves, ...): a client's input never becomes a label value (issue #15 finding 2).
@@ -96,6 +119,28 @@ class Metrics:
             "gateway_continuations_total",
             "Streams broken after bytes reached the client, by model and how they were continued",
             ["model", "outcome"],
+            registry=r,
+        )
+        # GenAI measurements at the relay (docs/observability.md), by the model that answered.
+        self.time_to_first_token = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Time from a streamed request received to its first data event sent to the client",
+            ["model"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.time_per_output_token = Histogram(
+            "gateway_time_per_output_token_seconds",
+            "Time per output token after the first, of streamed answers",
+            ["model"],
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.tokens_per_request = Histogram(
+            "gateway_tokens_per_request",
+            "Tokens per answered request, by model and kind (input, output)",
+            ["model", "kind"],
+            buckets=_TOKEN_BUCKETS,
             registry=r,
         )
         self.overloaded = Counter(
@@ -220,6 +265,13 @@ class Metrics:
             "gateway_runtime_auto_disabled",
             "Runtimes the gateway disabled and drained on its own, by stop condition",
             ["reason"],
+            registry=r,
+        )
+        self.retention_purged = Counter(
+            "gateway_retention_purged",
+            "Rows the retention purge of this process deleted, by kind (jobs, batches, audit,"
+            " ledger, idempotency)",
+            ["kind"],
             registry=r,
         )
         self.runtime_drained_calls = Counter(

@@ -7,6 +7,7 @@ the loops in reverse order and closes the store. Nothing else in gpugate names a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -21,14 +22,20 @@ from gpugate.adapters.modal_calls import ModalCalls
 from gpugate.adapters.push_client import PushClient
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock, SystemClock
-from gpugate.config import GatewayConfig, ModalRuntimeConfig, PushRuntimeConfig, RuntimeConfig
+from gpugate.config import (
+    GatewayConfig,
+    ModalRuntimeConfig,
+    PushRuntimeConfig,
+    RuntimeConfig,
+    TelemetryConfig,
+)
 from gpugate.config.environment import importable_environ
 from gpugate.core import scoring
 from gpugate.core.jobs import RuntimeView, runtime_views
 from gpugate.core.push_keys import PushKeys
 from gpugate.core.registry import Registry
 from gpugate.core.throttle import FailureThrottle
-from gpugate.errors import GpugateError
+from gpugate.errors import ConfigError, ConfigProblem, GpugateError
 from gpugate.metrics import Metrics
 from gpugate.services.azure_di import AzureDocumentIntelligence
 from gpugate.services.batch_runner import BatchRunner
@@ -66,6 +73,7 @@ from gpugate.services.sync_front import SyncFront
 from gpugate.services.usage import UsageMeter
 from gpugate.store import JobRecord, Store
 from gpugate.store.factory import open_store
+from gpugate.telemetry import NO_TRACER, Tracer
 
 log = logging.getLogger("gpugate")
 
@@ -112,6 +120,7 @@ class Gateway:
     login_throttle: FailureThrottle = field(default_factory=FailureThrottle)  # wrong admin tokens
     push_keys: PushKeys = field(default_factory=PushKeys)  # who sent a worker route's request
     keys: Keys | None = None  # client keys (auth.mode: keys)
+    tracer: Tracer = NO_TRACER  # OpenTelemetry spans (telemetry.otlp_endpoint), else no-ops
     quota: Quota = field(init=False)  # their limits
     usage: UsageMeter = field(init=False)  # their usage
     lifecycle: Lifecycle = field(init=False)
@@ -279,6 +288,23 @@ def _secrets(config: GatewayConfig, environ: Mapping[str, str]) -> dict[str, str
     return {name: environ[name] for name in names if name in environ}
 
 
+def open_tracer(config: TelemetryConfig, *, line: int | None = None) -> Tracer:
+    """The OpenTelemetry tracer when ``telemetry.otlp_endpoint`` is set (the ``gpugate[otel]``
+    extra, imported only then), else :data:`NO_TRACER`; ``line``: the key's in the file."""
+    if config.otlp_endpoint is None:
+        return NO_TRACER
+    try:
+        from gpugate.adapters.otel import OtelTracer
+    except ImportError as exc:
+        problem = ConfigProblem(
+            "telemetry.otlp_endpoint",
+            f"needs the OpenTelemetry extra: pip install 'gpugate[otel]' ({exc.name} is missing)",
+            line,
+        )
+        raise ConfigError([problem]) from exc
+    return OtelTracer(config)
+
+
 @asynccontextmanager
 async def build_gateway(
     file_config: GatewayConfig,
@@ -305,6 +331,10 @@ async def build_gateway(
         config, version = await _load_config_version(store, file_config)
         metrics = Metrics()
         metrics.config_version.set(version)
+        where = file_config.source_map.line(("telemetry", "otlp_endpoint"))
+        tracer = open_tracer(file_config.telemetry, line=where)
+        if tracer is not NO_TRACER:  # last out: exports the spans of everything stopped before
+            stack.push_async_callback(asyncio.to_thread, tracer.shutdown)
         client = UpstreamClient()
         await client.start()
         stack.push_async_callback(client.close)
@@ -342,6 +372,7 @@ async def build_gateway(
             blobs=blobs,
             monitor=monitor,
             engine_monitor=engine_monitor,
+            tracer=tracer,
         )
         gateway.azure_di = AzureDocumentIntelligence(proxy, lambda: gateway.config, clock)
         await _client_keys(gateway)
@@ -430,7 +461,11 @@ def _start_loops(
     loops.start("job-gauges", gateway.gauges.run)
     loops.start("replica-heartbeat", ReplicaHeartbeat(gateway.store, gateway.clock).run)
     gateway.retention = Retention(
-        gateway.store, gateway.blobs, gateway.clock, lambda: gateway.config.retention
+        gateway.store,
+        gateway.blobs,
+        gateway.clock,
+        lambda: gateway.config.retention,
+        metrics=gateway.metrics,
     )
     loops.start("retention", gateway.retention.run)
     loops.start("key-usage", gateway.usage.run)
@@ -540,7 +575,9 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
             over_budget=guardrails.over_budget(),
         )
 
-    dispatcher = Dispatcher(store, runtimes, views, config, clock, on_stop=stops.fire)
+    dispatcher = Dispatcher(
+        store, runtimes, views, config, clock, on_stop=stops.fire, tracer=gateway.tracer
+    )
 
     waiter = JobWaiter(store, clock, max_waiters=gateway.config.server.max_waiters)
 

@@ -10,6 +10,7 @@ import yaml
 from console_rig import Console
 
 from gpugate.services.jobs import JobRequest
+from gpugate.store import AuditEvent
 from gpugate.web.console import views
 
 
@@ -218,3 +219,13 @@ def test_answered_requests_are_green_and_each_error_code_has_a_warm_colour_of_it
     errors = [classes["503"], classes["NO_HEALTHY_UPSTREAM"]]
     assert len(set(errors)) == 2
     assert not set(errors) & {"ok", "s0"}
+
+
+async def test_a_recorded_detail_shows_its_floats_without_binary_noise(console: Console) -> None:
+    cents = 0.1 + 0.2  # 0.30000000000000004
+    event = AuditEvent("gateway", "runtime.soft_cap", "runtime:local", {"cents": [cents]})
+    await console.gw.gateway.store.append_audit(event)
+    await console.login()
+    _, page = await console.page("/audit?action=runtime.soft_cap")
+    assert '<small>{"cents": [0.3]}</small>' in page
+    assert "0.30000000000000004" not in page

@@ -273,7 +273,8 @@ async def test_stall_goes_silent_mid_stream_then_carries_on(tokens: ModelServer)
     silences = gaps([{"at": at} for at in arrivals])
     assert 1 + TOKENS + 1 + 1 == len(arrivals)  # role, tokens, finish, [DONE]
     longest = max(range(len(silences)), key=silences.__getitem__)
-    assert silences[longest] >= 0.6
+    # read times, not send times: a late read of the token before the stall shortens the gap seen
+    assert silences[longest] >= 0.5
     assert 1 + 4 - 1 == longest  # between the 4th token and the 5th
 
 

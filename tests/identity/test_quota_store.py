@@ -108,3 +108,15 @@ async def test_old_minute_and_day_counters_are_purged_and_current_ones_kept(stor
     assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
     assert 0 == await store.purge_counters(NOW - timedelta(seconds=1))
     assert 2 == await store.purge_counters(NOW + timedelta(seconds=1))  # its minute and day
+
+
+async def test_owner_rows_of_things_no_longer_stored_are_purged(store: Store) -> None:
+    from gpugate.store import NewJob
+
+    job, _ = await store.create_job(NewJob(model="m", input={}, runner="local", slug="j-1"))
+    assert await store.own("job", job.slug, "t")
+    assert await store.own("job", "j-gone", "t")
+    assert await store.own("file", "file-gone", "t")
+    assert 2 == await store.purge_orphan_owners()
+    assert "t" == await store.owner("job", "j-1")
+    assert await store.owner("job", "j-gone") is None

@@ -76,9 +76,11 @@ async def rig(
         gw = await stack.enter_async_context(serving(config, environ=environ, clock=clock))
         monitor = gw.gateway.monitor
         assert monitor is not None
-        # the loop's start-up poll is done before the test changes the exporter's answers
+        # the loop's start-up poll is done — answered, not only sent (a scrape is counted when
+        # it starts) — before the test changes the exporter's answers
         await eventually(
-            lambda: all(e.scrapes >= 1 for e in monitor.exporters), what="the start-up poll"
+            lambda: all(e.last_success is not None or e.failures for e in monitor.exporters),
+            what="the start-up poll",
         )
         yield Rig(gw, exporter, servers, clock)
 

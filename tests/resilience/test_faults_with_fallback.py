@@ -200,10 +200,6 @@ async def test_a_stream_broken_after_40_of_60_tokens_is_continued_to_its_end(
     await rig.healthy()
 
 
-@pytest.mark.skip(
-    reason="resil 36d23b0 ends such a stream with event: error after the whole answer and its"
-    " finish chunk (a bare client gets it whole); reported in /work/notes/faults-to-resil.md"
-)
 async def test_a_stream_that_ends_without_done_after_its_finish_is_the_whole_answer(
     rig: Rig,
 ) -> None:

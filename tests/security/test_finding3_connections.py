@@ -85,6 +85,21 @@ async def test_finding3_half_sent_headers_get_408_and_the_connection_closed(
     ]
 
 
+async def test_finding3_an_idle_keep_alive_connection_is_not_answered_408(sqlite_dsn: str) -> None:
+    """The header timeout is for a head under way; between requests, keep-alive rules."""
+    async with gateway(sqlite_dsn, **QUICK) as gw, connection(gw) as (reader, writer):
+        await send_quietly(writer, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = await head_and_body(reader)
+        idle = asyncio.create_task(reader.read(1))
+        done, _ = await asyncio.wait({idle}, timeout=4 * QUICK["header_timeout_s"])
+        idle.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await idle
+        await send_quietly(writer, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        second = await head_and_body(reader)
+    assert (200, set(), 200) == (first.status, done, second.status)
+
+
 async def test_finding3_a_huge_header_gets_431_without_being_buffered_whole(
     sqlite_dsn: str,
 ) -> None:

@@ -15,6 +15,7 @@ import pytest
 from gpugate.adapters.blobs import LocalBlobs
 from gpugate.clock import ManualClock
 from gpugate.config import RetentionConfig
+from gpugate.metrics import Metrics
 from gpugate.services.retention import Retention
 from gpugate.store import Store
 from gpugate.store.base import AuditEvent
@@ -81,7 +82,8 @@ async def test_finding4_finished_rows_older_than_retention_are_purged_in_bounded
     store: tuple[Store, ManualClock], blobs: LocalBlobs, tmp_path: Path
 ) -> None:
     db, clock = store
-    retention = Retention(db, blobs, clock, lambda: RETENTION)
+    metrics = Metrics()
+    retention = Retention(db, blobs, clock, lambda: RETENTION, metrics=metrics)
     old_jobs = [await finished_job(db, blobs, n) for n in range(7)]  # > 2 batches of 3
     old_batches = [await ended_batch(db, blobs, clock, n) for n in range(4)]
     await db.create_file(FileRecord("file-unused", "batch", "u.jsonl", 0, "files/u", clock.now()))
@@ -97,6 +99,10 @@ async def test_finding4_finished_rows_older_than_retention_are_purged_in_bounded
     assert {"jobs": 7, "batches": 4 + 12 + 1, "audit": 0, "idempotency": 1} == {
         k: purged[k] for k in ("jobs", "batches", "audit", "idempotency")
     }
+    purged_jobs = metrics.registry.get_sample_value(
+        "gateway_retention_purged_total", {"kind": "jobs"}
+    )
+    assert 7 == purged_jobs
     assert [None] * 7 == [await db.get_job(slug) for slug in old_jobs]
     assert [] == [e for slug in old_jobs for e in await db.job_events(slug)]
     assert [None] * 4 == [await db.get_batch(b) for b in old_batches]

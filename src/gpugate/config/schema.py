@@ -46,6 +46,7 @@ from gpugate.config.runtime import (
     UpstreamRuntimeConfig,
 )
 from gpugate.config.source_map import SourceMap
+from gpugate.config.telemetry import TelemetryConfig
 from gpugate.config.tls import TlsConfig
 from gpugate.config.upstream import RetryConfig, UpstreamConfig
 from gpugate.config.validation import RULES_CHECKED, validate_document
@@ -75,6 +76,7 @@ __all__ = [
     "S3Config",
     "ServerConfig",
     "StopConditions",
+    "TelemetryConfig",
     "TlsConfig",
     "UpstreamConfig",
     "UpstreamRuntimeConfig",
@@ -156,6 +158,7 @@ class GatewayConfig(ConfigModel):
     blobs: BlobsConfig = BlobsConfig()
     import_env: ImportEnvConfig = ImportEnvConfig()
     retention: RetentionConfig = RetentionConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()  # OTLP traces (docs/observability.md)
     tls: TlsConfig | None = None  # HTTPS on listen and admin_listen; client_ca_file: mTLS
     admin_listen: ListenAddress | None = None  # /admin and /console on their own listener
     auth: AuthConfig = AuthConfig()  # client keys on the data plane and job routes

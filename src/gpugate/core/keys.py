@@ -14,6 +14,7 @@ requested class to the key's highest (never raises it).
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +24,7 @@ from gpugate.core.classes import RequestClass
 
 SECRET_PREFIX = "gk-"  # noqa: S105 - how a secret starts, not a secret
 PREFIX_LENGTH = 11
+TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")  # no ':': a tenant prefixes its idempotency keys
 LIMIT_NAMES = ("requests_per_min", "tokens_per_min", "concurrency", "daily_tokens", "daily_cents")
 
 

@@ -39,8 +39,25 @@ def usage_of(doc: Any) -> Usage | None:
     return Usage(prompt, completion)
 
 
+_DECODER = json.JSONDecoder()
+
+
 def json_usage(body: bytes) -> Usage | None:
-    """The usage of a whole JSON response body."""
+    """The usage of a whole JSON response body: its last ``"usage":`` object read on its own
+    (OpenAI-compatible servers put it at the end), else the whole body parsed."""
+    at = body.rfind(b'"usage"')
+    if at < 0:
+        return None
+    start = body.find(b"{", at)
+    colon = body.find(b":", at)
+    if 0 <= colon < start and not body[colon + 1 : start].strip():
+        try:
+            usage, _ = _DECODER.raw_decode(body[start:].decode())
+            found = usage_of({"usage": usage})
+        except (ValueError, UnicodeDecodeError):
+            found = None
+        if found is not None:
+            return found
     try:
         return usage_of(json.loads(body))
     except ValueError:
@@ -52,8 +69,14 @@ def asks_usage(doc: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-def with_include_usage(doc: dict[str, Any]) -> bytes:
-    """The request body with ``stream_options.include_usage`` set (the rest kept)."""
+def with_include_usage(doc: dict[str, Any], body: bytes | None = None) -> bytes:
+    """The request body with ``stream_options.include_usage`` set (the rest kept): ``body``
+    (``doc``'s own bytes) with the option written in before its closing brace when it has no
+    ``stream_options`` yet, else ``doc`` serialized again."""
+    if body is not None and "stream_options" not in doc and doc:
+        end = body.rstrip().rfind(b"}")
+        if end > 0:
+            return body[:end] + b',"stream_options":{"include_usage":true}' + body[end:]
     options = doc.get("stream_options")
     merged = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     return json.dumps({**doc, "stream_options": merged}, separators=(",", ":")).encode()
@@ -72,6 +95,8 @@ class StreamUsage:
     def feed(self, chunk: bytes) -> bytes:
         if not self.hide and self.usage is not None:
             return chunk
+        if not self._buffer and chunk.endswith(b"\n\n") and b'"usage"' not in chunk:
+            return chunk  # whole events, nothing to read or take out: the same object on
         data = self._buffer + chunk
         end = data.rfind(b"\n\n")
         if end < 0:

@@ -73,6 +73,15 @@ from gpugate.retry import Backoff
 from gpugate.services.runtimes.base import Runtime, Submission
 from gpugate.store import JobEvent, JobRecord, Store
 from gpugate.store.ledger import BUDGET_FACTOR, Cost
+from gpugate.telemetry import (
+    NO_SPAN,
+    NO_TRACER,
+    Span,
+    Tracer,
+    dispatch_ended,
+    job_span,
+    runtime_span,
+)
 
 log = logging.getLogger("gpugate.dispatcher")
 _T = TypeVar("_T")
@@ -144,6 +153,7 @@ class Dispatcher:
         capacity_backoff_s: float = 5.0,
         shed_backoff_s: float = 15.0,
         max_batches: int = 100,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
         self._store = store
         self._runtimes = runtimes
@@ -158,6 +168,7 @@ class Dispatcher:
         self._capacity_backoff_s = capacity_backoff_s
         self._shed_backoff_s = shed_backoff_s
         self._max_batches = max_batches
+        self._tracer = tracer
         self._event = asyncio.Event()
         self._pending: dict[str, None] = {}
         self._freed = False
@@ -269,7 +280,10 @@ class Dispatcher:
         """Walk the job; what is left once it was submitted (recording the call) is the task
         returned, whose result is the job's report."""
         tally = _Tally()
-        walked = await self._settle(job, self._dispatch(job, views, tally))
+        span = job_span(self._tracer, job.slug, job.model)
+        walked = await self._settle(job, self._dispatch(job, views, tally, span))
+        took = ("dispatched", walked.runtime) if isinstance(walked, _Submitted) else walked
+        dispatch_ended(span, *took)
         if isinstance(walked, _Submitted):
             return asyncio.ensure_future(self._finish(job, walked, tally))
         done: asyncio.Future[DispatchReport] = asyncio.get_running_loop().create_future()
@@ -311,7 +325,7 @@ class Dispatcher:
         return self._store.promote_runner(job.slug, token, to, why=why)
 
     async def _dispatch(
-        self, job: JobRecord, views: dict[str, RuntimeView], tally: _Tally
+        self, job: JobRecord, views: dict[str, RuntimeView], tally: _Tally, span: Span = NO_SPAN
     ) -> tuple[Outcome, str] | _Submitted:
         """The job's walk up to the runtime that took it (or how it ended without one)."""
         cfg = self._config()
@@ -345,7 +359,7 @@ class Dispatcher:
                 step = walk.next()
                 continue
             try:
-                submission = await self._runtimes[name].submit(job, token)
+                submission = await self._submit(job, token, name, span)
             except GpuSaturated as exc:
                 await self._unreserve(job, token, name, views)
                 backoff = exc.retry_after_s or self._shed_backoff_s
@@ -385,6 +399,17 @@ class Dispatcher:
             return "deferred", ""
         await self._exhausted(job, token, walk, step)
         return "failed", ""
+
+    async def _submit(self, job: JobRecord, token: str, name: str, parent: Span) -> Submission:
+        """One runtime call, inside its span (a CLIENT span under the job's dispatch)."""
+        call = runtime_span(parent, name, job.model)
+        try:
+            submission = await self._runtimes[name].submit(job, token)
+        except BaseException as exc:
+            call.end(exc.code if isinstance(exc, GpugateError) else type(exc).__name__)
+            raise
+        call.end()
+        return submission
 
     def _reserves(
         self, name: str, views: Mapping[str, RuntimeView]

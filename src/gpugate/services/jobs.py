@@ -92,6 +92,8 @@ class Jobs:
             if owned and job.slug != slug:
                 await self._store.disown(JOB_KIND, slug)  # the key named an older job
             check_same_request(job, request)
+        else:  # again: a purge of owners without a job may have run in between
+            await self._store.own(JOB_KIND, job.slug, tenant)
         return job, created
 
     async def _create(

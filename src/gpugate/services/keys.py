@@ -28,6 +28,7 @@ from gpugate.core.classes import RequestClass
 from gpugate.core.keys import (
     PREFIX_LENGTH,
     SECRET_PREFIX,
+    TENANT_NAME,
     ClientKey,
     Limits,
     Principal,
@@ -237,6 +238,8 @@ def parse_bootstrap(raw: str, env: str) -> list[tuple[KeySpec, str]]:
             raise problem(f"{where}.key", f"too short: at least {PREFIX_LENGTH + 16} characters")
         if not isinstance(name, str) or not name or not isinstance(tenant, str) or not tenant:
             raise problem(where, "needs a `name` and a `tenant` (non-empty strings)")
+        if TENANT_NAME.fullmatch(tenant) is None:
+            raise problem(f"{where}.tenant", "expected 1-64 letters, digits, '.', '_' or '-'")
         try:
             cls = RequestClass(entry.get("max_class", "interactive"))
         except ValueError as exc:

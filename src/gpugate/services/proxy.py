@@ -66,6 +66,15 @@ from gpugate.services.attempts import (
 )
 from gpugate.services.continuation import Delivered, Replay, deterministic, prefill_body
 from gpugate.services.shed import ShedGate
+from gpugate.telemetry import (
+    NO_SPAN,
+    Generated,
+    Span,
+    attempt_ended,
+    attempt_span,
+    fallback_span,
+    traced,
+)
 
 log = logging.getLogger("gpugate.proxy")
 
@@ -101,9 +110,12 @@ class Outbound:
     stream: bool = False
     #: A fallback model may be served by an ``external`` upstream (jobs: ``allow_external``).
     allow_external: bool = False
-    #: False: one try, no fallback — the caller retries itself (the job dispatcher walks its
-    #: runtimes and counts attempts; trying here too would multiply the tries).
+    #: False: no waiting retry and no fallback — the caller retries itself (the job dispatcher
+    #: walks its runtimes and counts attempts); only a fresh, calm peer endpoint is tried at once
+    #: after a failure (#14.2: a busy endpoint must not fail the job while its peer is healthy).
     rescue: bool = True
+    #: The request's span (:mod:`gpugate.telemetry`): attempts and fallbacks are its children.
+    span: Span = NO_SPAN
 
 
 @dataclass(slots=True, eq=False)
@@ -237,6 +249,7 @@ class Proxy:
         self._models: dict[str, ModelConfig] = {m.name: m for m in models}
         self._timed: dict[tuple[str, str], Any] = {}
         self._picked: dict[tuple[str, str], Any] = {}
+        self._generation: dict[tuple[str, str], Any] = {}  # GenAI histogram children
         self.bind_gauges()
 
     def set_secrets(self, secrets: Mapping[str, str]) -> None:
@@ -287,7 +300,11 @@ class Proxy:
         while i < len(chain):
             name = chain[i]
             target = out if name == out.model else self._for_model(out, name)
+            if i:  # a hop: its tries are the hop span's children
+                run.parent = fallback_span(out.span, policy.name, name, run.reason.value)
             reply = await self._try_model(run, target, last=i == len(chain) - 1, hop=i)
+            if i:
+                run.parent.end(None if reply is not None else run.outcome)
             if reply is not None:
                 return reply
             if run.context is not None and not context_used and policy.context_fallbacks:
@@ -400,7 +417,7 @@ class Proxy:
             if len(upstreams) == 1
             else [ep for u in upstreams for ep in u.endpoints]
         )
-        resendable = out.rescue and not isinstance(out.body, AsyncIterator)
+        resendable = not isinstance(out.body, AsyncIterator)
         tried: set[str] = set()
         tries = 0
         slept = False
@@ -433,6 +450,8 @@ class Proxy:
             elif not slept:
                 if tries >= retry.attempts or not resendable:
                     return None
+                if not out.rescue and (chosen.url in tried or picking.is_backed_off(chosen, now)):
+                    return None  # the caller retries itself: only a fresh peer, at once
                 wait = self._wait(chosen, tried, tries, now, upstream)
                 if wait > retry.retry_after_max_s or not self._budget_allows(run, upstream, now):
                     return None
@@ -445,15 +464,28 @@ class Proxy:
             tries += 1
             run.attempts += 1
             slot = upstream.pool.try_acquire() or await self._admit(upstream, out.cls)
+            attempt = attempt_span(run.parent, out.path, out.model, upstream.config, tries)
             try:
                 reply = await self._send(
-                    run, out, upstream, slot, chosen, tried, route=route, reason=reason
+                    run,
+                    out,
+                    upstream,
+                    slot,
+                    chosen,
+                    tried,
+                    route=route,
+                    reason=reason,
+                    attempt=attempt,
                 )
-            except BaseException:
+            except BaseException as exc:
                 slot.release()
+                attempt.end(type(exc).__name__)
                 raise
             if reply is not None:
+                ok = reply.status < 400
+                attempt_ended(attempt, Outcome.OK if ok else Outcome.CLIENT_ERROR, reply.status)
                 return reply
+            attempt_ended(attempt, run.outcome)
             if run.context is not None:  # a 400 "too long": never retried on the same model
                 return None
 
@@ -532,6 +564,7 @@ class Proxy:
         *,
         route: Route | None = None,
         reason: str = "p2c",
+        attempt: Span = NO_SPAN,
     ) -> Reply | None:
         """One try on ``endpoint``: the reply to relay, or None (recorded in ``run``) when it
         failed in a way worth another try. The slot is released on failure, kept by the reply
@@ -546,11 +579,12 @@ class Proxy:
             self._picks(route.cfg.policy, reason).inc()
         sent_at = self.clock.monotonic()
         cfg = upstream.config
+        headers = traced(attempt, self._headers(out, upstream), upstream.endpoints, endpoint)
         try:
             response = await self._client.send(
                 out.method,
                 endpoint.url + out.path,
-                self._headers(out, upstream),
+                headers,
                 out.body,
                 self._timeouts(upstream, stream=out.stream),
                 label=endpoint_label(upstream, endpoint),  # clients read the id, not the URL
@@ -792,6 +826,30 @@ class Proxy:
             timer = self._timed[timed] = self._metrics.request_duration.labels(*timed)
         timer.observe(self.clock.monotonic() - out.received_at)
 
+    def generated(self, out: Outbound, reply: Reply, seen: Generated) -> None:
+        """Record what a finished answer told of its generation (TTFT, time per output token,
+        tokens; :class:`gpugate.telemetry.Generation`), by the model that answered."""
+        model = bounded(reply.model or out.model or "", self.registry.configured)
+        for kind, value in (
+            ("ttft", seen.ttft),
+            ("tpot", seen.time_per_output_token),
+            ("input", seen.input_tokens),
+            ("output", seen.output_tokens),
+        ):
+            if value is not None:
+                child = self._generation.get((model, kind))
+                if child is None:
+                    child = self._generation[model, kind] = self._generation_child(model, kind)
+                child.observe(value)
+
+    def _generation_child(self, model: str, kind: str) -> Any:
+        m = self._metrics
+        if kind == "ttft":
+            return m.time_to_first_token.labels(model)
+        if kind == "tpot":
+            return m.time_per_output_token.labels(model)
+        return m.tokens_per_request.labels(model, kind)
+
     def refused(self, out: Outbound, error: GpugateError) -> None:
         """Record a request that ended with one of our errors before any upstream reply."""
         self.finished(out, None, error.code)
@@ -829,8 +887,15 @@ class _Run:
     last: Failure | None = None
     reason: Reason = Reason.FAILED
     context: Failure | None = None  # a 400 context_length_exceeded, when one came
+    #: The span the next tries are children of: the request's, or a fallback hop's.
+    parent: Span = NO_SPAN
+    outcome: str = ""  # how the latest failed try ended (its span's status)
+
+    def __post_init__(self) -> None:
+        self.parent = self.out.span
 
     def fail(self, failure: Failure, reason: Reason) -> None:
+        self.outcome = failure.outcome.value
         if failure.outcome is Outcome.BUSY_ENDPOINT and self.last is not None:
             self.reason = reason  # "nothing left to try" adds nothing to a real failure
             return

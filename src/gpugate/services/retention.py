@@ -10,7 +10,8 @@ audit events (``audit_s``), settled ledger entries (``jobs_s``), and expired ide
 after their rows (a blob without a row is harmless; a row without its blob would be an error).
 
 Every replica runs the loop; on PostgreSQL the batches are taken ``SKIP LOCKED``, so replicas
-share the work. A failing pass is logged and retried at the next one.
+share the work. A failing pass is logged and retried at the next one. What this process
+deleted is counted on ``gateway_retention_purged_total{kind}``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from gpugate.adapters.blobs import BlobStore
     from gpugate.clock import Clock
     from gpugate.config import RetentionConfig
+    from gpugate.metrics import Metrics
     from gpugate.store import Store
 
 log = logging.getLogger("gpugate.retention")
@@ -57,8 +59,11 @@ class Retention:
         blobs: BlobStore,
         clock: Clock,
         config: Callable[[], RetentionConfig],
+        *,
+        metrics: Metrics | None = None,
     ) -> None:
         self._store = store
+        self._metrics = metrics
         self._blobs = blobs
         self._clock = clock
         self._config = config
@@ -89,6 +94,8 @@ class Retention:
         }
         for kind, rows in done.items():
             self.totals.rows[kind] += rows
+            if self._metrics is not None and rows:
+                self._metrics.retention_purged.labels(kind).inc(rows)
         self.totals.passes += 1
         if any(done.values()):
             log.info("retention purged %s", ", ".join(f"{k}={v}" for k, v in done.items() if v))

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, timedelta
+from typing import Any
 
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
@@ -50,6 +51,7 @@ class UsageMeter:
         self._metrics = metrics
         self._config = config
         self._pending: dict[tuple[date, str, str, str, str], _Sum] = {}
+        self._counters: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def record(
         self,
@@ -67,9 +69,15 @@ class UsageMeter:
         entry.prompt += prompt_tokens
         entry.completion += completion_tokens
         entry.cents += cents
-        tokens = self._metrics.tokens
-        tokens.labels(key.tenant, model, "prompt").inc(prompt_tokens)
-        tokens.labels(key.tenant, model, "completion").inc(completion_tokens)
+        counters = self._counters.get((key.tenant, model))
+        if counters is None:  # bounded: tenants x configured models
+            family = self._metrics.tokens
+            counters = self._counters[(key.tenant, model)] = (
+                family.labels(key.tenant, model, "prompt"),
+                family.labels(key.tenant, model, "completion"),
+            )
+        counters[0].inc(prompt_tokens)
+        counters[1].inc(completion_tokens)
         if self._config().auth.key_label:
             self._metrics.tokens_by_key.labels(key.prefix, "prompt").inc(prompt_tokens)
             self._metrics.tokens_by_key.labels(key.prefix, "completion").inc(completion_tokens)
@@ -112,9 +120,11 @@ class UsageMeter:
                 await self.flush()
 
     async def purge(self) -> int:
-        """Delete the limit counters of windows older than :data:`COUNTERS_KEPT`."""
+        """Delete the limit counters of windows older than :data:`COUNTERS_KEPT`, and the
+        owner rows of jobs, batches and files no longer stored."""
         try:
-            return await self._store.purge_counters(self._clock.now() - COUNTERS_KEPT)
+            purged = await self._store.purge_counters(self._clock.now() - COUNTERS_KEPT)
+            return purged + await self._store.purge_orphan_owners()
         except GpugateError as exc:
             log.warning("key counters not purged: %s", exc.message)
             return 0

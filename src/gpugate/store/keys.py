@@ -80,6 +80,14 @@ def audit_detail(key: ClientKey) -> dict[str, Any]:
     }
 
 
+PURGE_ORPHAN_OWNERS = (
+    "DELETE FROM tenancy WHERE kind = 'job' AND id NOT IN (SELECT slug FROM jobs)",
+    "DELETE FROM tenancy WHERE kind = 'batch' AND id NOT IN (SELECT id FROM batches)",
+    "DELETE FROM tenancy WHERE kind = 'file' AND id NOT IN (SELECT id FROM batch_files)",
+)
+"""The owner rows of things no longer stored (a job's row is written before the job: its
+creator writes it again after, so a purge in between loses nothing)."""
+
 USAGE_FILTERS = (
     ("key_id", "key_id ="),
     ("tenant", "tenant ="),
@@ -205,6 +213,10 @@ class KeyStore(Protocol):
         ...
 
     async def disown(self, kind: str, thing_id: str) -> None: ...
+
+    async def purge_orphan_owners(self) -> int:
+        """Delete the owner rows whose job, batch or file is gone (purged); how many."""
+        ...
 
     async def owner(self, kind: str, thing_id: str) -> str | None:
         """The tenant that owns it, or None (created in ``open`` mode, or unknown)."""

@@ -21,6 +21,7 @@ from gpugate.store.keys import (
     CONCURRENCY_SPAN,
     KEY_COLUMNS,
     KEY_CREATED,
+    PURGE_ORPHAN_OWNERS,
     USAGE_FILTERS,
     UsageRow,
     audit_detail,
@@ -293,6 +294,10 @@ class PostgresKeys:
     async def disown(self, kind: str, thing_id: str) -> None:
         async with self._transaction(single=True) as conn:
             await conn.execute(_DISOWN, (kind, thing_id))
+
+    async def purge_orphan_owners(self) -> int:
+        async with self._transaction() as conn:
+            return sum([(await conn.execute(sql)).rowcount for sql in PURGE_ORPHAN_OWNERS])
 
     async def owner(self, kind: str, thing_id: str) -> str | None:
         async with self._transaction(single=True) as conn:

@@ -16,6 +16,7 @@ from gpugate.store.keys import (
     CONCURRENCY_SPAN,
     KEY_COLUMNS,
     KEY_CREATED,
+    PURGE_ORPHAN_OWNERS,
     USAGE_FILTERS,
     UsageRow,
     audit_detail,
@@ -293,6 +294,12 @@ class SqliteKeys:
 
     async def disown(self, kind: str, thing_id: str) -> None:
         await self._write(lambda conn: conn.execute(_DISOWN, (kind, thing_id)))
+
+    async def purge_orphan_owners(self) -> int:
+        def work(conn: sqlite3.Connection) -> int:
+            return sum(conn.execute(sql).rowcount for sql in PURGE_ORPHAN_OWNERS)
+
+        return await self._write(work)
 
     async def owner(self, kind: str, thing_id: str) -> str | None:
         row = await self._read(lambda conn: conn.execute(_OWNER, (kind, thing_id)).fetchone())

@@ -174,7 +174,10 @@ class ClientKeys:
             await self.app(scope, receive, watch.send(send))
         finally:
             try:
-                await asyncio.shield(watch.end())
+                if watch.needs_store:  # the store's settle must not be cut off by a cancel
+                    await asyncio.shield(watch.end())
+                else:
+                    await watch.end()
             except GpugateError as exc:  # the answer is out already; the counts are late
                 log.warning("usage of key %s not settled: %s", principal.key.prefix, exc.message)
 
@@ -199,7 +202,7 @@ class ClientKeys:
                     f"serves {model!r}"
                 )
             if stream and doc is not None and not asks_usage(doc):
-                body, hide = with_include_usage(doc), True
+                body, hide = with_include_usage(doc, body), True
         held = await gw.quota.reserve(
             principal, model if isinstance(model, str) else None, doc, len(body)
         )
@@ -311,6 +314,11 @@ class _Watch:
             else:
                 self.kept.append(chunk)
         return message
+
+    @property
+    def needs_store(self) -> bool:
+        """Whether ending this request writes to the store (a per-request reservation)."""
+        return self.held is not None and not self.held.leased
 
     async def end(self) -> None:
         gw = self.gateway

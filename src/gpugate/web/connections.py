@@ -84,6 +84,8 @@ class _Guarded(HttpToolsProtocol):
         self._parsed_bytes = 0  # the request line and headers as parsed (all of one packet)
         self._header_count = 0
         self._too_large = False
+        self._awaiting_body = False  # headers done, the body not yet whole
+        self._head_started = False  # a request's first byte came, its headers not yet all
         self._head_timer = _Timer(self.loop, self._head_late)
         self._body_timer = _Timer(self.loop, self._body_late)
 
@@ -107,8 +109,13 @@ class _Guarded(HttpToolsProtocol):
             return
         if self._too_large or (self._in_head and self._head_bytes > self.limits.max_header_bytes):
             self._refuse(HeadersTooLarge(self._too_large_message()))
-        elif self._body_timer.armed:
-            self._arm_body_timer()  # the client sent more of the body: it is not idle
+        # Timers only for what one packet left unfinished: a request that arrives whole (the
+        # common case) costs none.
+        elif self._head_started:
+            if not self._head_timer.armed:  # from the first packet of an unfinished head
+                self._arm_head_timer()
+        elif self._awaiting_body:
+            self._arm_body_timer()  # silence is counted from the last piece of the body
 
     def _too_large_message(self) -> str:
         return (
@@ -120,12 +127,11 @@ class _Guarded(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._head_started = True
         self._in_head = True
         self._head_bytes = 0
         self._parsed_bytes = 0
         self._header_count = 0
-        if not self._head_timer.armed:
-            self._arm_head_timer()
 
     def on_url(self, url: bytes) -> None:
         self._parsed_bytes += len(url)
@@ -144,6 +150,7 @@ class _Guarded(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._head_started = False
         self._cancel_head_timer()
         if self._too_large or self._refused:
             return
@@ -158,13 +165,16 @@ class _Guarded(HttpToolsProtocol):
             )
             return
         super().on_headers_complete()
-        self._arm_body_timer()
+        self._awaiting_body = True
 
     def on_body(self, body: bytes) -> None:
         if not (self._refused or self._too_large):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._awaiting_body = False
+        self._in_head = True  # what comes next is the next request's head
+        self._head_bytes = 0
         self._cancel_body_timer()
         if not (self._refused or self._too_large):
             super().on_message_complete()
@@ -178,7 +188,9 @@ class _Guarded(HttpToolsProtocol):
         self._head_timer.cancel()
 
     def _head_late(self) -> None:
-        if self._in_head and not self._refused:
+        # A head under way, or a new connection that never sent one (an idle keep-alive
+        # connection is uvicorn's timeout_keep_alive's, not this)
+        if not self._refused and (self._head_started or self.cycle is None):
             self._refuse(
                 RequestTimeout(
                     f"the request headers did not arrive within {self.limits.header_timeout_s:g} s"
@@ -194,7 +206,7 @@ class _Guarded(HttpToolsProtocol):
 
     def _body_late(self) -> None:
         cycle = self.cycle
-        if self._refused or cycle is None or not cycle.more_body:
+        if self._refused or cycle is None or not cycle.more_body or not self._awaiting_body:
             return
         if self.flow.read_paused and not cycle.response_complete:
             self._arm_body_timer()  # the app is not reading: the client is not the slow one

@@ -16,6 +16,7 @@ truncation is never silent.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,14 @@ from gpugate.services.continuation import (
 )
 from gpugate.services.idempotency import StoredResponse, Ticket
 from gpugate.services.proxy import Outbound, Reply
+from gpugate.telemetry import (
+    Generation,
+    continuation_ended,
+    continuation_span,
+    generated_span,
+    refused_span,
+    request_span,
+)
 from gpugate.web.bodies import json_document
 from gpugate.web.errors import error_body, error_headers, status_of
 from gpugate.web.requestid import HEADER as REQUEST_ID
@@ -129,15 +138,27 @@ class DataPlane:
         gw = self.gateway
         received_at = gw.clock.monotonic()
         out: Outbound | None = None
+        headers = scope["headers"]
+        span = request_span(gw.tracer, "POST", scope["path"], headers, scope.get("server"))
+        error: str | None = None
         try:
             body = await _read_body(receive, seen.content_length, gw.config.server.max_body_bytes)
             doc = _parse_doc(body)
             model, stream = _routing_fields(doc)
+            span.set("gen_ai.request.model", model[:200])
             cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
-            headers = scope["headers"]
             path = _path_and_query(scope)
             out = Outbound(
-                "POST", path, headers, body, cls, received_at, model=model, doc=doc, stream=stream
+                "POST",
+                path,
+                headers,
+                body,
+                cls,
+                received_at,
+                model=model,
+                doc=doc,
+                stream=stream,
+                span=span,
             )
             ticket: Ticket | None = None
             if seen.idempotency_key is not None:
@@ -149,9 +170,12 @@ class DataPlane:
                 ticket = begun
             await self._forward(out, receive, send, rid, ticket, keep=not stream, body_done=None)
         except GpugateError as exc:
+            error = refused_span(span, status_of(exc), exc.code)
             if out is not None:
                 gw.proxy.refused(out, exc)
             await _send_error(send, exc, rid)
+        finally:
+            span.end(error)
 
     async def _raw(
         self, scope: Scope, receive: Receive, send: Send, seen: _Seen, rid: bytes
@@ -244,10 +268,12 @@ class DataPlane:
         code: str | None = None
         kept: list[bytes] | None = [] if ticket is not None and keep else None
         kept_bytes, keep_at_most = 0, gw.idempotency.max_body_bytes
+        seen = Generation(out.received_at, gw.clock.monotonic, stream=out.stream)
         try:
             await send(_start(reply, rid))
             try:
                 while chunk := await reply.read_chunk():
+                    seen.chunk(chunk)
                     if kept is not None:
                         kept.append(chunk)
                         kept_bytes += len(chunk)
@@ -267,9 +293,19 @@ class DataPlane:
                 ticket = None
             await send(_END)
         finally:
+            if code is None and reply.at_eof() and out.model is not None:
+                _generated(gw, out, reply, seen)
             reply.close(code)
             if ticket is not None:
                 await asyncio.shield(gw.idempotency.abandon(ticket))
+
+
+def _generated(gw: Gateway, out: Outbound, reply: Reply, seen: Generation) -> None:
+    """A whole answer went by: its GenAI histograms and the request span's usage."""
+    told = seen.finish(model=out.span.recording)  # the answer's model is only a span's
+    if reply.status < 300:
+        gw.proxy.generated(out, reply, told)
+    generated_span(out.span, reply.status, told)
 
 
 async def _relay_stream(
@@ -365,6 +401,7 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, send: Send) ->
     continued = 0
     first: UpstreamError | None = None  # the first break: the story if nothing rescues it
     code: str | None = None
+    seen = Generation(out.received_at, gw.clock.monotonic, stream=True)
     try:
         while True:
             try:
@@ -381,7 +418,7 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, send: Send) ->
                 code = first.code
                 rescue = None
                 if keep is not None and continued < MAX_CONTINUATIONS and not events.done:
-                    rescue = await gw.proxy.continue_stream(out, delivered(keep))
+                    rescue = await _continue(gw, out, keep, error)
                 if rescue is None:
                     await _end_broken_stream(send, events.reply, first)
                     return
@@ -391,6 +428,7 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, send: Send) ->
                 events, replay, code = _Events(rescue[0]), rescue[1], None
                 continue
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            seen.chunk(chunk)
             if keep is not None:
                 kept_size += len(chunk)
                 keep = keep if kept_size <= KEEP_LIMIT else None  # too long to continue
@@ -399,8 +437,29 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, send: Send) ->
         if events.repaired:
             gw.metrics.continuations.labels(out.model or "", "completed_missing_done").inc()
         await send(_END)
+        _generated(gw, out, events.reply, seen)
     finally:
         events.reply.close(code)
+
+
+async def _continue(
+    gw: Gateway, out: Outbound, keep: list[bytes], error: UpstreamError
+) -> tuple[Reply, Replay | None] | None:
+    """:meth:`Proxy.continue_stream` inside a continuation span (its tries are its children)."""
+    span = continuation_span(out.span, out.model, error.code)
+    target = dataclasses.replace(out, span=span) if span.recording else out
+    try:
+        rescue = await gw.proxy.continue_stream(target, delivered(keep))
+    except BaseException as exc:
+        span.end(type(exc).__name__)
+        raise
+    if rescue is None:
+        continuation_ended(span, None, None)
+    else:
+        continuation_ended(
+            span, rescue[0].upstream.id, "prefill" if rescue[1] is None else "replay"
+        )
+    return rescue
 
 
 def _well_formed(chunk: bytes) -> bool:

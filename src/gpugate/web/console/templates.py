@@ -25,6 +25,18 @@ def _when(value: str | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _tidy(value: Any) -> Any:
+    """Floats of a recorded detail to a millionth, in and below dicts and lists: sums of float
+    cents show ``2.00472``, not ``2.0047200000000003``."""
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, dict):
+        return {k: _tidy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tidy(v) for v in value]
+    return value
+
+
 def _cents(value: float | None) -> str:
     return "—" if value is None else f"${value / 100:,.2f}"
 
@@ -42,6 +54,7 @@ class Templates:
         )
         self._env.filters["when"] = _when
         self._env.filters["cents"] = _cents
+        self._env.filters["tidy"] = _tidy
 
     def render(self, name: str, context: dict[str, Any], *, fragment: bool = False) -> str:
         template = self._env.get_template(name)

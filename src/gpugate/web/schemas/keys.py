@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from datetime import date
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, Field
 
-from gpugate.core.keys import ClientKey
+from gpugate.core.keys import TENANT_NAME, ClientKey
 from gpugate.web.schemas.common import Day, Key, Query, RequestBody, Timestamp, View
 
-_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_TENANT = TENANT_NAME
 MAX_LIST = 256  # models or runners a key may name
 
 
