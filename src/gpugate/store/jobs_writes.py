@@ -19,6 +19,7 @@ failed, not for the batch.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from datetime import UTC
@@ -43,6 +44,44 @@ if TYPE_CHECKING:
     from gpugate.clock import Clock
 
     Decide = Callable[[JobRecord], transitions.Change]
+
+
+log = logging.getLogger("gpugate.jobs")
+#: Events that say something happened to a job rather than that it is still alive.
+_QUIET_EVENTS = frozenset({"progress"})
+
+
+class _Noted:
+    """A ``decide`` that remembers the event it made, so the transition is logged once the
+    write has committed (one INFO line per job transition, issue #19)."""
+
+    __slots__ = ("decide", "event")
+
+    def __init__(self, decide: Decide) -> None:
+        self.decide = decide
+        self.event: transitions.EventDraft | None = None
+
+    def __call__(self, job: JobRecord) -> transitions.Change:
+        change = self.decide(job)
+        self.event = change.event
+        return change
+
+    def log(self, slug: str) -> None:
+        event = self.event
+        if event is None:
+            return
+        level = logging.DEBUG if event.status in _QUIET_EVENTS else logging.INFO
+        if not log.isEnabledFor(level):
+            return
+        where = f" on {event.runtime}" if event.runtime else ""
+        why = f" {event.error_code}" if event.error_code else ""
+        log.log(
+            level,
+            "job %s %s%s%s by %s",
+            slug, event.status, where, why, event.actor,
+            extra={"job": slug, "event": event.status, "runtime": event.runtime,
+                   "error_code": event.error_code, "actor": event.actor},
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +165,23 @@ class JobWrites(ABC):
         """One fenced write, group-committed with the others in flight."""
         if self._leased_group is None:
             self._leased_group = GroupCommit(self._change_leased_many)
-        return await self._leased_group.submit(LeasedWrite(slug, token, now, decide))
+        noted = _Noted(decide)
+        job = await self._leased_group.submit(LeasedWrite(slug, token, now, noted))
+        if job is not None:
+            noted.log(slug)
+        return job
 
     @abstractmethod
     async def _change_job(self, slug: str, now: datetime, decide: Decide) -> JobRecord | None:
         """:meth:`_change_leased` without the fence; None for an unknown slug."""
+
+    async def _noted_change(self, slug: str, now: datetime, decide: Decide) -> JobRecord | None:
+        """:meth:`_change_job`, its transition logged once committed."""
+        noted = _Noted(decide)
+        job = await self._change_job(slug, now, noted)
+        if job is not None:
+            noted.log(slug)
+        return job
 
     async def promote_runner(
         self, slug: str, token: str, runtime: str, *, actor: str = "dispatcher", why: str = ""
@@ -278,12 +329,14 @@ class JobWrites(ABC):
     async def cancel_job(self, slug: str, *, actor: str) -> JobRecord | None:
         check_actor(actor)
         now = self._clock.now()
-        return await self._change_job(slug, now, partial(transitions.cancel, now=now, actor=actor))
+        return await self._noted_change(
+            slug, now, partial(transitions.cancel, now=now, actor=actor)
+        )
 
     async def retry_job(self, slug: str, *, actor: str) -> JobRecord | None:
         check_actor(actor)
         now = self._clock.now()
-        return await self._change_job(slug, now, partial(transitions.retry, now=now, actor=actor))
+        return await self._noted_change(slug, now, partial(transitions.retry, now=now, actor=actor))
 
     async def rescue(
         self, slug: str, token: str, *, max_rescues: int, actor: str = "reaper"
