@@ -155,6 +155,8 @@ async def test_an_unknown_model_is_404_and_bad_bodies_are_400(
             async with http.post(url, json={"messages": CHAT}) as no_model:
                 no_model_body = await no_model.json()
     assert (404, "UNKNOWN_MODEL") == (unknown.status, unknown_body["error"]["code"])
+    # the 404 says which models exist, so a typo is fixed without reading the config
+    assert "the models served: m" in unknown_body["error"]["message"]
     assert (400, "BAD_REQUEST") == (garbled.status, garbled_body["error"]["code"])
     assert (400, "BAD_REQUEST") == (no_model.status, no_model_body["error"]["code"])
 

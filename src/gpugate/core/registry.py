@@ -110,7 +110,15 @@ class Registry:
         try:
             return self._by_model[model]
         except KeyError:
-            raise UnknownModel(f"no upstream serves model {model!r}") from None
+            raise UnknownModel(
+                f"no upstream serves model {model[:100]!r}; the models served: {self._names()}"
+            ) from None
+
+    def _names(self, most: int = 20) -> str:
+        """The configured models, for an error message (at most ``most`` of them)."""
+        names = sorted(self._by_model)
+        shown = ", ".join(names[:most])
+        return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
     def configured(self, model: str) -> bool:
         """Whether any upstream (of any kind) names ``model``: what a metric label may say."""
