@@ -216,3 +216,23 @@ async def test_the_router_avoids_a_busy_engine_then_falls_back_to_outstanding_co
 
     assert quiet is fresh  # 3 requests of others + 2 waiting on the busy one, against 2
     assert busy is stale  # outstanding 0 against 2
+
+
+async def test_the_engine_gauges_name_an_endpoint_by_its_index_never_its_url(
+    busy_engine: ModelServer, client: UpstreamClient
+) -> None:
+    metrics = Metrics()
+    monitor = EngineMonitor(
+        [upstream(busy_engine.url)], client, ManualClock(), metrics, outstanding=lambda _u, _e: 0
+    )
+    assert 1 == await monitor.tick()
+    text = metrics.render().decode()
+    samples = [
+        s
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "gateway_engine_load"
+    ]
+    assert samples  # running, waiting, ... were exported
+    assert {"0"} == {s.labels["endpoint"] for s in samples}
+    assert busy_engine.url.split("//")[1] not in text  # no host:port on the open /metrics

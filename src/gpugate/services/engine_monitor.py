@@ -47,6 +47,7 @@ class EngineEndpoint:
     upstream_id: str
     url: str
     cfg: EngineConfig
+    index: int = 0  # its place in the upstream's ``urls``: how open metrics name it
     reading: EngineReading | None = None
     read_at: float | None = None
     outstanding_then: int = 0
@@ -97,13 +98,13 @@ class EngineMonitor:
             cfg = upstream.engine
             if cfg is None or cfg.kind == "none":
                 continue
-            for url in upstream.endpoints:
+            for index, url in enumerate(upstream.endpoints):
                 key = (upstream.id, url)
                 kept = old.get(key)
                 self.endpoints[key] = (
                     kept
-                    if kept is not None and kept.cfg == cfg
-                    else EngineEndpoint(upstream.id, url, cfg)
+                    if kept is not None and kept.cfg == cfg and kept.index == index
+                    else EngineEndpoint(upstream.id, url, cfg, index)
                 )
 
     @property
@@ -178,7 +179,8 @@ class EngineMonitor:
             ("prefix_hit_rate", reading.prefix_hit_rate),
         ):
             if value is not None:
-                gauge.labels(endpoint.upstream_id, endpoint.label, signal).set(value)
+                # the endpoint's index, never its URL, on the open /metrics (issue #15 finding 8)
+                gauge.labels(endpoint.upstream_id, str(endpoint.index), signal).set(value)
 
     async def _fetch_over_http(self, url: str, timeout_s: float) -> bytes:
         return await fetch_scrape(self._client, url, timeout_s)
