@@ -168,7 +168,7 @@ class DataPlane:
                     await _send_stored(send, begun, rid)
                     return
                 ticket = begun
-            await self._forward(out, receive, send, rid, ticket, keep=not stream, body_done=None)
+            await self._forward(out, receive, send, rid, ticket, keep=not stream)
         except GpugateError as exc:
             error = refused_span(span, status_of(exc), exc.code)
             if out is not None:
@@ -209,7 +209,7 @@ class DataPlane:
                 upstream_id=upstream_id,
                 raw=True,
             )
-            await self._forward(out, receive, send, rid, None, keep=False, body_done=None)
+            await self._forward(out, receive, send, rid, None, keep=False)
         except GpugateError as exc:
             if out is not None:
                 gw.proxy.refused(out, exc)
@@ -224,17 +224,16 @@ class DataPlane:
         ticket: Ticket | None,
         *,
         keep: bool,
-        body_done: asyncio.Event | None,
     ) -> None:
         """Relay the request while a watcher waits for the client to go away; if it does, this
         task is cancelled, which closes the upstream request and frees the slot at once.
 
-        The watcher reads ``receive`` only once the request body has been consumed (at once for
-        a body read up front; after the upload for a streamed one), never competing with it.
+        Every body is read whole before it is forwarded, so the watcher owns ``receive`` from
+        the start and never competes with the body for it.
         """
         task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.ensure_future(_wait_for_disconnect(receive, body_done))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
 
         def client_left(done: asyncio.Future[None]) -> None:
             if not done.cancelled() and done.exception() is None:
@@ -507,9 +506,7 @@ async def _end_broken_stream(send: Send, reply: Reply, exc: UpstreamError) -> No
     await send({"type": "http.response.body", "body": event, "more_body": False})
 
 
-async def _wait_for_disconnect(receive: Receive, body_done: asyncio.Event | None) -> None:
-    if body_done is not None:
-        await body_done.wait()
+async def _wait_for_disconnect(receive: Receive) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
