@@ -49,7 +49,6 @@ async def forward(request: Request) -> Response:
     """
     gateway: Gateway = request.app.state.gateway
     facade = gateway.azure_di
-    assert facade is not None
     principal = await authorize_client(request, gateway)  # auth.mode keys: a key, 401 else
     if principal is not None:
         di_allowed(principal)
