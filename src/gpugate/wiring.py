@@ -25,7 +25,7 @@ import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from gpugate.adapters.blobs import BlobStore, open_blobs
@@ -125,7 +125,7 @@ class Reconfigurer:
     chain and the runtimes' views follow the live config."""
 
     live: LiveConfig
-    environ: Mapping[str, str]
+    environ: Mapping[str, str] = field(repr=False)  # holds secrets: never in a repr
     metrics: Metrics
     registry: Registry
     proxy: Proxy
@@ -583,7 +583,7 @@ class _Parts:
     store: Store
     clock: Clock
     metrics: Metrics
-    environ: Mapping[str, str]
+    environ: Mapping[str, str] = field(repr=False)  # holds secrets: never in a repr
     registry: Registry
     proxy: Proxy
     blobs: BlobStore

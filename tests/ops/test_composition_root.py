@@ -128,3 +128,11 @@ def test_the_web_layer_sets_nothing_on_the_gateway_or_its_services() -> None:
             if target.startswith(("gateway.", "gw.")) or "gateway." in target
         }
     assert set() == writes
+
+
+async def test_no_part_of_the_root_shows_the_environment_in_its_repr(sqlite_dsn: str) -> None:
+    config = make_config(sqlite_dsn, UPSTREAM)
+    environ = {"UPSTREAM_KEY": "sk-do-not-print"}
+    async with build_gateway(config, environ=environ, run_job_loops=False) as gateway:
+        shown = [repr(gateway), repr(gateway.reconfigurer), repr(gateway.live)]
+        assert [] == [text for text in shown if "sk-do-not-print" in text]
