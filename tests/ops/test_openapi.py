@@ -43,6 +43,8 @@ BODIES = {  # operation -> the component its JSON body is, refusing unknown keys
     ("/admin/runtimes/{runtime}/disable", "post"): "ReasonBody",
     ("/v1/jobs/{slug}", "patch"): "ReportBody",
     ("/v1/jobs/{slug}/fail", "post"): "FailureBody",
+    ("/admin/keys", "post"): "KeyCreate",
+    ("/admin/keys/{id}", "patch"): "KeyUpdate",
 }
 
 
