@@ -36,6 +36,7 @@ from gpugate.config import GatewayConfig, ServerConfig, TlsConfig
 from gpugate.errors import ConfigError, ConfigProblem, ListenError
 from gpugate.services.readiness import Lifecycle
 from gpugate.web.app import create_app
+from gpugate.web.batches import present
 from gpugate.web.connections import ConnectionLimits, guarded_protocol
 from gpugate.web.listeners import ListenerSplit
 from gpugate.wiring import build_gateway
@@ -277,7 +278,7 @@ async def serve_gateway(
     """Build the gateway, serve it until a signal, then stop it: the whole life of ``serve``."""
     tls = server_tls(config.tls)  # before anything starts: a wrong file is one clear error
     raise_fd_limit()
-    async with build_gateway(config, environ=environ) as gateway:
+    async with build_gateway(config, environ=environ, present_error=present) as gateway:
         app = gateway_app(create_app(gateway), admin_sock)
         # Everything built so far lives as long as the process: move it out of the collector's
         # sight, so a full collection under load scans only what requests allocate.

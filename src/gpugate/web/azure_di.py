@@ -73,7 +73,6 @@ async def analyze(request: Request, gateway: Gateway, path: DiPath, headers: DiH
 async def forward(request: Request, gateway: Gateway, path: DiPath, headers: DiHeaders) -> Response:
     """Forward an analyze or a poll; the 202's ``Operation-Location`` points at the gateway."""
     facade = gateway.azure_di
-    assert facade is not None
     principal = principal_of(request)  # auth.mode keys: Security.CLIENT checked the key
     if principal is not None:
         di_allowed(principal)

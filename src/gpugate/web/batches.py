@@ -44,7 +44,6 @@ A_BATCH = {200: Answer("the batch object", BatchView)}
 
 
 def _batches(gateway: Gateway) -> Batches:
-    assert gateway.batches is not None
     return gateway.batches
 
 
