@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, unquote, urlsplit
 
@@ -173,7 +173,9 @@ class UpstreamClient:
         if target[0] == "?":
             target = "/" + target
         origin = self._origins.get(origin_url) or self._origin(origin_url)
-        head = _head(method, target, origin, headers, body)
+        head = _head(
+            method, target, origin, headers if isinstance(headers, list) else list(headers), body
+        )
         response = UpstreamResponse()
         try:
             await http1_pool.exchange(
@@ -221,8 +223,9 @@ def _head(
     method: str,
     target: str,
     origin: _Origin,
-    headers: Iterable[tuple[bytes, bytes]],
+    headers: Sequence[tuple[bytes, bytes]],
     body: bytes | AsyncIterator[bytes] | None,
+    named: frozenset[bytes] = frozenset(),
 ) -> bytes:
     """The request's head: the request line, ``Host``, the forwarded headers (hop-by-hop, any a
     ``Connection`` header names, and the client's ``Host``/``Content-Length`` dropped), the
@@ -237,12 +240,12 @@ def _head(
         b" HTTP/1.1\r\nhost: ",
         origin.host,
     ]
-    headers = list(headers)
-    named = connection_named(headers) if any(n.lower() == b"connection" for n, _ in headers) else ()
     lines = 3  # after the request line, and the blank line after the last header
     for name, value in headers:
         lowered = name.lower()
         if lowered in _NOT_FORWARDED or lowered in named:
+            if lowered == b"connection" and not named and (found := connection_named(headers)):
+                return _head(method, target, origin, headers, body, found)  # rare: once more
             continue
         if lowered == b"authorization" and origin.authorization is not None:
             continue
