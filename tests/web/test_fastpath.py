@@ -133,10 +133,9 @@ async def test_a_connection_goes_from_the_fast_path_to_starlette_and_back(
     sqlite_dsn: str, fast_requests: list[str]
 ) -> None:
     async with gateway(sqlite_dsn) as (gw, _), connection(gw) as (reader, writer):
-        writer.write(post("/v1/chat/completions", CHAT))
+        writer.write(post("/v1/chat/completions", CHAT) + b"GET /healthz HTTP/1.1\r\n\r\n")
         first = await read_answer(reader)
-        writer.write(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n")  # Starlette's
-        health = await read_answer(reader)
+        health = await read_answer(reader)  # Starlette's, pipelined behind the fast path's
         writer.write(
             b"GET /v1/models HTTP/1.1\r\nhost: t\r\n\r\n"
             + post("/v1/completions", {"model": "m", "prompt": "hi"})
@@ -234,6 +233,17 @@ async def test_a_client_leaving_while_queued_leaves_the_queue_at_once(sqlite_dsn
             assert 1 == pool.inflight
         await eventually(lambda: pool.inflight == 0, within_s=1.0, what="the slot freed")
         await eventually(lambda: server.stats.disconnects == 1, what="the upstream told")
+
+
+async def test_a_client_leaving_with_a_pipelined_request_behind_frees_the_one_in_flight(
+    sqlite_dsn: str,
+) -> None:
+    async with gateway(sqlite_dsn, ServerBehaviour(hang=True)) as (gw, _):
+        pool = gw.gateway.registry.upstream("u").pool
+        async with connection(gw) as (_, writer):
+            writer.write(post("/v1/chat/completions", CHAT) + post("/v1/embeddings", CHAT))
+            await eventually(lambda: pool.inflight == 1, what="the first request in flight")
+        await eventually(lambda: pool.inflight == 0, within_s=1.0, what="the slot freed")
 
 
 async def test_a_client_leaving_mid_stream_closes_the_upstream_and_frees_the_slot(

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Scope
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gpugate.errors import PayloadTooLarge
@@ -57,6 +58,9 @@ log = logging.getLogger("gpugate.proxy")
 ENVIRONMENT = "GPUGATE_FASTPATH"
 """``GPUGATE_FASTPATH=0``: no fast path, every request through ASGI."""
 ROUTES = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"})
+PIPELINE_DEPTH = 16
+"""Pipelined requests read ahead of the one being answered, at most (each body up to 64 KiB):
+reading on behind it is how a client that leaves is noticed at once; then reading pauses."""
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_BODY = (204, 304)
 _ERROR_500 = b"Internal Server Error"
@@ -124,6 +128,7 @@ class FastPathProtocol(HttpToolsProtocol):
     """
 
     routes: FastRoutes
+    running: FastCycle | None = None  # the request being answered (others may queue behind)
 
     def on_message_begin(self) -> None:
         # uvicorn's, without the ASGI scope: built only for a request that goes to the app
@@ -169,22 +174,24 @@ class FastPathProtocol(HttpToolsProtocol):
         if existing is None or existing.response_complete:
             self._start_asgi_task(cycle, None)  # type: ignore[arg-type]  # joins server_state.tasks
         else:  # pipelined: answered in order, after the one in flight
-            self.flow.pause_reading()
             self.pipeline.appendleft((cycle, None))  # type: ignore[arg-type]
+            if len(self.pipeline) >= PIPELINE_DEPTH:
+                self.flow.pause_reading()  # read ahead no further (resumed by the next answer)
         return True
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
-        if isinstance(cycle, FastCycle):
-            cycle.feed(body)
-        else:
+        if not isinstance(cycle, FastCycle):
             super().on_body(body)
+        elif cycle.feed(body) > HIGH_WATER_LIMIT and self.pipeline:
+            self.flow.pause_reading()  # a queued request's body: read ahead no further
 
     def connection_lost(self, exc: Exception | None) -> None:
         cycle = self.cycle
         super().connection_lost(exc)
-        if isinstance(cycle, FastCycle):
-            cycle.lost()
+        for gone in (self.running, cycle):  # with pipelining, the one answered is not the last
+            if isinstance(gone, FastCycle):
+                gone.lost()
 
 
 class FastCycle:
@@ -263,14 +270,15 @@ class FastCycle:
 
     # --- from the protocol ----------------------------------------------------------------
 
-    def feed(self, body: bytes) -> None:
-        """A piece of the request body (kept up to the limit; past it, only counted)."""
-        if self.response_complete:
-            return
-        self._size += len(body)
-        if self._size <= self._limit:
-            self._parts.append(body)
-        self.message_event.set()
+    def feed(self, body: bytes) -> int:
+        """A piece of the request body (kept up to the limit; past it, only counted); the
+        size received so far."""
+        if not self.response_complete:
+            self._size += len(body)
+            if self._size <= self._limit:
+                self._parts.append(body)
+            self.message_event.set()
+        return self._size
 
     def lost(self) -> None:
         """The connection is gone: a request still running is cancelled (the upstream request
@@ -295,6 +303,7 @@ class FastCycle:
         task = asyncio.current_task()
         assert task is not None
         self._task = task
+        self.protocol.running = self
         guard = routes.guard
         if guard is not None:
             self._progress = guard.track(task)
@@ -325,6 +334,8 @@ class FastCycle:
         self, task: asyncio.Task[object], guard: ShutdownGuard | None, started: float
     ) -> None:
         self._finished = True
+        if self.protocol.running is self:
+            self.protocol.running = None
         if guard is not None:
             guard.untrack(task)
         if self.protocol.routes.access_log and access_log.log.isEnabledFor(logging.INFO):
@@ -397,6 +408,7 @@ class FastCycle:
         if hold:
             self._held = True  # not started yet: a cut or a failure may still answer instead
             return
+        self._held = False
         flow = self.protocol.flow
         if flow.write_paused:
             await flow.drain()
