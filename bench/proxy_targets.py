@@ -30,9 +30,15 @@ from typing import Self
 import uvloop
 
 HERE = Path(__file__).resolve().parent
-TARGETS = ("direct", "nginx", "vllm-router", "bare", "gpugate", "gpugate-p2c")
-#: gpugate as configured by default (routing prefix_affinity), and with wave 1's picker
-GATEWAYS = {"gpugate": "prefix_affinity", "gpugate-p2c": "least_outstanding"}
+TARGETS = ("direct", "nginx", "vllm-router", "bare", "gpugate", "gpugate-p2c", "gpugate-asgi")
+#: gpugate as configured by default (routing prefix_affinity), with wave 1's picker, and served
+#: all through ASGI (GPUGATE_FASTPATH=0: the data plane before the fast path, for A/B runs)
+GATEWAYS = {
+    "gpugate": "prefix_affinity",
+    "gpugate-p2c": "least_outstanding",
+    "gpugate-asgi": "prefix_affinity",
+}
+_ENVIRONMENTS = {"gpugate-asgi": {"GPUGATE_FASTPATH": "0"}}
 LANES = ("json", "sse", "slow", "long")  # an upstream each; nginx, the router and bare by port
 # The hot-path prototypes (docs in bench/README.md): name -> script and its arguments.
 PROTOTYPES: dict[str, tuple[str, ...]] = {
@@ -420,7 +426,8 @@ def start_all(
             config.write_text(gateway_yaml(workdir, ports[target]["json"], up, GATEWAYS[target]))
             serve = ["serve", "--config", str(config), "--log-level", "WARNING"]
             argv = [sys.executable, "-m", "gpugate", *serve]
-            pids[target] = dict.fromkeys(LANES, procs.start(target, cores.wrap(argv)))
+            env = {**os.environ, **_ENVIRONMENTS[target]} if target in _ENVIRONMENTS else None
+            pids[target] = dict.fromkeys(LANES, procs.start(target, cores.wrap(argv), env=env))
         elif target in PROTOTYPES:
             argv = prototype_argv(tools, target, ports[target]["json"], up)
             pid = procs.start(target, cores.wrap(argv), env=tools.candidate_env)

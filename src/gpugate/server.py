@@ -37,7 +37,8 @@ from gpugate.errors import ConfigError, ConfigProblem, ListenError
 from gpugate.services.readiness import Lifecycle
 from gpugate.web.app import create_app
 from gpugate.web.batches import present
-from gpugate.web.connections import ConnectionLimits, guarded_protocol
+from gpugate.web.connections import ConnectionLimits
+from gpugate.web.fastpath import fast_protocol
 from gpugate.web.listeners import ListenerSplit
 from gpugate.wiring import build_gateway
 
@@ -215,7 +216,9 @@ def _uvicorn_config(app: ASGIApp, grace_s: float, limits: ConnectionLimits) -> u
     return uvicorn.Config(
         app,
         loop="uvloop",
-        http=guarded_protocol(limits),  # httptools, with header/body timeouts and caps
+        # httptools, with header/body timeouts and caps; the OpenAI routes served by the
+        # protocol itself unless GPUGATE_FASTPATH=0 (gpugate.web.fastpath)
+        http=fast_protocol(app, limits),
         lifespan="on",
         access_log=False,
         log_config=None,  # our logging (gpugate.logs) is already configured
