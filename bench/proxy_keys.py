@@ -26,6 +26,16 @@ BIG = 10**9
 ROUNDS = 3
 
 
+def key_env() -> dict[str, str]:
+    """The two bootstrap keys, as ``auth.bootstrap_keys_env: BENCH_KEYS`` reads them."""
+    limits = {"requests_per_min": BIG, "tokens_per_min": BIG, "daily_tokens": BIG}  # leased
+    keys = [
+        {"name": "free", "tenant": "bench", "key": KEY_FREE, "max_class": "system"},
+        {"name": "limited", "tenant": "bench", "key": KEY_LIMITED, "limits": limits},
+    ]
+    return {"BENCH_KEYS": json.dumps(keys)}
+
+
 def start_keyed(procs: Processes, setup: Setup, cores: Cores) -> tuple[int, int]:
     """The keyed gpugate, on a free port: its port and pid."""
     workdir, port = procs.workdir, free_port()
@@ -35,12 +45,7 @@ def start_keyed(procs: Processes, setup: Setup, cores: Cores) -> tuple[int, int]
     )
     yaml += "auth: {mode: keys, bootstrap_keys_env: BENCH_KEYS}\n"
     (workdir / "gateway-keys.yaml").write_text(yaml)
-    limits = {"requests_per_min": BIG, "tokens_per_min": BIG, "daily_tokens": BIG}  # leased
-    keys = [
-        {"name": "free", "tenant": "bench", "key": KEY_FREE, "max_class": "system"},
-        {"name": "limited", "tenant": "bench", "key": KEY_LIMITED, "limits": limits},
-    ]
-    env = {**os.environ, "BENCH_KEYS": json.dumps(keys)}
+    env = {**os.environ, **key_env()}
     serve = ["serve", "--config", str(workdir / "gateway-keys.yaml"), "--log-level", "WARNING"]
     argv = cores.wrap([sys.executable, "-m", "gpugate", *serve])
     pid = procs.start("gpugate-keys", argv, env=env)
