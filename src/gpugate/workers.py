@@ -161,6 +161,8 @@ class Supervisor:
             if not self._all_ready:
                 started = [w for w in self._children.values() if w.ready]
                 self._all_ready = len(started) == self.workers
+                if self._all_ready:
+                    log.info("all %d workers are serving", self.workers)
             for worker, status in self._reap():
                 code = os.waitstatus_to_exitcode(status)
                 if self._stopping:
