@@ -155,14 +155,7 @@ class Supervisor:
             if wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
-            for worker in self._children.values():
-                if worker.ready_fd in readable:
-                    self._read_ready(worker)
-            if not self._all_ready:
-                started = [w for w in self._children.values() if w.ready]
-                self._all_ready = len(started) == self.workers
-                if self._all_ready:
-                    log.info("all %d workers are serving", self.workers)
+            self._note_ready(readable)
             for worker, status in self._reap():
                 code = os.waitstatus_to_exitcode(status)
                 if self._stopping:
@@ -178,6 +171,16 @@ class Supervisor:
                     del pending[index]
                     self._start(worker)
         return clean
+
+    def _note_ready(self, readable: list[int]) -> None:
+        for worker in self._children.values():
+            if worker.ready_fd in readable:
+                self._read_ready(worker)
+        if not self._all_ready:
+            started = [w for w in self._children.values() if w.ready]
+            self._all_ready = len(started) == self.workers
+            if self._all_ready:
+                log.info("all %d workers are serving", self.workers)
 
     def _first_start_failed(self, worker: _Worker, code: int) -> None:
         log.error(
