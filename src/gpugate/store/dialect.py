@@ -25,6 +25,8 @@ SQLITE = "sqlite"
 POSTGRES = "postgres"
 
 _TABLE = re.compile(r"[a-z_][a-z0-9_]*")
+_COLUMN_LIST = re.compile(r"[\w\s,.]+")
+_FRAGMENT = re.compile(r"\{(\w+)\}")
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 _INDEXED_BY = re.compile(r"\s+INDEXED BY \w+")
 _FOR_UPDATE = re.compile(r"\s+FOR UPDATE(?: OF \w+)?(?: SKIP LOCKED)?")
@@ -63,11 +65,26 @@ def to_sqlite(text: str) -> str:
 _SAME: Any = object()
 
 
-def sql(text: str, *, sqlite: str | None = _SAME, postgres: str | None = _SAME) -> Query:
+def sql(
+    text: str, *, sqlite: str | None = _SAME, postgres: str | None = _SAME, **columns: str
+) -> Query:
     """The :class:`Query` of ``text``; ``sqlite``/``postgres`` override one dialect (written in
-    the same ``:name`` style and converted alike), ``None`` skips the statement there."""
+    the same ``:name`` style and converted alike), ``None`` skips the statement there.
+
+    ``columns`` name lists of columns (names and commas only, checked) that the texts hold as
+    ``{name}``: a list written once for the statements that read the same row.
+    """
+    for name, listed in columns.items():
+        if not _COLUMN_LIST.fullmatch(listed):
+            raise ValueError(f"{name} is not a list of column names: {listed!r}")
+
+    def fill(found: re.Match[str]) -> str:
+        return columns.get(found[1], found[0])
+
     lite = text if sqlite is _SAME else sqlite
     pg = text if postgres is _SAME else postgres
+    lite = None if lite is None else _FRAGMENT.sub(fill, lite)
+    pg = None if pg is None else _FRAGMENT.sub(fill, pg)
     return Query(None if lite is None else to_sqlite(lite), None if pg is None else to_postgres(pg))
 
 

@@ -22,10 +22,7 @@ from gpugate.config.fields import redact_store_url as redact_dsn
 from gpugate.errors import MigrationError, StoreError, StoreUnavailable
 from gpugate.store.dialect import Json
 from gpugate.store.migrations import Migration, load_migrations, pending
-from gpugate.store.postgres_facade import PostgresFacade
 from gpugate.store.postgres_jobs import JOBS_CHANNEL, PostgresJobs
-from gpugate.store.postgres_keys import PostgresKeys
-from gpugate.store.postgres_ledger import PostgresLedger
 from gpugate.store.replicas import replica_id
 from gpugate.store.sql_store import SqlStore
 from gpugate.store.tx import SKIPPED, Codec, PostgresCodec, Result, Rollback
@@ -64,9 +61,6 @@ log = logging.getLogger("gpugate.store")
 
 class PostgresStore(
     PostgresJobs,
-    PostgresFacade,
-    PostgresLedger,
-    PostgresKeys,
     SqlStore,
 ):
     """The shared store: PostgreSQL through a psycopg connection pool.

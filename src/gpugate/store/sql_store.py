@@ -23,6 +23,9 @@ from gpugate.store.base import (
     idem_verdict,
 )
 from gpugate.store.dialect import Json, only_postgres, sql
+from gpugate.store.facade_sql import FacadeSql
+from gpugate.store.keys_sql import KeysSql
+from gpugate.store.ledger_sql import LedgerSql
 from gpugate.store.replicas_sql import ReplicasSql
 from gpugate.store.retention_sql import RetentionSql
 from gpugate.store.runtime_state_sql import RuntimeStateSql
@@ -112,7 +115,7 @@ def _idem_begin(c: Codec, params: dict[str, Any]) -> Tx[IdemBegin]:
     return idem_verdict(params["fingerprint"], fingerprint, completed)
 
 
-class SqlStore(AuditSql, RuntimeStateSql, ReplicasSql, RetentionSql):
+class SqlStore(AuditSql, RuntimeStateSql, ReplicasSql, RetentionSql, LedgerSql, KeysSql, FacadeSql):
     """Config versions and idempotency keys; with the mixins, every :class:`Store` method."""
 
     async def current_config(self) -> ConfigVersion | None:

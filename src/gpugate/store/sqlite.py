@@ -24,10 +24,7 @@ from gpugate.store.replicas import replica_id
 from gpugate.store.sql_store import SqlStore
 from gpugate.store.sqlite_codec import json_text as _json
 from gpugate.store.sqlite_codec import time_text as _ts
-from gpugate.store.sqlite_facade import SqliteFacade
 from gpugate.store.sqlite_jobs import SqliteJobs
-from gpugate.store.sqlite_keys import SqliteKeys
-from gpugate.store.sqlite_ledger import SqliteLedger
 from gpugate.store.tx import SKIPPED, Codec, Result, Rollback, SqliteCodec
 
 if TYPE_CHECKING:
@@ -70,9 +67,6 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 
 class SqliteStore(
     SqliteJobs,
-    SqliteFacade,
-    SqliteLedger,
-    SqliteKeys,
     SqlStore,
 ):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.

@@ -110,8 +110,10 @@ class PostgresCodec(Codec):
         return day
 
 
-def run(query: Query, params: Mapping[str, Any] | None = None) -> Tx[Result]:
-    """One step: its :class:`Result`."""
+def run(
+    query: Query, params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
+) -> Tx[Result]:
+    """One step: its :class:`Result` (a sequence of params: the statement once for each)."""
     return (yield query, {} if params is None else params)
 
 
@@ -144,6 +146,11 @@ class Driven(ABC):
     _clock: Clock
     _codec: Codec
     _replica: str
+
+    @property
+    def _holder(self) -> str:
+        """The ``leased_by`` tail of this store's claims (:class:`NamedReplica`)."""
+        raise NotImplementedError
 
     @abstractmethod
     async def _transact(self, tx: Tx[T], *, single: bool = False) -> T:
