@@ -21,6 +21,7 @@ from gpugate.server import bind, connection_limits, make_server
 from gpugate.web.app import create_app
 from gpugate.web.batches import present
 from gpugate.wiring import Gateway, build_gateway
+from workers.processes import NotInProcess, requested_workers, serve_process
 
 
 @dataclass
@@ -63,7 +64,16 @@ async def serving(
     port: int = 0,
 ) -> AsyncIterator[RunningGateway]:
     """Build the gateway and serve it with uvicorn on 127.0.0.1:<port> (default: a free one)
-    until the block ends; ``run_job_loops=False`` leaves the dispatcher and reaper to the test."""
+    until the block ends; ``run_job_loops=False`` leaves the dispatcher and reaper to the test.
+
+    With ``GPUGATE_TEST_WORKERS=N`` (N > 1) a real ``gpugate serve --workers N`` instead, for
+    the tests that use neither ``clock`` nor the gateway's internals (tests/workers/processes.py).
+    """
+    workers = requested_workers()
+    if workers > 1 and clock is None and run_job_loops:
+        async with serve_process(config, workers=workers, environ=environ, port=port) as served:
+            yield RunningGateway(served[0], NotInProcess())  # type: ignore[arg-type]
+        return
     sock = bind("127.0.0.1", port)
     port = sock.getsockname()[1]
     async with build_gateway(
