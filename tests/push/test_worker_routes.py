@@ -20,7 +20,7 @@ from gpugate import push_signature
 from gpugate.clock import ManualClock
 from gpugate.fleet import ModelServer
 from gpugate.store import JobRecord
-from harness import RunningGateway, serving
+from harness import RunningGateway, make_config, serving, upstream
 
 HOME1, HOME2 = SECRETS["HOME1_SECRET"], SECRETS["HOME2_SECRET"]
 
@@ -321,3 +321,16 @@ async def test_the_refusal_of_a_signed_request_with_a_bad_body_is_signed_for_it(
         status=status,
         body=body,
     )
+
+
+async def test_without_a_push_runtime_a_worker_route_is_unauthorized(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    config = make_config(sqlite_dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])])
+    async with serving(config, run_job_loops=False) as plain:
+        status, answer = await send(
+            http, "POST", f"{plain.url}/v1/jobs/j1/fail", secret=HOME1, token="t",
+            body={"error_code": "BOOM"},
+        )  # fmt: skip
+
+    assert (401, "UNAUTHORIZED") == (status, answer["error"]["code"])

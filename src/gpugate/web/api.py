@@ -144,8 +144,6 @@ class Endpoint:
     async def _as_worker(self, request: Request, gateway: Gateway) -> Response:
         """Authenticate the push runtime over the whole body, then answer; sign the answer to
         a signed request (errors included)."""
-        if gateway.push_reports is None:
-            raise Unauthorized("no push runtime is configured: there is no worker to report")
         raw = await read_body(request, gateway.config.server.max_body_bytes)
         target = request.scope.get("raw_path", request.url.path.encode()).decode("latin-1")
         query = request.scope.get("query_string", b"")
