@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from raw_upstream import TIMEOUTS, Peer, Request, keep_alive, ok, upstream
 
-from conftest import TIMEOUTS, Peer, Request, keep_alive, ok, upstream
 from gpugate.adapters import http1
 from gpugate.adapters.upstream_client import Timeouts, UpstreamClient
 from gpugate.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import trustme
+from raw_upstream import TIMEOUTS, Request, keep_alive, ok, upstream
 
-from conftest import TIMEOUTS, Request, keep_alive, ok, upstream
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.errors import GatewayOverloaded, UpstreamUnreachable
 
