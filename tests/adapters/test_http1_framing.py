@@ -5,8 +5,8 @@ and the answers that are refused or break off."""
 from __future__ import annotations
 
 import pytest
+from raw_upstream import TIMEOUTS, Peer, keep_alive, ok, upstream
 
-from conftest import TIMEOUTS, Peer, keep_alive, ok, upstream
 from gpugate.adapters import http1
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.errors import UpstreamError, UpstreamUnreachable

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from raw_upstream import TIMEOUTS, Peer, Request, keep_alive, ok, upstream
 
-from conftest import TIMEOUTS, Peer, Request, keep_alive, ok, upstream
 from gpugate.adapters import http1
-from gpugate.adapters.upstream_client import UpstreamClient
-from gpugate.errors import UpstreamError, UpstreamUnreachable
+from gpugate.adapters.upstream_client import Timeouts, UpstreamClient
+from gpugate.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
 from harness import eventually
 
 
@@ -273,3 +273,31 @@ async def test_an_upstream_talking_out_of_turn_on_an_idle_connection_loses_it(
         await eventually(lambda: up.peers[0].closed_by_client, what="the chatty one closed")
         await _get(client, up.url + "/")
     assert 2 == len(up.peers)
+
+
+async def test_a_request_waiting_for_a_free_connection_is_bounded_by_its_first_byte_time() -> None:
+    client = UpstreamClient(limit=1)
+    await client.start()
+    gate = asyncio.Event()
+
+    async def held(peer: Peer, _: int) -> None:
+        while await peer.request() is not None:
+            await gate.wait()
+            await peer.answer(ok())
+
+    try:
+        async with upstream(held) as up:
+            holder = asyncio.create_task(_get(client, up.url + "/"))
+            await eventually(lambda: len(up.peers) == 1, what="the one connection")
+            with pytest.raises(UpstreamTimeout, match="sent no response"):
+                await client.send("POST", up.url + "/", [], b"{}", Timeouts(1, 0.2, 5))
+            waiter = asyncio.create_task(_get(client, up.url + "/"))
+            await eventually(lambda: len(client._limit._waiters) == 1, what="in line")
+            waiter.cancel()  # gave up waiting: its place in line is gone, no slot leaks
+            gate.set()
+            assert b"hello" == await holder
+            assert b"hello" == await _get(client, up.url + "/")
+            assert "in_use=0" in repr(client)
+    finally:
+        await client.close()
+    assert 1 == len(up.peers)

@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from raw_upstream import Peer, upstream
 
-from conftest import Peer, upstream
 from gpugate.adapters.upstream_client import Timeouts, UpstreamClient
 from gpugate.errors import UpstreamTimeout
 from harness import eventually

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import trustme
+from raw_upstream import TIMEOUTS, Request, keep_alive, ok, upstream
 
-from conftest import TIMEOUTS, Request, keep_alive, ok, upstream
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.errors import GatewayOverloaded, UpstreamUnreachable
 
@@ -215,3 +215,10 @@ async def test_out_of_file_descriptors_is_the_gateways_overload_not_the_upstream
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert 1.0 == caught.value.retry_after_s
+
+
+async def test_a_url_with_an_impossible_port_is_unreachable_not_a_crash(
+    client: UpstreamClient,
+) -> None:
+    with pytest.raises(UpstreamUnreachable, match="cannot connect to u: the URL is invalid"):
+        await client.send("GET", "http://127.0.0.1:99999/x", [], None, TIMEOUTS, label="u")

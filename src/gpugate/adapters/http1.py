@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 import ssl
 from collections import deque
@@ -133,7 +134,7 @@ class Response:
         self._error: Exception | None = None
         self._conn: Connection | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._deadline = 0.0
+        self._deadline = math.inf  # until arm()
         self._idle_s: float | None = None
         self._last_data = 0.0
 
@@ -182,6 +183,7 @@ class Response:
         self.status, self.headers, self.head_done = 0, [], False
         self._chunks.clear()
         self._buffered, self._eof, self._error, self._conn = 0, False, None, None
+        self._deadline = math.inf
 
     async def wait_head(self, deadline: float) -> None:
         """Until the head is in; the connection's failure, or :class:`HeadTimedOut` at
@@ -236,7 +238,8 @@ class Response:
                 self._timed_out()
                 return
             wait_until = min(wait_until, silent_since + idle_s)
-        self._timer = self._loop.call_at(wait_until, self._expired)
+        if wait_until != math.inf:
+            self._timer = self._loop.call_at(wait_until, self._expired)
 
     def _timed_out(self) -> None:
         conn = self._conn

@@ -43,9 +43,16 @@ class Limit:
         self.in_use = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
-    async def acquire(self) -> None:
+    def try_acquire(self) -> bool:
+        """A slot at once, if one is free and nobody waits for one."""
         if not self.limit or (self.in_use < self.limit and not self._waiters):
             self.in_use += 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        """A slot, waiting in line for it if need be."""
+        if self.try_acquire():
             return
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -174,11 +181,12 @@ class Pool:
     async def open(self, connect_s: float, deadline: float, *, reuse: bool) -> Connection:
         """A connection to carry a request (an idle one when ``reuse``), holding one of the
         limit's slots; :class:`HeadTimedOut` at ``deadline`` (loop time)."""
-        try:
-            async with asyncio.timeout_at(deadline):
-                await self._limit.acquire()
-        except TimeoutError:
-            raise HeadTimedOut from None
+        if not self._limit.try_acquire():
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._limit.acquire()
+            except TimeoutError:
+                raise HeadTimedOut from None
         conn = self.take() if reuse else None
         if conn is not None:
             return conn

@@ -146,7 +146,8 @@ class UpstreamClient:
             keepalive_s=self._keepalive_s,
             max_idle=self._max_idle,
         )
-        made = self._origins[origin_url] = _Origin(pool, shown.encode("idna"), authorization)
+        named = shown.encode("ascii") if shown.isascii() else shown.encode("idna")
+        made = self._origins[origin_url] = _Origin(pool, named, authorization)
         return made
 
     async def send(
@@ -172,7 +173,14 @@ class UpstreamClient:
         origin_url, target = (url, "/") if cut < 0 else (url[:cut], url[cut:])
         if target[0] == "?":
             target = "/" + target
-        origin = self._origins.get(origin_url) or self._origin(origin_url)
+        origin = self._origins.get(origin_url)
+        if origin is None:
+            try:
+                origin = self._origin(origin_url)
+            except ValueError as exc:  # a port out of range, a host IDNA cannot encode
+                raise UpstreamUnreachable(
+                    f"cannot connect to {where}: the URL is invalid", connect_failed=True
+                ) from exc
         head = _head(
             method, target, origin, headers if isinstance(headers, list) else list(headers), body
         )
