@@ -218,6 +218,30 @@ async def test_a_whole_upstream_answer_is_relayed_with_a_content_length_and_gate
     assert float(answer.headers["x-gateway-overhead-ms"]) >= 0
 
 
+async def test_under_a_key_a_length_framed_answer_ends_only_once_it_is_kept(
+    sqlite_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client may retry the moment it has the answer: the retry is a replay, never 409."""
+    async with gateway(sqlite_dsn) as (gw, _), connection(gw) as (reader, writer):
+        idempotency = gw.gateway.idempotency
+        complete = idempotency.complete
+
+        async def slow_complete(*args: Any) -> None:
+            await asyncio.sleep(0.3)  # a slow store: the write outlasts the relay
+            await complete(*args)
+
+        monkeypatch.setattr(idempotency, "complete", slow_complete)
+        key = b"idempotency-key: k-1\r\n"
+        writer.write(post("/v1/chat/completions", CHAT, extra=key))
+        first = await read_answer(reader)
+        async with connection(gw) as (other, retry):  # another connection: nothing to wait for
+            retry.write(post("/v1/chat/completions", CHAT, extra=key))
+            again = await read_answer(other)
+    assert str(len(first.body)) == first.headers["content-length"]  # framed by length
+    assert (200, "true") == (again.status, again.headers.get("idempotent-replayed"))
+    assert first.body == again.body
+
+
 async def test_a_client_leaving_while_queued_leaves_the_queue_at_once(sqlite_dsn: str) -> None:
     async with gateway(sqlite_dsn, ServerBehaviour(hang=True), max_inflight=1, max_queue=4) as (
         gw,
