@@ -57,6 +57,7 @@ RULES: list[tuple[str, re.Pattern[str]]] = [
         ("ASGI middleware: headers, shutdown", r"gpugate/web/(response_headers|shutdown)\.py"),
         ("ASGI server: uvicorn", r"uvicorn/"),
         ("data plane: web/dataplane.py", r"gpugate/web/dataplane\.py"),
+        ("fast path: web/fastpath.py, connections.py", r"gpugate/web/(fastpath|connections)\.py"),
         ("request path: services/proxy.py", r"gpugate/services/proxy\.py"),
         ("adapter: upstream_client.py", r"gpugate/adapters/upstream_client\.py"),
         ("gpugate (other)", r"gpugate/"),
@@ -138,7 +139,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="keep the raw stacks here")
     args = parser.parse_args()
     targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
-    profiled = ("gpugate", "bare", *(t for t in PROTOTYPES if "rsgi" not in t))
+    profiled = ("gpugate", "gpugate-asgi", "bare", *(t for t in PROTOTYPES if "rsgi" not in t))
     if unknown := [t for t in targets if t not in profiled]:
         print(f"profile: cannot profile {', '.join(unknown)}; any of {', '.join(profiled)}")
         return 2

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
 
 from gpugate.fleet import ModelServer, ServerBehaviour
@@ -217,6 +218,30 @@ async def test_a_whole_upstream_answer_is_relayed_with_a_content_length_and_gate
     assert float(answer.headers["x-gateway-overhead-ms"]) >= 0
 
 
+async def test_under_a_key_a_length_framed_answer_ends_only_once_it_is_kept(
+    sqlite_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client may retry the moment it has the answer: the retry is a replay, never 409."""
+    async with gateway(sqlite_dsn) as (gw, _), connection(gw) as (reader, writer):
+        idempotency = gw.gateway.idempotency
+        complete = idempotency.complete
+
+        async def slow_complete(*args: Any) -> None:
+            await asyncio.sleep(0.3)  # a slow store: the write outlasts the relay
+            await complete(*args)
+
+        monkeypatch.setattr(idempotency, "complete", slow_complete)
+        key = b"idempotency-key: k-1\r\n"
+        writer.write(post("/v1/chat/completions", CHAT, extra=key))
+        first = await read_answer(reader)
+        async with connection(gw) as (other, retry):  # another connection: nothing to wait for
+            retry.write(post("/v1/chat/completions", CHAT, extra=key))
+            again = await read_answer(other)
+    assert str(len(first.body)) == first.headers["content-length"]  # framed by length
+    assert (200, "true") == (again.status, again.headers.get("idempotent-replayed"))
+    assert first.body == again.body
+
+
 async def test_a_client_leaving_while_queued_leaves_the_queue_at_once(sqlite_dsn: str) -> None:
     async with gateway(sqlite_dsn, ServerBehaviour(hang=True), max_inflight=1, max_queue=4) as (
         gw,
@@ -312,6 +337,33 @@ async def test_the_graceful_shutdown_lets_an_open_stream_finish_then_closes_it(
             await stopping
     assert b"data: [DONE]\n\n" in rest
     assert rest.endswith(b"0\r\n\r\n")
+
+
+async def test_keys_mode_is_served_on_the_fast_path_through_the_client_key_middleware(
+    sqlite_dsn: str, fast_requests: list[str]
+) -> None:
+    admin = {"Authorization": "Bearer s3cret"}
+    async with model_servers(("u", ["m"])) as (server,):
+        config = make_config(
+            sqlite_dsn, [upstream("u", [server.url], ["m"])], auth={"mode": "keys"}
+        )
+        environ = {"GPUGATE_ADMIN_TOKEN": "s3cret"}
+        async with serving(config, environ=environ) as gw, aiohttp.ClientSession() as http:
+            created = {"name": "app", "tenant": "t", "models": ["m"]}
+            async with http.post(gw.url + "/admin/keys", json=created, headers=admin) as resp:
+                secret = (await resp.json())["key"]
+            async with connection(gw) as (reader, writer):
+                writer.write(post("/v1/chat/completions", CHAT))
+                refused = await read_answer(reader)
+                key = b"authorization: Bearer %b\r\n" % secret.encode()
+                writer.write(post("/v1/chat/completions", CHAT, extra=key))
+                served = await read_answer(reader)
+                writer.write(post("/v1/chat/completions", {"model": "other"}, extra=key))
+                other = await read_answer(reader)
+    assert (401, "UNAUTHORIZED") == (refused.status, refused.json()["error"]["code"])
+    assert 200 == served.status
+    assert (403, "MODEL_NOT_ALLOWED") == (other.status, other.json()["error"]["code"])
+    assert ["/v1/chat/completions"] * 3 == fast_requests
 
 
 @pytest.mark.parametrize("setting", ["0", " 0 "])

@@ -261,32 +261,23 @@ class Handler:
             await _relay_stream(gw, out, reply, ex, rid, ticket)
             return
         code: str | None = None
-        kept: list[bytes] | None = [] if ticket is not None and keep else None
-        kept_bytes, keep_at_most = 0, gw.idempotency.max_body_bytes
         seen = Generation(out.received_at, gw.clock.monotonic, stream=out.stream)
         try:
             await ex.start(reply.status, _head(reply, rid), hold=True)
             try:
-                while chunk := await reply.read_chunk():
-                    seen.chunk(chunk)
-                    if kept is not None:
-                        kept.append(chunk)
-                        kept_bytes += len(chunk)
-                        if kept_bytes > keep_at_most:
-                            kept = None  # too large to keep: the key is released at the end
-                    last = ticket is None and reply.at_eof()  # end with the last chunk
-                    await ex.body(chunk, more=not last)
-                    if last:
-                        return
+                if ticket is None:
+                    await _relay_body(reply, ex, seen)
+                    return
+                cap = gw.idempotency.max_body_bytes if keep else None
+                last, kept = await _relay_kept(reply, ex, seen, cap)
             except UpstreamError as exc:
                 reply.broke()
                 code = exc.code
                 await _end_broken_stream(ex, reply, exc)
                 return
-            if ticket is not None:  # kept before the client sees the end, so a retry replays
-                await _settle(gw, ticket, reply, kept)
-                ticket = None
-            await ex.body(b"", more=False)
+            await _settle(gw, ticket, reply, kept)  # kept before the client sees the end,
+            ticket = None  # so a retry replays
+            await ex.body(last, more=False)
         finally:
             if code is None and reply.at_eof() and out.model is not None:
                 _generated(gw, out, reply, seen)
@@ -373,6 +364,44 @@ class _AsgiExchange:
         finally:
             watcher.remove_done_callback(client_left)
             watcher.cancel()
+
+
+async def _relay_body(reply: Reply, ex: Exchange, seen: Generation) -> None:
+    """A body relayed piece by piece as it arrives, ending with its last piece."""
+    while chunk := await reply.read_chunk():
+        seen.chunk(chunk)
+        last = reply.at_eof()
+        await ex.body(chunk, more=not last)
+        if last:
+            return
+    await ex.body(b"", more=False)
+
+
+async def _relay_kept(
+    reply: Reply, ex: Exchange, seen: Generation, cap: int | None
+) -> tuple[bytes, list[bytes] | None]:
+    """A body under an ``Idempotency-Key``, relayed but for its last piece, which waits for the
+    key's settle (a length-framed body ends with its last byte: the client must not see the end
+    before the answer is kept); that piece, and the body kept (None: over ``cap``, or no cap)."""
+    kept: list[bytes] | None = None if cap is None else []
+    size = 0
+    held = b""
+    try:
+        while chunk := await reply.read_chunk():
+            seen.chunk(chunk)
+            if kept is not None:
+                kept.append(chunk)
+                size += len(chunk)
+                if cap is not None and size > cap:
+                    kept = None  # too large to keep: the key is released at the end
+            if held:
+                await ex.body(held, more=True)
+            held = chunk
+    except UpstreamError:
+        if held:
+            await ex.body(held, more=True)
+        raise
+    return held, kept
 
 
 def _generated(gw: Gateway, out: Outbound, reply: Reply, seen: Generation) -> None:

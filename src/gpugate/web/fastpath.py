@@ -284,6 +284,7 @@ class FastCycle:
         """The connection is gone: a request still running is cancelled (the upstream request
         closed, the slot freed)."""
         self.disconnected = True
+        self.message_event.set()  # a receive() waiting (keys mode's watcher) sees it too
         task = self._task
         if (
             task is not None
