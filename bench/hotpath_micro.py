@@ -269,8 +269,9 @@ def _gateway_yaml(workdir: str, policy: str, endpoints: int, keys: bool) -> str:
     limits = "max_inflight: 4096, max_queue: 10000"
     text = (
         f"listen: 127.0.0.1:1\nstore: sqlite:///{workdir}/micro.db\nupstreams:\n"
-        f"  - {{id: json-model, urls: [{urls}], models: [json-model], {limits},"
-        f" routing: {{policy: {policy}}}}}\n"
+        f"  - {{id: json-model, urls: [{urls}], models: [json-model], {limits}"
+        + ("" if policy == "none" else f", routing: {{policy: {policy}}}")
+        + "}\n"
     )
     if keys:
         text += "auth: {mode: keys, bootstrap_keys_env: BENCH_KEYS}\n"
@@ -410,6 +411,11 @@ def _gc_tuned(*, on: bool) -> Iterator[None]:
     out of every collection (``gc.freeze``) and the youngest generation collected every 50,000
     allocations instead of 700 (a request of gpugate's leaves no cycles behind: nothing piles
     up for it to find)."""
+    if os.environ.get("GPUGATE_MICRO_GC") == "off":  # for a profile: no collection at all,
+        gc.disable()  # so none is sampled in whatever line happened to allocate
+        yield
+        gc.enable()
+        return
     if not on:
         yield
         return

@@ -9,9 +9,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpugate.core.limits import windows
+from gpugate.config import GatewayConfig
+from gpugate.config.loader import parse_config
+from gpugate.core.limits import Price, windows
 from gpugate.core.usage import with_include_usage, with_include_usage_doc
 from gpugate.errors import BadRequest
+from gpugate.services.limits import prices_of
+from gpugate.web.auth import _served_externally
 from gpugate.web.bodies import hand_over, json_document
 
 
@@ -53,3 +57,32 @@ def test_limit_windows_are_made_once_a_minute() -> None:
     assert (a.minute, a.day) == ("2026-12-01T13:20", "2026-12-01")
     assert (c.minute, c.day) == ("2026-12-01T13:21", "2026-12-01")
     assert windows(datetime(2026, 12, 2, 13, 21, tzinfo=UTC)).day == "2026-12-02"
+
+
+def _config(models: str = "", external: bool = False) -> GatewayConfig:
+    text = (
+        "listen: 127.0.0.1:1\nstore: 'sqlite:///unused.db'\nupstreams:\n"
+        f"  - {{id: a, url: 'http://127.0.0.1:9', models: [m, n],"
+        f" external: {str(external).lower()}}}\n" + models
+    )
+    return parse_config(text)
+
+
+def test_prices_are_read_once_per_config_version_and_follow_a_new_one() -> None:
+    first = _config(
+        "models:\n  - {name: m, price: {prompt_per_1k_cents: 10, completion_per_1k_cents: 20}}\n"
+    )
+    current = [first]
+    price = prices_of(lambda: current[0])
+    assert price("m") == Price(10, 20)
+    assert price("n") is None
+    current[0] = _config(
+        "models:\n  - {name: n, price: {prompt_per_1k_cents: 1, completion_per_1k_cents: 2}}\n"
+    )
+    assert price("m") is None
+    assert price("n") == Price(1, 2)
+
+
+def test_the_models_of_external_upstreams_are_the_ones_a_key_without_allow_external_loses() -> None:
+    assert _served_externally(_config(external=True)) == {"m", "n"}
+    assert _served_externally(_config(external=False)) == frozenset()

@@ -27,6 +27,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
@@ -278,10 +279,22 @@ class Quota:
 def prices_of(config: Callable[[], GatewayConfig]) -> Callable[[str], Price | None]:
     """A model's price from the config's ``models:`` entries (``price``), or None."""
 
+    table: list[Any] = [None, {}]  # the config the prices were read from, and its prices
+
     def price(model: str) -> Price | None:
-        policy = config().model_policy(model)
-        if policy is None or policy.price is None:
-            return None
-        return Price(policy.price.prompt_per_1k_cents, policy.price.completion_per_1k_cents)
+        current = config()
+        if table[0] is not current:  # a new config version: read its prices once
+            table[:] = [current, _prices_in(current)]
+        found: Price | None = table[1].get(model)
+        return found
 
     return price
+
+
+def _prices_in(config: GatewayConfig) -> dict[str, Price]:
+    """Each priced model's price (a dict lookup per request, not a walk of ``models:``)."""
+    return {
+        m.name: Price(m.price.prompt_per_1k_cents, m.price.completion_per_1k_cents)
+        for m in config.models
+        if m.price is not None
+    }
