@@ -51,7 +51,7 @@ from gpugate.errors import (
 )
 from gpugate.services.jobs import JobRequest
 from gpugate.services.limits import Reservation
-from gpugate.web.bodies import hand_over, json_document
+from gpugate.web.bodies import json_document, parsed_body
 from gpugate.web.errors import error_body, error_headers, status_of
 from gpugate.web.requestid import HEADER as REQUEST_ID
 from gpugate.web.requestid import RequestIds
@@ -209,9 +209,9 @@ class ClientKeys:
                 )
             if stream and doc is not None and not asks_usage(doc):
                 body, hide = with_include_usage(doc, body), True
-                hand_over(body, with_include_usage_doc(doc))  # the data plane's parse, done
+                body = parsed_body(body, with_include_usage_doc(doc))  # the data plane's parse
             elif doc is not None:
-                hand_over(body, doc)
+                body = parsed_body(body, doc)
         held = await gw.quota.reserve(
             principal, model if isinstance(model, str) else None, doc, len(body)
         )
