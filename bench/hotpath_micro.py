@@ -21,6 +21,8 @@ Medians of repeated timed loops; µs or ns per call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import math
 import os
@@ -29,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -240,21 +242,26 @@ class _StubResponse:
         pass
 
 
-def _stub_send(answers: dict[str, tuple[list[tuple[bytes, bytes]], list[bytes]]]) -> Any:
+Answer = tuple[list[tuple[bytes, bytes]], list[bytes]]  # the head, the body's pieces
+
+
+def _stub_send(answer: list[Answer]) -> Any:
+    """An adapter ``send`` answering every POST with ``answer[0]`` (set per case)."""
+
     async def send(
-        method: str, _url: str, _headers: Any, body: Any, _timeouts: Any, **_: Any
+        method: str, _url: str, _headers: Any, _body: Any, _timeouts: Any, **_: Any
     ) -> Any:
         if method == "GET":
             return _StubResponse(200, [], [b"ok"])
-        doc = json.loads(body)
-        which = "sse" if doc.get("stream") else "chat"
-        head, parts = answers[which]
+        head, parts = answer[0]
         return _StubResponse(200, head, list(parts))
 
     return send
 
 
-GATEWAY_CASES = ("chat", "sse", "chat keys", "sse keys", "chat keys+limits", "sse keys+limits")
+#: The answers measured: a chat completion; the bench's SSE stream in one piece (as its nginx
+#: sends it) and event by event (as an engine does, one token each).
+GATEWAY_MIXES = ("chat", "sse", "sse, 24 events")
 
 
 def _gateway_yaml(workdir: str, policy: str, endpoints: int, keys: bool) -> str:
@@ -262,8 +269,9 @@ def _gateway_yaml(workdir: str, policy: str, endpoints: int, keys: bool) -> str:
     limits = "max_inflight: 4096, max_queue: 10000"
     text = (
         f"listen: 127.0.0.1:1\nstore: sqlite:///{workdir}/micro.db\nupstreams:\n"
-        f"  - {{id: json-model, urls: [{urls}], models: [json-model], {limits},"
-        f" routing: {{policy: {policy}}}}}\n"
+        f"  - {{id: json-model, urls: [{urls}], models: [json-model], {limits}"
+        + ("" if policy == "none" else f", routing: {{policy: {policy}}}")
+        + "}\n"
     )
     if keys:
         text += "auth: {mode: keys, bootstrap_keys_env: BENCH_KEYS}\n"
@@ -271,7 +279,12 @@ def _gateway_yaml(workdir: str, policy: str, endpoints: int, keys: bool) -> str:
 
 
 async def _gateway_costs(
-    policy: str, endpoints: int, keys: bool, seconds: float
+    policy: str,
+    endpoints: int,
+    keys: bool,
+    seconds: float,
+    mixes: tuple[str, ...] = GATEWAY_MIXES,
+    key_kinds: tuple[str, ...] = ("key", "key+limits"),
 ) -> dict[str, float]:
     """µs of CPU per request through gpugate's whole ASGI app (its middlewares, the data plane,
     the proxy, pick, admission, metrics, keys) with the upstream client replaced by answers
@@ -288,15 +301,14 @@ async def _gateway_costs(
     sse_head = [(b"content-type", b"text/event-stream")]
     sse = sse_stream()
     events = [e + b"\n\n" for e in sse.split(b"\n\n") if e]
-    answers = {
+    answers: dict[str, Answer] = {
         "chat": (chat_head, [chat_completion()]),
-        # as nginx sends it: the whole canned stream in one piece, or event by event
-        "sse": (sse_head, events),
+        "sse": (sse_head, [sse]),
+        "sse, 24 events": (sse_head, events),
     }
-    bodies = {
-        "chat": _request("json-model"),
-        "sse": _request("json-model", stream=True),
-    }
+    chat, stream = _request("json-model"), _request("json-model", stream=True)
+    bodies = {"chat": chat, "sse": stream, "sse, 24 events": stream}
+    answer = [answers["chat"]]
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="gpugate-micro-") as tmp:
         config = parse_config(_gateway_yaml(tmp, policy, endpoints, keys))
@@ -304,16 +316,15 @@ async def _gateway_costs(
         async with build_gateway(
             config, environ=environ, probe_interval_s=3600, run_job_loops=False
         ) as gw:
-            gw.proxy._client.send = _stub_send(answers)  # noqa: SLF001
+            gw.proxy._client.send = _stub_send(answer)  # noqa: SLF001
             app = create_app(gw)
-            cases = [("chat", None), ("sse", None)]
-            if keys:
-                cases = [(m, k) for k in (KEY_FREE, KEY_LIMITED) for m in ("chat", "sse")]
-            for mix, key in cases:
-                label = (
-                    mix if key is None else f"{mix} {'keys' if key == KEY_FREE else 'keys+limits'}"
-                )
-                out[label] = await _time_app(app, bodies[mix], key, seconds)
+            kinds = {"key": KEY_FREE, "key+limits": KEY_LIMITED}
+            keyed = tuple(kinds[k] for k in key_kinds) if keys else (None,)
+            for key in keyed:
+                for mix in mixes:
+                    answer[0] = answers[mix]
+                    label = {None: mix, KEY_FREE: f"{mix}, key", KEY_LIMITED: f"{mix}, key+limits"}
+                    out[label[key]] = await _time_app(app, bodies[mix], key, seconds)
     return out
 
 
@@ -381,21 +392,55 @@ def measure_gateway(seconds: float) -> dict[str, float]:
     import uvloop
 
     costs: dict[str, float] = {}
-    for policy, endpoints, keys, tag in (
-        ("least_outstanding", 1, False, "1 endpoint, least_outstanding"),
-        ("prefix_affinity", 1, False, "1 endpoint, prefix_affinity"),
-        ("least_outstanding", 2, False, "2 endpoints, least_outstanding"),
-        ("prefix_affinity", 2, False, "2 endpoints, prefix_affinity"),
-        ("prefix_affinity", 2, True, "2 endpoints, prefix_affinity, auth keys"),
+    for policy, endpoints, keys, tune, tag in (
+        ("least_outstanding", 1, False, False, "1 endpoint, least_outstanding"),
+        ("least_outstanding", 2, False, False, "2 endpoints, least_outstanding"),
+        ("prefix_affinity", 2, False, False, "2 endpoints, prefix_affinity"),
+        ("prefix_affinity", 2, True, False, "2 endpoints, prefix_affinity, auth keys"),
+        ("prefix_affinity", 2, False, True, "2 endpoints, prefix_affinity, gc tuned"),
     ):
-        for case, us in uvloop.run(_gateway_costs(policy, endpoints, keys, seconds)).items():
-            costs[f"{tag}: {case}"] = us
+        with _gc_tuned(on=tune):
+            for case, us in uvloop.run(_gateway_costs(policy, endpoints, keys, seconds)).items():
+                costs[f"{tag}: {case}"] = us
     return costs
+
+
+@contextlib.contextmanager
+def _gc_tuned(*, on: bool) -> Iterator[None]:
+    """``on``: the collector tuned as a server could be once started — what exists then frozen
+    out of every collection (``gc.freeze``) and the youngest generation collected every 50,000
+    allocations instead of 700 (a request of gpugate's leaves no cycles behind: nothing piles
+    up for it to find)."""
+    if os.environ.get("GPUGATE_MICRO_GC") == "off":  # for a profile: no collection at all,
+        gc.disable()  # so none is sampled in whatever line happened to allocate
+        yield
+        gc.enable()
+        return
+    if not on:
+        yield
+        return
+    was = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*was)
+        gc.unfreeze()
 
 
 def main() -> int:
     from venvs import CANDIDATES, candidate_env
 
+    if "--gateway-case" in sys.argv:  # one case, for bench/profile_proxy.py --in-process
+        import uvloop
+
+        policy, endpoints, auth, mix, seconds = sys.argv[sys.argv.index("--gateway-case") + 1 :]
+        costs = uvloop.run(
+            _gateway_costs(policy, int(endpoints), auth != "open", float(seconds), (mix,), (auth,))
+        )
+        print("US " + json.dumps(costs))
+        return 0
     if "--gateway" in sys.argv:  # gpugate's venv (or PYTHONPATH=<another tree's src>)
         import gpugate
 

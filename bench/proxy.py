@@ -69,6 +69,7 @@ from proxy_targets import (
     CHAT,
     LONG,
     ONE_CORE,
+    OPTIONAL,
     PROTOTYPES,
     SLOW,
     TARGETS,
@@ -403,10 +404,10 @@ def run(
 def choose_targets(args: argparse.Namespace) -> tuple[str, ...]:
     if args.targets:
         chosen = [t.strip() for t in args.targets.split(",") if t.strip()]
-        unknown = [t for t in chosen if t not in (*TARGETS, *PROTOTYPES, BASELINE)]
+        unknown = [t for t in chosen if t not in (*TARGETS, *PROTOTYPES, *OPTIONAL)]
         if unknown:
             raise SystemExit(f"bench: unknown targets: {', '.join(unknown)}")
-        known = (*TARGETS, BASELINE, *PROTOTYPES)
+        known = (*TARGETS, *OPTIONAL, *PROTOTYPES)
         return ("direct", *(t for t in known if t in chosen and t != "direct"))
     if args.workers:
         return ("direct", *WORKERS_RUN)
@@ -423,7 +424,7 @@ def main() -> int:
     parser.add_argument(
         "--targets",
         help=f"comma-separated targets (direct is always measured); any of:"
-        f" {', '.join([*TARGETS, *PROTOTYPES])}",
+        f" {', '.join([*TARGETS, *OPTIONAL, *PROTOTYPES])} (gpugate-base: see --baseline)",
     )
     parser.add_argument(
         "--no-keys", action="store_true", help="skip the auth.mode keys vs open phase"

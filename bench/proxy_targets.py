@@ -41,9 +41,11 @@ GATEWAYS: dict[str, str | None] = {
     "gpugate-asgi": "prefix_affinity",
     "gpugate-base": None,
     "gpugate-x2": "prefix_affinity",
+    "gpugate-gc": "prefix_affinity",  # the collector tuned once started (proxy_gc_serve.py)
 }
 _ENVIRONMENTS = {"gpugate-asgi": {"GPUGATE_FASTPATH": "0"}}
 BASELINE, TWO_WORKERS = "gpugate-base", "gpugate-x2"
+OPTIONAL = (BASELINE, "gpugate-gc")  # measured when asked for (--targets, --baseline)
 #: The lanes whose fake upstream listens on two ports: every proxy in front of them is given both
 #: as two endpoints (gpugate's urls, the router's workers, nginx's upstream servers), so routing's
 #: scorer chooses between two on every request, as in a fleet (issue #18 done-when 4).
@@ -501,6 +503,8 @@ def gateway_argv(
     if target == BASELINE:
         assert tools.baseline_python is not None
         python = tools.baseline_python
+    if target == "gpugate-gc":
+        return [python, str(HERE / "proxy_gc_serve.py"), *serve]
     return [python, "-m", "gpugate", *serve]
 
 

@@ -19,7 +19,7 @@ _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 _MAX_EVENT = 1 << 20  # a single SSE event larger than this is passed on unread
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per keyed response, and frozen costs a setattr per field
 class Usage:
     prompt_tokens: int
     completion_tokens: int
