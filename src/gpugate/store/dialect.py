@@ -25,7 +25,7 @@ SQLITE = "sqlite"
 POSTGRES = "postgres"
 
 _TABLE = re.compile(r"[a-z_][a-z0-9_]*")
-_COLUMN_LIST = re.compile(r"[\w\s,.]+")
+_COLUMN_LIST = re.compile(r"[\w\s,.=:]*")
 _FRAGMENT = re.compile(r"\{(\w+)\}")
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 _INDEXED_BY = re.compile(r"\s+INDEXED BY \w+")
@@ -71,8 +71,9 @@ def sql(
     """The :class:`Query` of ``text``; ``sqlite``/``postgres`` override one dialect (written in
     the same ``:name`` style and converted alike), ``None`` skips the statement there.
 
-    ``columns`` name lists of columns (names and commas only, checked) that the texts hold as
-    ``{name}``: a list written once for the statements that read the same row.
+    ``columns`` are fragments the texts hold as ``{name}`` — a list of columns written once
+    for the statements that read the same row, a condition on a parameter —, checked to hold
+    names, commas, ``=`` and ``:params`` only: never a literal, so never a value.
     """
     for name, listed in columns.items():
         if not _COLUMN_LIST.fullmatch(listed):

@@ -24,7 +24,6 @@ from gpugate.store.replicas import replica_id
 from gpugate.store.sql_store import SqlStore
 from gpugate.store.sqlite_codec import json_text as _json
 from gpugate.store.sqlite_codec import time_text as _ts
-from gpugate.store.sqlite_jobs import SqliteJobs
 from gpugate.store.tx import SKIPPED, Codec, Result, Rollback, SqliteCodec
 
 if TYPE_CHECKING:
@@ -65,10 +64,7 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 )"""
 
 
-class SqliteStore(
-    SqliteJobs,
-    SqlStore,
-):
+class SqliteStore(SqlStore):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
 
     The job methods come from :class:`SqliteJobs`, the runtime states from
@@ -227,7 +223,10 @@ def _encode(value: Any) -> Any:
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, Json):
-        return _json(value.value)
+        try:
+            return _json(value.value)
+        except (TypeError, ValueError) as exc:  # as psycopg's Jsonb: the group commit retries
+            raise StoreError(f"a value JSON cannot hold: {exc}") from exc
     return value
 
 
