@@ -1,5 +1,6 @@
-"""Every statement written once, in SQLite's ``:name`` parameter style, and converted to each
-dialect once, at import (procrastinate's "queries as data").
+"""Every statement written once and converted to each dialect at import (queries as data).
+
+A statement is written in SQLite's ``:name`` parameter style (procrastinate's "queries as data").
 
 :func:`sql` turns one text into a :class:`Query` holding both dialects' texts. The conversion is
 small and mechanical — and tested (``tests/store/test_store_dialect.py``):

@@ -22,8 +22,8 @@ import json
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from gpugate.core import job_transitions as transitions
 from gpugate.errors import BadRequest, StoreError
-from gpugate.store import jobs_transitions as transitions
 from gpugate.store.base import check_limit
 from gpugate.store.dialect import POSTGRES, Json, sql
 from gpugate.store.jobs_base import (
@@ -100,7 +100,8 @@ WITH picked AS (
     SELECT id, row_number() OVER (ORDER BY id) AS n FROM picked
 ), claimed AS (
     UPDATE jobs
-    SET state = 'dispatching', leased_by = jobs.slug || :holder,
+    SET state = 'dispatching', leased_by = jobs.slug || :holder, lease_kind = 'claim',
+        lease_runtime = NULL, lease_call_id = NULL, lease_replica = :replica,
         lease_token = (:tokens::text[])[numbered.n], lease_expires_at = :expires_at,
         updated_at = :now
     FROM numbered
@@ -157,7 +158,9 @@ _WRITE = sql(
     """
 UPDATE jobs SET runner = :runner, state = :state, attempts = :attempts,
     submit_count = :submit_count, rescue_count = :rescue_count, leased_by = :leased_by,
-    lease_token = :lease_token, lease_expires_at = :lease_expires_at, not_before = :not_before,
+    lease_kind = :lease_kind, lease_runtime = :lease_runtime, lease_call_id = :lease_call_id,
+    lease_replica = :lease_replica, lease_token = :lease_token,
+    lease_expires_at = :lease_expires_at, not_before = :not_before,
     result = :result, result_ref = :result_ref, error_code = :error_code,
     error_message = :error_message, cost_cents = :cost_cents, updated_at = :updated_at,
     finished_at = :finished_at
@@ -166,12 +169,15 @@ WHERE id = :id""",
 WITH changed AS (
     UPDATE jobs SET runner = v.runner, state = v.state, attempts = v.attempts,
         submit_count = v.submit_count, rescue_count = v.rescue_count, leased_by = v.leased_by,
+        lease_kind = v.lease_kind, lease_runtime = v.lease_runtime,
+        lease_call_id = v.lease_call_id, lease_replica = v.lease_replica,
         lease_token = v.lease_token, lease_expires_at = v.lease_expires_at,
         not_before = v.not_before, result = v.result, result_ref = v.result_ref,
         error_code = v.error_code, error_message = v.error_message, cost_cents = v.cost_cents,
         updated_at = v.updated_at, finished_at = v.finished_at
     FROM jsonb_to_recordset(:rows::jsonb) AS v(id bigint, runner text, state text,
         attempts jsonb, submit_count integer, rescue_count integer, leased_by text,
+        lease_kind text, lease_runtime text, lease_call_id text, lease_replica text,
         lease_token text, lease_expires_at timestamptz, not_before timestamptz, result jsonb,
         result_ref text, error_code text, error_message text, cost_cents float8,
         updated_at timestamptz, finished_at timestamptz)
@@ -315,9 +321,8 @@ def _claim(c: Codec, query: Any, params: dict[str, Any], lease_s: float) -> Tx[l
         return found  # the statement claimed them
     now, claimed, events = params["now"], [], []
     for job, token in zip(found, params["tokens"], strict=False):
-        change = transitions.claim(
-            job, now=now, lease_s=lease_s, token=token, holder=params["holder"]
-        )
+        replica = params["replica"]
+        change = transitions.claim(job, now=now, lease_s=lease_s, token=token, replica=replica)
         claimed.append(written(job, change))
         assert change.event is not None
         events.append(_event_row(c, job.id, now, change.event))
@@ -469,6 +474,7 @@ class JobsSql(JobWrites, Driven):
     ) -> list[JobRecord]:
         transitions.check_lease_s(lease_s)
         params = extra | {"now": now, "limit": limit, "holder": self._holder}
+        params["replica"] = self._replica
         params["tokens"] = transitions.new_lease_tokens(limit)
         params["expires_at"] = now + timedelta(seconds=lease_s)
         return await self._transact(_claim(self._codec, query, params, lease_s), single=True)
@@ -481,7 +487,7 @@ class JobsSql(JobWrites, Driven):
 
     async def count_leased(self, runtime: str) -> int:
         check_runtime(runtime)
-        return int((await self._query(rows(COUNT_LEASED, {"prefix": f"{runtime}:"})))[0][0])
+        return int((await self._query(rows(COUNT_LEASED, {"runtime": runtime})))[0][0])
 
     async def queue_depth(self, runtime: str) -> int:
         return int((await self._query(rows(_QUEUED, {"runner": runtime})))[0][0])

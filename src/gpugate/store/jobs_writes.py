@@ -26,7 +26,7 @@ from datetime import UTC
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from gpugate.store import jobs_transitions as transitions
+from gpugate.core import job_transitions as transitions
 from gpugate.store.group_commit import GroupCommit
 from gpugate.store.jobs_base import (
     LEASED_STATES,
