@@ -9,10 +9,11 @@ compare correctly as strings; JSON is stored as text.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -22,8 +23,6 @@ from gpugate.store.dialect import Json
 from gpugate.store.migrations import Migration, load_migrations, pending
 from gpugate.store.replicas import replica_id
 from gpugate.store.sql_store import SqlStore
-from gpugate.store.sqlite_codec import json_text as _json
-from gpugate.store.sqlite_codec import time_text as _ts
 from gpugate.store.tx import SKIPPED, Codec, Result, Rollback, SqliteCodec
 
 if TYPE_CHECKING:
@@ -215,6 +214,16 @@ def _execute(
         cursor = conn.executemany(text, [{n: _encode(v) for n, v in p.items()} for p in params])
     found = cursor.fetchall()
     return Result(found, cursor.rowcount)
+
+
+def _json(value: object) -> str:
+    """Compact JSON, non-ASCII kept as is."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _ts(moment: datetime) -> str:
+    """Fixed-width ISO-8601 UTC, so that text order is time order."""
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
 
 
 def _encode(value: Any) -> Any:
