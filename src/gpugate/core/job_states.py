@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from gpugate.core.lease import Lease, stored_lease
+from gpugate.core.lease import RESERVED_CALL, Lease, LeaseKind, stored_lease
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -48,9 +48,12 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 """Every state and the states a job may move to from it (staying is no move)."""
 
 
+_MOVES = frozenset((old.value, new.value) for old, news in TRANSITIONS.items() for new in news)
+
+
 def check_transition(current: str, new: str) -> str:
     """``new`` when a job in ``current`` may move there, else ValueError."""
-    if new != current and JobState(new) not in TRANSITIONS[JobState(current)]:
+    if new != current and (current, new) not in _MOVES:
         raise ValueError(f"a {current} job cannot become {new}")
     return new
 
@@ -231,8 +234,10 @@ class JobRecord:
     def call(self) -> tuple[str, str] | None:
         """``(runtime, call_id)`` when a runtime's call (or a reserved slot of one, call id
         :data:`~gpugate.core.lease.RESERVED_CALL`) holds the job, else None."""
-        lease = self.lease
-        return None if lease is None else lease.call
+        runtime = self.lease_runtime  # the columns, not a Lease: this is on every write's path
+        if runtime is None or self.lease_kind == LeaseKind.CLAIM:
+            return None
+        return runtime, self.lease_call_id or RESERVED_CALL
 
 
 @dataclass(frozen=True, slots=True)

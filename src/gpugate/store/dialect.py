@@ -46,11 +46,16 @@ class Query:
         return self.sqlite if dialect == SQLITE else self.postgres
 
 
-@dataclass(frozen=True, slots=True)
 class Json:
     """A parameter stored as JSON (text on SQLite, jsonb on PostgreSQL)."""
 
-    value: Any
+    __slots__ = ("value",)  # a plain class: one is made for most values written, fast
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Json({self.value!r})"
 
 
 def to_postgres(text: str) -> str:
@@ -90,9 +95,9 @@ def sql(
     return Query(None if lite is None else to_sqlite(lite), None if pg is None else to_postgres(pg))
 
 
-def only_postgres(text: str) -> Query:
+def only_postgres(text: str, **columns: str) -> Query:
     """A statement PostgreSQL needs and SQLite has no use for (a lock, a ``NOTIFY``)."""
-    return sql(text, sqlite=None)
+    return sql(text, sqlite=None, **columns)
 
 
 def count_rows(table: str) -> Query:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from gpugate.core import job_transitions as transitions
 from gpugate.errors import BadRequest, StoreError
 from gpugate.store.base import check_limit
-from gpugate.store.dialect import POSTGRES, Json, sql
+from gpugate.store.dialect import POSTGRES, Json, only_postgres, sql
 from gpugate.store.jobs_base import (
     JOB_STATES,
     JobEvent,
@@ -40,8 +40,9 @@ from gpugate.store.ledger_sql import COUNT_LEASED
 from gpugate.store.tx import Driven, first, rows, run
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
+    from gpugate.store.dialect import Query
     from gpugate.store.jobs_writes import Decide
     from gpugate.store.tx import Codec, Row, Tx
 
@@ -154,18 +155,8 @@ SELECT {job}, pg_notify('gpugate_jobs', slug) FROM created""",
     job=_JOB,
 )
 _EVENT_COLUMNS = ", ".join(transitions.EVENT_COLUMNS)
-_WRITE = sql(
+_WRITE = only_postgres(
     """
-UPDATE jobs SET runner = :runner, state = :state, attempts = :attempts,
-    submit_count = :submit_count, rescue_count = :rescue_count, leased_by = :leased_by,
-    lease_kind = :lease_kind, lease_runtime = :lease_runtime, lease_call_id = :lease_call_id,
-    lease_replica = :lease_replica, lease_token = :lease_token,
-    lease_expires_at = :lease_expires_at, not_before = :not_before,
-    result = :result, result_ref = :result_ref, error_code = :error_code,
-    error_message = :error_message, cost_cents = :cost_cents, updated_at = :updated_at,
-    finished_at = :finished_at
-WHERE id = :id""",
-    postgres="""
 WITH changed AS (
     UPDATE jobs SET runner = v.runner, state = v.state, attempts = v.attempts,
         submit_count = v.submit_count, rescue_count = v.rescue_count, leased_by = v.leased_by,
@@ -210,28 +201,31 @@ def _iso(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
-def _decoders(c: Codec) -> tuple[Callable[[Any], Any], ...]:
-    def pick(name: str) -> Callable[[Any], Any]:
+def _decoders(c: Codec) -> tuple[tuple[int, Callable[[Any], Any]], ...]:
+    """The fields a row holds in the backend's encoding, by index, and how to read each."""
+
+    def pick(name: str) -> Callable[[Any], Any] | None:
         if name in transitions.JSON_FIELDS:
-            return c.opt_json
+            return c.json
         if name in transitions.TIME_FIELDS:
-            return c.opt_time
-        if name == "allow_external":
-            return bool
-        if name == "cost_cents":
-            return lambda value: None if value is None else float(value)
-        return lambda value: value
+            return c.time
+        return {"allow_external": bool, "cost_cents": float}.get(name)
 
-    return tuple(pick(name) for name in transitions.JOB_FIELDS)
+    picked = ((n, pick(name)) for n, name in enumerate(transitions.JOB_FIELDS))
+    return tuple((n, decode) for n, decode in picked if decode is not None)
 
 
-_DECODERS: dict[str, tuple[Callable[[Any], Any], ...]] = {}
+_DECODERS: dict[str, tuple[tuple[int, Callable[[Any], Any]], ...]] = {}
 
 
 def job_of(c: Codec, row: Row) -> JobRecord:
     """A :class:`JobRecord` from a row of the job columns."""
     decoders = _DECODERS.get(c.dialect) or _DECODERS.setdefault(c.dialect, _decoders(c))
-    return JobRecord(*[decode(value) for decode, value in zip(decoders, row, strict=True)])
+    values = list(row)
+    for n, decode in decoders:
+        if values[n] is not None:
+            values[n] = decode(values[n])
+    return JobRecord(*values)
 
 
 def _event_row(
@@ -250,24 +244,48 @@ def _event_row(
     }
 
 
-def _job_row(c: Codec, job: JobRecord) -> dict[str, Any]:
+def _job_row(c: Codec, job: JobRecord, names: Iterable[str]) -> dict[str, Any]:
     if c.dialect == POSTGRES:
         return {"id": job.id} | {name: _iso(getattr(job, name)) for name in _WRITTEN}
-    values: dict[str, Any] = {name: getattr(job, name) for name in _WRITTEN}
-    values["attempts"] = Json(job.attempts)
-    values["result"] = None if job.result is None else Json(job.result)
-    return values | {"id": job.id}
+    values: dict[str, Any] = {"id": job.id}
+    for name in names:
+        value = getattr(job, name)
+        json_field = value is not None and name in transitions.JSON_FIELDS
+        values[name] = Json(value) if json_field else value
+    return values
 
 
-def _write(c: Codec, jobs: Sequence[JobRecord], events: Sequence[dict[str, Any]]) -> Tx[None]:
-    """Each job's final row and the events, as one step (SQLite: one statement per job)."""
+_UPDATES: dict[frozenset[str], Query] = {}
+
+
+def _update(names: frozenset[str]) -> Query:
+    """SQLite's UPDATE of these columns (of the writable ones: a checked fragment), once each.
+
+    Only the columns a change set: SQLite rewrites the index entries of every column it sets.
+    """
+    query = _UPDATES.get(names)
+    if query is None:
+        sets = ", ".join(f"{name} = :{name}" for name in _WRITTEN if name in names)
+        query = _UPDATES[names] = sql("UPDATE jobs SET {sets} WHERE id = :id", sets=sets)
+    return query
+
+
+def _write(
+    c: Codec, jobs: Mapping[str, tuple[JobRecord, set[str]]], events: Sequence[dict[str, Any]]
+) -> Tx[None]:
+    """Each job's final row (by slug, with the columns its changes set) and the events, as one
+    step (SQLite: one UPDATE per job, of the columns set, on its thread)."""
     if not jobs:
         return
     if c.dialect == POSTGRES:
-        params = {"rows": _doc([_job_row(c, job) for job in jobs]), "events": _doc(events)}
-        yield from run(_WRITE, params)
+        written_rows = [_job_row(c, job, ()) for job, _ in jobs.values()]
+        yield from run(_WRITE, {"rows": _doc(written_rows), "events": _doc(events)})
         return
-    yield from run(_WRITE, [_job_row(c, job) for job in jobs])
+    shapes: dict[frozenset[str], list[dict[str, Any]]] = {}
+    for job, columns in jobs.values():
+        shapes.setdefault(frozenset(columns), []).append(_job_row(c, job, columns))
+    for shape, params in shapes.items():
+        yield from run(_update(shape), params)
     if events:
         yield from run(_INSERT_EVENT, list(events))
 
@@ -279,7 +297,7 @@ def _change_many(c: Codec, writes: Sequence[LeasedWrite]) -> Tx[list[JobRecord |
         for job in (job_of(c, r) for r in (yield from rows(_LOCK, {"slugs": Json(slugs)})))
     }
     outcomes: list[JobRecord | Exception | None] = []
-    changed: dict[str, JobRecord] = {}
+    changed: dict[str, tuple[JobRecord, set[str]]] = {}
     events: list[dict[str, Any]] = []
     for write in writes:
         job = jobs.get(write.slug)
@@ -293,11 +311,13 @@ def _change_many(c: Codec, writes: Sequence[LeasedWrite]) -> Tx[list[JobRecord |
             outcomes.append(exc)
             continue
         if change.values:
-            job = jobs[write.slug] = changed[write.slug] = written(job, change)
+            job = jobs[write.slug] = written(job, change)
+            names = changed[write.slug][1] if write.slug in changed else set()
+            changed[write.slug] = job, names | set(change.values)
         if event is not None:
             events.append(event)
         outcomes.append(job)
-    yield from _write(c, list(changed.values()), events)
+    yield from _write(c, changed, events)
     return outcomes
 
 
@@ -311,7 +331,7 @@ def _change_one(c: Codec, slug: str, now: datetime, decide: Decide) -> Tx[JobRec
         return job
     done = written(job, change)
     events = [] if change.event is None else [_event_row(c, job.id, now, change.event)]
-    yield from _write(c, [done], events)
+    yield from _write(c, {slug: (done, set(change.values))}, events)
     return done
 
 
@@ -319,15 +339,16 @@ def _claim(c: Codec, query: Any, params: dict[str, Any], lease_s: float) -> Tx[l
     found = [job_of(c, row) for row in (yield from rows(query, params))]
     if c.dialect == POSTGRES:
         return found  # the statement claimed them
-    now, claimed, events = params["now"], [], []
+    now, replica = params["now"], params["replica"]
+    claimed: dict[str, tuple[JobRecord, set[str]]] = {}
+    events = []
     for job, token in zip(found, params["tokens"], strict=False):
-        replica = params["replica"]
         change = transitions.claim(job, now=now, lease_s=lease_s, token=token, replica=replica)
-        claimed.append(written(job, change))
+        claimed[job.slug] = written(job, change), set(change.values)
         assert change.event is not None
         events.append(_event_row(c, job.id, now, change.event))
     yield from _write(c, claimed, events)
-    return claimed
+    return [job for job, _ in claimed.values()]
 
 
 def _new_row(creation: Creation, *, postgres: bool) -> dict[str, Any]:

@@ -62,8 +62,8 @@ log = logging.getLogger("gpugate.store")
 class PostgresStore(SqlStore):
     """The shared store: PostgreSQL through a psycopg connection pool.
 
-    The job methods come from :class:`PostgresJobs`, the runtime states from
-    :class:`PostgresRuntimeState`, on the same pool.
+    Every method is written once (:class:`SqlStore`); this is its driver: each transaction runs
+    on a pooled connection, each step awaited (:mod:`gpugate.store.tx`).
     """
 
     backend = "postgresql"

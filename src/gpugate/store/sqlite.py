@@ -66,9 +66,8 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 class SqliteStore(SqlStore):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
 
-    The job methods come from :class:`SqliteJobs`, the runtime states from
-    :class:`SqliteRuntimeState`, the spend ledger from :class:`SqliteLedger`; they go through
-    the same hop.
+    Every method is written once (:class:`SqlStore`); this is its driver: each transaction is
+    one hop to the thread, which runs all its steps (:mod:`gpugate.store.tx`).
     """
 
     backend = "sqlite"
@@ -209,9 +208,9 @@ def _execute(
     if text is None:
         return SKIPPED
     if isinstance(params, Mapping):
-        cursor = conn.execute(text, {name: _encode(value) for name, value in params.items()})
+        cursor = conn.execute(text, _encoded(params))
     else:
-        cursor = conn.executemany(text, [{n: _encode(v) for n, v in p.items()} for p in params])
+        cursor = conn.executemany(text, [_encoded(each) for each in params])
     found = cursor.fetchall()
     return Result(found, cursor.rowcount)
 
@@ -224,6 +223,14 @@ def _json(value: object) -> str:
 def _ts(moment: datetime) -> str:
     """Fixed-width ISO-8601 UTC, so that text order is time order."""
     return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _encoded(params: Mapping[str, Any]) -> dict[str, Any]:
+    plain = _PLAIN
+    return {n: v if type(v) in plain else _encode(v) for n, v in params.items()}
 
 
 def _encode(value: Any) -> Any:
