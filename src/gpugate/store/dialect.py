@@ -1,9 +1,8 @@
 """Every statement written once and converted to each dialect at import (queries as data).
 
-A statement is written in SQLite's ``:name`` parameter style (procrastinate's "queries as data").
-
-:func:`sql` turns one text into a :class:`Query` holding both dialects' texts. The conversion is
-small and mechanical — and tested (``tests/store/test_store_dialect.py``):
+A statement is written once, in SQLite's ``:name`` parameter style (after procrastinate), and
+:func:`sql` turns it into a :class:`Query` holding both dialects' texts. The conversion is small
+and mechanical — and tested (``tests/store/test_store_dialect.py``):
 
 * PostgreSQL: ``:name`` becomes psycopg's ``%(name)s`` (a literal ``%`` doubles), and SQLite's
   planner hint ``INDEXED BY <index>`` goes;
