@@ -40,6 +40,19 @@ def test_an_override_replaces_one_dialect_and_none_skips_the_statement_there() -
     assert Query(None, "LOCK TABLE t") == only_postgres("LOCK TABLE t")
 
 
+def test_a_fragment_fills_its_place_in_both_dialects_and_never_holds_a_literal() -> None:
+    query = sql("SELECT {cols} FROM jobs WHERE id = :id {only}", cols="id, slug", only="")
+    assert (
+        Query(
+            "SELECT id, slug FROM jobs WHERE id = :id ",
+            "SELECT id, slug FROM jobs WHERE id = %(id)s ",
+        )
+        == query
+    )
+    with pytest.raises(ValueError, match="not a list of column names"):
+        sql("SELECT {cols} FROM jobs", cols="slug FROM jobs WHERE slug = 'x' --")
+
+
 def test_a_table_count_refuses_anything_but_a_plain_name() -> None:
     assert "SELECT count(*) FROM jobs" == count_rows("jobs").sqlite
     with pytest.raises(ValueError, match="plain table name"):

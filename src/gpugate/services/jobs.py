@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 from gpugate.config import GatewayConfig
 from gpugate.core.classes import RequestClass
+from gpugate.core.job_transitions import new_slug
 from gpugate.errors import BadRequest, IdempotencyKeyReused, JobNotFound, UnknownModel
 from gpugate.store import JOB_STATES, JobEvent, JobPage, JobRecord, JobStore, NewJob
-from gpugate.store.jobs_transitions import new_slug
 from gpugate.store.keys import KeyStore
 
 log = logging.getLogger("gpugate.jobs")

@@ -1,8 +1,8 @@
-"""Every statement written once, in SQLite's ``:name`` parameter style, and converted to each
-dialect once, at import (procrastinate's "queries as data").
+"""Every statement written once and converted to each dialect at import (queries as data).
 
-:func:`sql` turns one text into a :class:`Query` holding both dialects' texts. The conversion is
-small and mechanical — and tested (``tests/store/test_store_dialect.py``):
+A statement is written once, in SQLite's ``:name`` parameter style (after procrastinate), and
+:func:`sql` turns it into a :class:`Query` holding both dialects' texts. The conversion is small
+and mechanical — and tested (``tests/store/test_store_dialect.py``):
 
 * PostgreSQL: ``:name`` becomes psycopg's ``%(name)s`` (a literal ``%`` doubles), and SQLite's
   planner hint ``INDEXED BY <index>`` goes;
@@ -25,7 +25,7 @@ SQLITE = "sqlite"
 POSTGRES = "postgres"
 
 _TABLE = re.compile(r"[a-z_][a-z0-9_]*")
-_COLUMN_LIST = re.compile(r"[\w\s,.]+")
+_COLUMN_LIST = re.compile(r"[\w\s,.=:]*")
 _FRAGMENT = re.compile(r"\{(\w+)\}")
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 _INDEXED_BY = re.compile(r"\s+INDEXED BY \w+")
@@ -45,11 +45,16 @@ class Query:
         return self.sqlite if dialect == SQLITE else self.postgres
 
 
-@dataclass(frozen=True, slots=True)
 class Json:
     """A parameter stored as JSON (text on SQLite, jsonb on PostgreSQL)."""
 
-    value: Any
+    __slots__ = ("value",)  # a plain class: one is made for most values written, fast
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Json({self.value!r})"
 
 
 def to_postgres(text: str) -> str:
@@ -71,8 +76,9 @@ def sql(
     """The :class:`Query` of ``text``; ``sqlite``/``postgres`` override one dialect (written in
     the same ``:name`` style and converted alike), ``None`` skips the statement there.
 
-    ``columns`` name lists of columns (names and commas only, checked) that the texts hold as
-    ``{name}``: a list written once for the statements that read the same row.
+    ``columns`` are fragments the texts hold as ``{name}`` — a list of columns written once
+    for the statements that read the same row, a condition on a parameter —, checked to hold
+    names, commas, ``=`` and ``:params`` only: never a literal, so never a value.
     """
     for name, listed in columns.items():
         if not _COLUMN_LIST.fullmatch(listed):
@@ -88,9 +94,9 @@ def sql(
     return Query(None if lite is None else to_sqlite(lite), None if pg is None else to_postgres(pg))
 
 
-def only_postgres(text: str) -> Query:
+def only_postgres(text: str, **columns: str) -> Query:
     """A statement PostgreSQL needs and SQLite has no use for (a lock, a ``NOTIFY``)."""
-    return sql(text, sqlite=None)
+    return sql(text, sqlite=None, **columns)
 
 
 def count_rows(table: str) -> Query:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gpugate.core.lease import Lease
 from gpugate.store.audit import insert_audit
 from gpugate.store.base import AuditEvent, check_limit
 from gpugate.store.dialect import only_postgres, sql
 from gpugate.store.jobs_base import check_runtime
 from gpugate.store.ledger import (
-    RESERVED_CALL,
     SOFT_CAP_ACTION,
     Cost,
     LedgerEntry,
@@ -42,14 +42,14 @@ if TYPE_CHECKING:
 COUNT_LEASED = sql("""
 SELECT count(*) FROM jobs INDEXED BY jobs_claim
 WHERE lease_expires_at IS NOT NULL AND state IN ('dispatching', 'running')
-  AND substr(leased_by, 1, length(:prefix)) = :prefix""")
-"""The calls of a runtime that are leased (``:prefix`` is ``<runtime>:``)."""
+  AND lease_runtime = :runtime AND lease_kind IN ('call', 'reservation')""")
+"""The calls (and reserved slots) of ``:runtime`` that are leased."""
 _LOCK_SLOTS = only_postgres("SELECT pg_advisory_xact_lock(hashtextextended(:lock, 0))")
 _HOLDS = sql("""
 SELECT id FROM jobs
 WHERE slug = :slug AND lease_token = :token AND state IN ('dispatching', 'running')""")
 _MARK_SLOT = sql("""
-UPDATE jobs SET leased_by = :marker
+UPDATE jobs SET leased_by = :marker, lease_kind = 'reservation', lease_runtime = :runtime
 WHERE slug = :slug AND lease_token = :token AND state IN ('dispatching', 'running')
 RETURNING id""")
 _ADD_SPEND = sql("""
@@ -63,9 +63,10 @@ INSERT INTO ledger (runtime, day, slug, lease_token, cents, estimated_cents, cen
                     source, state, at)
 VALUES (:runtime, :day, :slug, :token, :cents, :cents, :rate, 'estimated', 'reserved', :now)""")
 _UNMARK_SLOT = sql("""
-UPDATE jobs SET leased_by = slug || :holder
-WHERE slug = :slug AND lease_token = :token AND leased_by = :marker
-  AND state IN ('dispatching', 'running')""")
+UPDATE jobs SET leased_by = slug || :holder, lease_kind = 'claim', lease_runtime = NULL,
+    lease_replica = :replica
+WHERE slug = :slug AND lease_token = :token AND lease_kind = 'reservation'
+  AND lease_runtime = :runtime AND state IN ('dispatching', 'running')""")
 _OPEN_ENTRY = sql("""
 SELECT id, day, estimated_cents FROM ledger
 WHERE slug = :slug AND lease_token = :token AND runtime = :runtime AND state = 'reserved'
@@ -203,7 +204,7 @@ class LedgerSql(Driven):
         check_runtime(runtime)
         now = self._clock.now()
         params: dict[str, Any] = {"slug": slug, "token": token, "runtime": runtime}
-        params |= {"prefix": f"{runtime}:", "marker": f"{runtime}:{RESERVED_CALL}"}
+        params["marker"] = Lease.reservation(runtime).text(slug)
         params |= {"lock": f"gpugate.slots:{runtime}", "day": now.date(), "now": now}
         if cost is not None:
             params |= {"cents": cost.estimate_cents, "rate": cost.cents_per_second}
@@ -213,7 +214,7 @@ class LedgerSql(Driven):
     async def release_call(self, slug: str, token: str, runtime: str) -> None:
         check_runtime(runtime)
         params = {"slug": slug, "token": token, "runtime": runtime}
-        params |= {"marker": f"{runtime}:{RESERVED_CALL}", "holder": self._holder}
+        params |= {"holder": self._holder, "replica": self._replica}
         await self._transact(_release(params, self._clock.now()))
 
     async def settle_ledger(self, *, limit: int = 500) -> int:

@@ -21,8 +21,8 @@ from psycopg_pool import AsyncConnectionPool
 from gpugate.config.fields import redact_store_url as redact_dsn
 from gpugate.errors import MigrationError, StoreError, StoreUnavailable
 from gpugate.store.dialect import Json
+from gpugate.store.jobs_sql import JOBS_CHANNEL
 from gpugate.store.migrations import Migration, load_migrations, pending
-from gpugate.store.postgres_jobs import JOBS_CHANNEL, PostgresJobs
 from gpugate.store.replicas import replica_id
 from gpugate.store.sql_store import SqlStore
 from gpugate.store.tx import SKIPPED, Codec, PostgresCodec, Result, Rollback
@@ -59,14 +59,11 @@ _SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM schema_migrations"
 log = logging.getLogger("gpugate.store")
 
 
-class PostgresStore(
-    PostgresJobs,
-    SqlStore,
-):
+class PostgresStore(SqlStore):
     """The shared store: PostgreSQL through a psycopg connection pool.
 
-    The job methods come from :class:`PostgresJobs`, the runtime states from
-    :class:`PostgresRuntimeState`, on the same pool.
+    Every method is written once (:class:`SqlStore`); this is its driver: each transaction runs
+    on a pooled connection, each step awaited (:mod:`gpugate.store.tx`).
     """
 
     backend = "postgresql"

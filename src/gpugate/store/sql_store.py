@@ -24,6 +24,7 @@ from gpugate.store.base import (
 )
 from gpugate.store.dialect import Json, only_postgres, sql
 from gpugate.store.facade_sql import FacadeSql
+from gpugate.store.jobs_sql import JobsSql
 from gpugate.store.keys_sql import KeysSql
 from gpugate.store.ledger_sql import LedgerSql
 from gpugate.store.replicas_sql import ReplicasSql
@@ -115,7 +116,9 @@ def _idem_begin(c: Codec, params: dict[str, Any]) -> Tx[IdemBegin]:
     return idem_verdict(params["fingerprint"], fingerprint, completed)
 
 
-class SqlStore(AuditSql, RuntimeStateSql, ReplicasSql, RetentionSql, LedgerSql, KeysSql, FacadeSql):
+class SqlStore(
+    JobsSql, AuditSql, RuntimeStateSql, ReplicasSql, RetentionSql, LedgerSql, KeysSql, FacadeSql
+):
     """Config versions and idempotency keys; with the mixins, every :class:`Store` method."""
 
     async def current_config(self) -> ConfigVersion | None:

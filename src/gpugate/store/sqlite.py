@@ -9,10 +9,11 @@ compare correctly as strings; JSON is stored as text.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -22,9 +23,6 @@ from gpugate.store.dialect import Json
 from gpugate.store.migrations import Migration, load_migrations, pending
 from gpugate.store.replicas import replica_id
 from gpugate.store.sql_store import SqlStore
-from gpugate.store.sqlite_codec import json_text as _json
-from gpugate.store.sqlite_codec import time_text as _ts
-from gpugate.store.sqlite_jobs import SqliteJobs
 from gpugate.store.tx import SKIPPED, Codec, Result, Rollback, SqliteCodec
 
 if TYPE_CHECKING:
@@ -65,15 +63,11 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 )"""
 
 
-class SqliteStore(
-    SqliteJobs,
-    SqlStore,
-):
+class SqliteStore(SqlStore):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
 
-    The job methods come from :class:`SqliteJobs`, the runtime states from
-    :class:`SqliteRuntimeState`, the spend ledger from :class:`SqliteLedger`; they go through
-    the same hop.
+    Every method is written once (:class:`SqlStore`); this is its driver: each transaction is
+    one hop to the thread, which runs all its steps (:mod:`gpugate.store.tx`).
     """
 
     backend = "sqlite"
@@ -214,11 +208,29 @@ def _execute(
     if text is None:
         return SKIPPED
     if isinstance(params, Mapping):
-        cursor = conn.execute(text, {name: _encode(value) for name, value in params.items()})
+        cursor = conn.execute(text, _encoded(params))
     else:
-        cursor = conn.executemany(text, [{n: _encode(v) for n, v in p.items()} for p in params])
+        cursor = conn.executemany(text, [_encoded(each) for each in params])
     found = cursor.fetchall()
     return Result(found, cursor.rowcount)
+
+
+def _json(value: object) -> str:
+    """Compact JSON, non-ASCII kept as is."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _ts(moment: datetime) -> str:
+    """Fixed-width ISO-8601 UTC, so that text order is time order."""
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _encoded(params: Mapping[str, Any]) -> dict[str, Any]:
+    plain = _PLAIN
+    return {n: v if type(v) in plain else _encode(v) for n, v in params.items()}
 
 
 def _encode(value: Any) -> Any:
@@ -227,7 +239,10 @@ def _encode(value: Any) -> Any:
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, Json):
-        return _json(value.value)
+        try:
+            return _json(value.value)
+        except (TypeError, ValueError) as exc:  # as psycopg's Jsonb: the group commit retries
+            raise StoreError(f"a value JSON cannot hold: {exc}") from exc
     return value
 
 

@@ -34,7 +34,7 @@ T = TypeVar("T")
 Row = tuple[Any, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Result:
     """What a step returned: its rows (none for a statement without any) and the row count."""
 
