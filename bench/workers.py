@@ -13,6 +13,8 @@ hits both alike):
   and the CPU the gateway spent per request (supervisor and workers, read from /proc);
 * **memory**: resident (RSS, pages shared after the fork counted in each process) and
   proportional (PSS, counted once) of the supervisor and its workers, after the load;
+* **a scrape**: the median time of 50 ``/metrics`` scrapes, each on a fresh connection (with
+  two workers the one that answers merges the other's snapshot);
 * **paced bursts**: every 128 ms one chat request on each of 64 keep-alive connections at once
   (500 req/s; the last answer of a burst waits for the other 63): p50/p99 of the latency added
   against the fake upstream measured directly in the same round.
@@ -33,6 +35,8 @@ import os
 import statistics
 import sys
 import tempfile
+import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +70,7 @@ class Target:
     added_p99: list[float] = field(default_factory=list)
     errors: int = 0
     busy: int = 0  # burst requests not sent: the connection still had the last one's answer
+    scrape_ms: float = 0.0
 
 
 def _start_gateway(
@@ -92,6 +97,19 @@ def pss_mb(pid: int) -> float:
             if line.startswith("Pss:"):
                 total += int(line.split()[1])
     return total / 1024
+
+
+def _scrapes(url: str, count: int = 50) -> float:
+    """The median time of ``count`` scrapes of ``url`` (one at a time, a fresh connection each:
+    with two workers, about half are answered by each and merge the other's snapshot)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    times = []
+    for _ in range(count):
+        began = time.perf_counter()
+        with opener.open(url, timeout=10) as response:
+            response.read()
+        times.append((time.perf_counter() - began) * 1000)
+    return statistics.median(times)
 
 
 def _bursts(url: str, duration: float) -> tuple[float, float, int, int]:
@@ -144,6 +162,8 @@ def main() -> int:
                 f"  x2 +{two.added_p99[-1]:.1f} ms (direct p99 {base99:.1f} ms)",
                 flush=True,
             )
+        for target in targets:
+            target.scrape_ms = _scrapes(target.url + "/metrics")
         rss = {t.name: rss_mb(t.pid) for t in targets}
         pss = {t.name: pss_mb(t.pid) for t in targets}
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
@@ -155,9 +175,9 @@ def _report(targets: list[Target], rss: dict[str, float], pss: dict[str, float])
     print()
     print(
         "| gateway | chat req/s (each round) | p99 ms (wrk) | CPU µs/req"
-        " | added p50 / p99 in bursts, ms | RSS / PSS after, MB | errors | busy |"
+        " | added p50 / p99 in bursts, ms | RSS / PSS after, MB | /metrics ms | errors | busy |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for t in targets:
         rps = " / ".join(f"{load.rps:,.0f}" for load in t.loads)
         p99 = " / ".join(f"{load.p99_ms:.1f}" for load in t.loads)
@@ -166,7 +186,7 @@ def _report(targets: list[Target], rss: dict[str, float], pss: dict[str, float])
         added = ", ".join(f"+{a:.1f} / +{b:.1f}" for a, b in pairs)
         print(
             f"| {t.name} | {rps} | {p99} | {cpu_us} | {added} | {rss[t.name]:.0f} / "
-            f"{pss[t.name]:.0f} | {t.errors} | {t.busy} |"
+            f"{pss[t.name]:.0f} | {t.scrape_ms:.1f} | {t.errors} | {t.busy} |"
         )
     one, two = targets
     ratios = [b.rps / a.rps for a, b in zip(one.loads, two.loads, strict=True)]
