@@ -21,8 +21,9 @@ connection before it can serve it.
   grace); the supervisor exits once all have, 0 when every worker shut down clean. A second
   signal is forwarded too (each worker then stops at once).
 - Workers are in a process group of their own (a terminal's Ctrl-C reaches the supervisor only,
-  which forwards it once) and get SIGTERM when the supervisor dies (``PR_SET_PDEATHSIG``), so
-  none outlives it.
+  which forwards it once) and are killed (SIGKILL) by the kernel when the supervisor dies
+  (``PR_SET_PDEATHSIG``): ``kill -9`` of the gateway kills all of it, as a container's end
+  would, and none outlives it. The supervisor's own failure (a bug) drains them first.
 
 ``/metrics`` is one view: every worker answers a snapshot of its registry on a private unix
 socket and the worker that gets the scrape merges the others' (:mod:`gpugate.web.listeners`).
@@ -123,6 +124,12 @@ class Supervisor:
             if not self._stopping:  # a signal before this: nothing to start
                 self._start(_Worker(0))  # the others once it is serving (see _note_ready)
             clean = self._loop(wake_r)
+        except BaseException:  # a bug of ours: the workers drain before we go (and kill them)
+            self._signal_all(signal.SIGTERM)
+            for pid in list(self._children):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+            raise
         finally:
             signal.set_wakeup_fd(previous)
             for sig, handler in handlers.items():
@@ -281,7 +288,7 @@ class Supervisor:
     def _in_worker(self, index: int, ready_w: int) -> int:
         os.setpgid(0, 0)
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() == 1:  # the supervisor died before the line above
             return 1
         sock = bind(self.host, self.port, reuse_port=True, listen=False)
