@@ -20,6 +20,7 @@ Medians of repeated timed loops; µs or ns per call.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -30,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -210,8 +212,200 @@ def measure_scrape(mp: str) -> None:
     )
 
 
+# -- gpugate's own code per request, in process ------------------------------------------------
+
+
+class _StubResponse:
+    """An upstream's answer from memory: what the adapter's response offers the proxy."""
+
+    __slots__ = ("_parts", "headers", "status")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], parts: list[bytes]) -> None:
+        self.status, self.headers, self._parts = status, headers, parts
+
+    async def read_chunk(self) -> bytes:
+        return self._parts.pop(0) if self._parts else b""
+
+    def at_eof(self) -> bool:
+        return not self._parts
+
+    def set_idle_timeout(self, seconds: float | None) -> None:
+        pass
+
+    async def read(self) -> bytes:
+        parts, self._parts = self._parts, []
+        return b"".join(parts)
+
+    def release(self) -> None:
+        pass
+
+
+def _stub_send(answers: dict[str, tuple[list[tuple[bytes, bytes]], list[bytes]]]) -> Any:
+    async def send(
+        method: str, _url: str, _headers: Any, body: Any, _timeouts: Any, **_: Any
+    ) -> Any:
+        if method == "GET":
+            return _StubResponse(200, [], [b"ok"])
+        doc = json.loads(body)
+        which = "sse" if doc.get("stream") else "chat"
+        head, parts = answers[which]
+        return _StubResponse(200, head, list(parts))
+
+    return send
+
+
+GATEWAY_CASES = ("chat", "sse", "chat keys", "sse keys", "chat keys+limits", "sse keys+limits")
+
+
+def _gateway_yaml(workdir: str, policy: str, endpoints: int, keys: bool) -> str:
+    urls = ", ".join(f"'http://127.0.0.1:{9 + i}'" for i in range(endpoints))  # never dialled
+    limits = "max_inflight: 4096, max_queue: 10000"
+    text = (
+        f"listen: 127.0.0.1:1\nstore: sqlite:///{workdir}/micro.db\nupstreams:\n"
+        f"  - {{id: json-model, urls: [{urls}], models: [json-model], {limits},"
+        f" routing: {{policy: {policy}}}}}\n"
+    )
+    if keys:
+        text += "auth: {mode: keys, bootstrap_keys_env: BENCH_KEYS}\n"
+    return text
+
+
+async def _gateway_costs(
+    policy: str, endpoints: int, keys: bool, seconds: float
+) -> dict[str, float]:
+    """µs of CPU per request through gpugate's whole ASGI app (its middlewares, the data plane,
+    the proxy, pick, admission, metrics, keys) with the upstream client replaced by answers
+    from memory: everything gpugate does per request above the transport."""
+    from proxy_keys import KEY_FREE, KEY_LIMITED, key_env
+    from proxy_load import _request
+    from proxy_targets import chat_completion, sse_stream
+
+    from gpugate.config.loader import parse_config
+    from gpugate.web.app import create_app
+    from gpugate.wiring import build_gateway
+
+    chat_head = [(b"content-type", b"application/json")]
+    sse_head = [(b"content-type", b"text/event-stream")]
+    sse = sse_stream()
+    events = [e + b"\n\n" for e in sse.split(b"\n\n") if e]
+    answers = {
+        "chat": (chat_head, [chat_completion()]),
+        # as nginx sends it: the whole canned stream in one piece, or event by event
+        "sse": (sse_head, events),
+    }
+    bodies = {
+        "chat": _request("json-model"),
+        "sse": _request("json-model", stream=True),
+    }
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="gpugate-micro-") as tmp:
+        config = parse_config(_gateway_yaml(tmp, policy, endpoints, keys))
+        environ = {**os.environ, **key_env()}
+        async with build_gateway(
+            config, environ=environ, probe_interval_s=3600, run_job_loops=False
+        ) as gw:
+            gw.proxy._client.send = _stub_send(answers)  # noqa: SLF001
+            app = create_app(gw)
+            cases = [("chat", None), ("sse", None)]
+            if keys:
+                cases = [(m, k) for k in (KEY_FREE, KEY_LIMITED) for m in ("chat", "sse")]
+            for mix, key in cases:
+                label = (
+                    mix if key is None else f"{mix} {'keys' if key == KEY_FREE else 'keys+limits'}"
+                )
+                out[label] = await _time_app(app, bodies[mix], key, seconds)
+    return out
+
+
+async def _time_app(app: Any, body: bytes, key: str | None, seconds: float) -> float:
+    headers = [
+        (b"host", b"127.0.0.1"),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if key is not None:
+        headers.append((b"authorization", b"Bearer " + key.encode()))
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 1),
+        "state": {},
+    }
+    status: list[int] = []
+
+    async def one() -> None:
+        given = False
+        gone = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+
+        await app(dict(scope, state={}), receive, send)
+        gone.set()
+
+    for _ in range(200):  # warm: caches, the key's lookup, the leases
+        await one()
+    if any(s != 200 for s in status):
+        raise RuntimeError(f"the in-process gateway answered {sorted(set(status))}")
+    results = []
+    for _ in range(7):  # the best of 7 loops: a shared machine's noise only ever adds
+        n, cpu = 0, time.process_time()
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds / 7:
+            for _ in range(50):
+                await one()
+            n += 50
+        results.append((time.process_time() - cpu) / n)
+    return min(results) * 1e6
+
+
+def measure_gateway(seconds: float) -> dict[str, float]:
+    import uvloop
+
+    costs: dict[str, float] = {}
+    for policy, endpoints, keys, tag in (
+        ("least_outstanding", 1, False, "1 endpoint, least_outstanding"),
+        ("prefix_affinity", 1, False, "1 endpoint, prefix_affinity"),
+        ("least_outstanding", 2, False, "2 endpoints, least_outstanding"),
+        ("prefix_affinity", 2, False, "2 endpoints, prefix_affinity"),
+        ("prefix_affinity", 2, True, "2 endpoints, prefix_affinity, auth keys"),
+    ):
+        for case, us in uvloop.run(_gateway_costs(policy, endpoints, keys, seconds)).items():
+            costs[f"{tag}: {case}"] = us
+    return costs
+
+
 def main() -> int:
     from venvs import CANDIDATES, candidate_env
+
+    if "--gateway" in sys.argv:  # gpugate's venv (or PYTHONPATH=<another tree's src>)
+        import gpugate
+
+        print(f"== gpugate's own code per request, in process ({gpugate.__file__}) ==")
+        costs = measure_gateway(float(os.environ.get("GPUGATE_MICRO_S", "2")))
+        for label, us in costs.items():
+            print(f"{label:>60}  {us:7.1f} µs")
+        if "--json" in sys.argv:
+            print("JSON " + json.dumps(costs))
+        return 0
 
     here = Path(sys.prefix).resolve()
     if here != CANDIDATES.path.resolve():  # gpugate's venv: its parse, then the rest there

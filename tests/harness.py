@@ -19,6 +19,7 @@ from gpugate.config import GatewayConfig, config_from_document
 from gpugate.fleet import ModelServer, ServerBehaviour
 from gpugate.server import bind, connection_limits, make_server
 from gpugate.web.app import create_app
+from gpugate.web.batches import present
 from gpugate.wiring import Gateway, build_gateway
 from workers.processes import NotInProcess, requested_workers, serve_process
 
@@ -82,6 +83,7 @@ async def serving(
         probe_interval_s=probe_interval_s,
         clock=clock,
         run_job_loops=run_job_loops,
+        present_error=present,
     ) as gateway:
         limits = connection_limits(config.server)
         server = make_server(create_app(gateway), grace_s=1, limits=limits)

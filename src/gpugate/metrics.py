@@ -5,7 +5,7 @@ app (and per test), so nothing is registered globally and two gateways in one pr
 collide. Families keep the ``gateway_`` prefix (DESIGN §3).
 
 With ``serve --workers N`` each worker keeps its own registry and ``/metrics`` is their merge
-(:meth:`Metrics.exposition`, docs/decisions.md §20): counters and histograms summed, gauges by
+(:meth:`Metrics.exposition`, docs/decisions.md §21): counters and histograms summed, gauges by
 what they mean (:data:`GAUGE_MERGE`), ``_created`` the earliest.
 """
 

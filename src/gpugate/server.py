@@ -36,7 +36,9 @@ from gpugate.config import GatewayConfig, ServerConfig, TlsConfig
 from gpugate.errors import ConfigError, ConfigProblem, ListenError
 from gpugate.services.readiness import Lifecycle
 from gpugate.web.app import create_app
-from gpugate.web.connections import ConnectionLimits, guarded_protocol
+from gpugate.web.batches import present
+from gpugate.web.connections import ConnectionLimits
+from gpugate.web.fastpath import fast_protocol
 from gpugate.web.listeners import ListenerSplit, Peers, sibling_metrics
 from gpugate.wiring import build_gateway
 
@@ -222,7 +224,9 @@ def _uvicorn_config(app: ASGIApp, grace_s: float, limits: ConnectionLimits) -> u
     return uvicorn.Config(
         app,
         loop="uvloop",
-        http=guarded_protocol(limits),  # httptools, with header/body timeouts and caps
+        # httptools, with header/body timeouts and caps; the OpenAI routes served by the
+        # protocol itself unless GPUGATE_FASTPATH=0 (gpugate.web.fastpath)
+        http=fast_protocol(app, limits),
         lifespan="on",
         access_log=False,
         log_config=None,  # our logging (gpugate.logs) is already configured
@@ -288,7 +292,7 @@ async def serve_gateway(
     tls = server_tls(config.tls)  # before anything starts: a wrong file is one clear error
     raise_fd_limit()
     async with (
-        build_gateway(config, environ=environ) as gateway,
+        build_gateway(config, environ=environ, present_error=present) as gateway,
         sibling_metrics(gateway.metrics, peers),
     ):
         app = gateway_app(create_app(gateway), admin_sock)

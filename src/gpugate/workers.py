@@ -3,7 +3,7 @@
 The supervisor binds the address once (a taken port is one clear error, and port 0 becomes a
 port every worker shares), then forks N workers after every import, so they share its pages
 until they write them. Each worker is a whole gateway (its own event loop, store connection,
-loops and registry; docs/decisions.md §20 says what stays per process) and binds the address
+loops and registry; docs/decisions.md §21 says what stays per process) and binds the address
 again with ``SO_REUSEPORT``: the kernel spreads new connections among the workers' sockets. A
 worker's socket listens only once its gateway is built, so a restarting worker takes no
 connection before it can serve it.

@@ -70,7 +70,19 @@ class Windows:
 
 
 def windows(now: datetime) -> Windows:
-    return Windows(minute=now.strftime("%Y-%m-%dT%H:%M"), day=now.strftime("%Y-%m-%d"))
+    """The windows of ``now``; the same object for every call within one minute (two
+    ``strftime`` and an object per request otherwise, on every keyed request's path)."""
+    key = (now.minute, now.hour, now.day, now.month, now.year, now.tzinfo)
+    last = _LAST_WINDOWS.get(key)
+    if last is None:
+        _LAST_WINDOWS.clear()  # one minute kept: bounded
+        last = _LAST_WINDOWS[key] = Windows(
+            minute=now.strftime("%Y-%m-%dT%H:%M"), day=now.strftime("%Y-%m-%d")
+        )
+    return last
+
+
+_LAST_WINDOWS: dict[tuple[object, ...], Windows] = {}
 
 
 def seconds_to_next_minute(now: datetime) -> float:

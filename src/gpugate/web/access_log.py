@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -64,19 +65,34 @@ class AccessLog:
 
 
 def _write(level: int, scope: Scope, start: Message | None, started: float) -> None:
-    duration_ms = round((time.perf_counter() - started) * 1000, 1)
     status = start["status"] if start is not None else "-"
+    headers = start.get("headers", ()) if start is not None else ()
+    write(level, scope["method"], scope["path"], status, headers, started)
+
+
+def write(
+    level: int,
+    method: str,
+    path: str,
+    status: int | str,
+    headers: Iterable[tuple[bytes, bytes]],
+    started: float,
+) -> None:
+    """One line: ``status`` and ``headers`` as answered (``"-"``, none: the client left first),
+    ``started`` the request's :func:`time.perf_counter`. The fast path writes its lines here."""
+    duration_ms = round((time.perf_counter() - started) * 1000, 1)
     facts: dict[str, str] = {}
     rid = None
-    for name, value in start.get("headers", ()) if start is not None else ():
+    for name, value in headers:
         key = name.lower()
         if key == b"x-request-id":
             rid = value.decode("latin-1")
         elif (field := _NAMES.get(key)) is not None:
             facts[field] = value.decode("latin-1")
-    method, path = scope["method"], scope["path"]
     tail = "".join(f" {field}={facts[field]}" for _, field in _FIELDS if field in facts)
-    extra = {"method": method, "path": path, "status": status, "duration_ms": duration_ms}
+    extra: dict[str, object] = {
+        "method": method, "path": path, "status": status, "duration_ms": duration_ms,
+    }  # fmt: skip
     extra["request_id"] = rid
     token = request_id.set(rid)  # the request's id on its line, as on every other
     try:

@@ -33,7 +33,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpugate.core.classes import RequestClass, parse_request_class
 from gpugate.core.keys import Principal, offered_secret
-from gpugate.core.usage import StreamUsage, asks_usage, json_usage, with_include_usage
+from gpugate.core.usage import (
+    StreamUsage,
+    asks_usage,
+    json_usage,
+    with_include_usage,
+    with_include_usage_doc,
+)
 from gpugate.errors import (
     BadRequest,
     ExternalUpstreamForbidden,
@@ -44,7 +50,7 @@ from gpugate.errors import (
 )
 from gpugate.services.jobs import JobRequest
 from gpugate.services.limits import Reservation
-from gpugate.web.bodies import json_document
+from gpugate.web.bodies import hand_over, json_document
 from gpugate.web.errors import error_body, error_headers, status_of
 from gpugate.web.requestid import HEADER as REQUEST_ID
 from gpugate.web.requestid import RequestIds
@@ -203,6 +209,9 @@ class ClientKeys:
                 )
             if stream and doc is not None and not asks_usage(doc):
                 body, hide = with_include_usage(doc, body), True
+                hand_over(body, with_include_usage_doc(doc))  # the data plane's parse, done
+            elif doc is not None:
+                hand_over(body, doc)
         held = await gw.quota.reserve(
             principal, model if isinstance(model, str) else None, doc, len(body)
         )
@@ -270,10 +279,17 @@ class _Watch:
 
     def send(self, send: Send) -> Send:
         async def watched(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self._start(message)
-            elif message["type"] == "http.response.body":
+            if message["type"] == "http.response.body":
+                stream = self.stream
+                if stream is not None:  # an SSE event (or a few) at a time: kept lean
+                    chunk: bytes = message.get("body", b"")
+                    more = message.get("more_body", False)
+                    if more and stream.passes(chunk):
+                        await send(message)
+                        return
                 message = self._body(message)
+            elif message["type"] == "http.response.start":
+                self._start(message)
             await send(message)
 
         return watched

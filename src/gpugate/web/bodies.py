@@ -41,8 +41,34 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(raw)
 
 
+class _Handed:
+    """One document parsed already, handed to the next :func:`json_document` of the very same
+    bytes object (``is``, never equality): :class:`~gpugate.web.auth.ClientKeys` parses a keyed
+    request's body before the data plane does, and the walk is not free on an agent's 7 KB turn.
+    One slot, taken by its reader or replaced by the next hand-over: nothing accumulates."""
+
+    __slots__ = ("data", "raw")
+
+    def __init__(self) -> None:
+        self.raw: bytes | None = None
+        self.data: Any = None
+
+
+_HANDED = _Handed()
+
+
+def hand_over(raw: bytes, data: Any) -> None:
+    """``data`` is what :func:`json_document` would return for ``raw`` (checked already): the
+    next call with this very object returns it without parsing again, once."""
+    _HANDED.raw, _HANDED.data = raw, data
+
+
 def json_document(raw: bytes | str) -> Any:
     """``raw`` as JSON data, or :class:`BadRequest` saying what is wrong and where."""
+    if raw is _HANDED.raw:
+        data = _HANDED.data
+        _HANDED.raw = _HANDED.data = None
+        return data
     try:
         data, problem = checked_json(raw)
     except ValueError as exc:  # JSONDecodeError, bad UTF-8, or nesting past the limit

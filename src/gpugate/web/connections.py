@@ -68,9 +68,17 @@ def refusal(exc: GpugateError) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
-    """Uvicorn's httptools protocol class with ``limits`` (pass it as ``Config(http=...)``)."""
-    return type("GuardedHttpToolsProtocol", (_Guarded,), {"limits": limits})
+def guarded_protocol(
+    limits: ConnectionLimits,
+    inner: type[HttpToolsProtocol] = HttpToolsProtocol,
+    **attributes: object,
+) -> type[HttpToolsProtocol]:
+    """Uvicorn's httptools protocol class with ``limits`` (pass it as ``Config(http=...)``);
+    ``inner``, a subclass of it, serves what passes the limits (the fast path) with
+    ``attributes`` set on the class."""
+    bases = (_Guarded,) if inner is HttpToolsProtocol else (_Guarded, inner)
+    name = "GuardedHttpToolsProtocol" if inner is HttpToolsProtocol else f"Guarded{inner.__name__}"
+    return type(name, bases, {"limits": limits, **attributes})
 
 
 class _Guarded(HttpToolsProtocol):

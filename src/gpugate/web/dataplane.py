@@ -1,12 +1,18 @@
-"""The data plane over raw ASGI: the OpenAI-compatible routes and ``/u/{upstream}/{path}``.
+"""The data plane: the OpenAI-compatible routes and ``/u/{upstream}/{path}``.
 
 These are the hot routes, so they bypass the framework: the body is read once, only ``model`` and
 ``stream`` are looked at, the original bytes are forwarded, and the upstream's response is relayed
-chunk by chunk as it arrives (no buffering, no re-serialisation). Everything else falls through to
-the Starlette app.
+chunk by chunk as it arrives (no buffering, no re-serialisation).
 
-While a response is in progress a watcher waits for the client to go away; when it does, the
-upstream connection is closed and the admission slot freed at once. An upstream that breaks off an
+:class:`Handler` is the logic, written against an :class:`Exchange` (one request and its
+response: read the body, start, body, a whole answer) rather than ASGI messages, so it runs the
+same under two servers: :class:`DataPlane`, an ASGI middleware over the Starlette app (``/u/``
+always, and the OpenAI routes with ``GPUGATE_FASTPATH=0``), and :mod:`gpugate.web.fastpath`, the
+HTTP protocol that serves the OpenAI routes itself, writing to the socket (decisions §11).
+
+When the client goes away while a response is in progress, the upstream connection is closed and
+the admission slot freed at once: under ASGI a watcher waits for ``http.disconnect``; the fast
+path's protocol cancels the request when its connection is lost. An upstream that breaks off an
 SSE stream ends it with a final event (``event: error`` whose data is an OpenAI-shaped error with
 code ``UPSTREAM_ERROR`` or ``UPSTREAM_TIMEOUT``), which the ``openai`` client raises as an
 ``APIError``; any other body is cut off (the connection is closed without the final chunk), so a
@@ -18,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -64,7 +71,6 @@ log = logging.getLogger("gpugate.proxy")
 OPENAI_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 RAW_PREFIX = "/u/"
 _JSON = [(b"content-type", b"application/json")]
-_END = {"type": "http.response.body", "body": b"", "more_body": False}
 _ATTEMPTS = [str(n).encode() for n in range(16)]
 #: The largest single SSE event relayed (a bigger one is a broken stream, not a memory sink).
 EVENT_LIMIT = 1024 * 1024
@@ -102,52 +108,83 @@ def _scan(headers: list[tuple[bytes, bytes]]) -> _Seen:
     return _Seen(length, cls, key, rid)
 
 
-class DataPlane:
-    """ASGI middleware that serves the data-plane routes and passes everything else on."""
+class Exchange(Protocol):
+    """One request and its response, as the data plane needs them (ASGI or the fast path).
 
-    def __init__(self, app: ASGIApp, gateway: Gateway, ids: RequestIds) -> None:
-        self.app = app
+    Headers are lower-cased ``(name, value)`` pairs; ``path`` is decoded, ``query`` the raw
+    query string. A response is :meth:`start` then :meth:`body` pieces (the last with
+    ``more=False``), or one :meth:`answer`; raising :class:`BrokenStream` drops the connection.
+    """
+
+    method: str
+    path: str
+    query: bytes
+    headers: list[tuple[bytes, bytes]]
+    server: tuple[str, int] | None
+
+    def raw_target(self) -> bytes:
+        """The path as the client sent it (percent-encoded)."""
+        ...
+
+    async def read_body(self, declared: int | None, limit: int) -> bytes:
+        """The whole request body; :class:`PayloadTooLarge` past ``limit``, :class:`ClientGone`
+        when the client left first."""
+        ...
+
+    async def start(
+        self, status: int, headers: list[tuple[bytes, bytes]], *, hold: bool = False
+    ) -> None:
+        """The response's status and headers (``hold``: the body follows at once, so the head
+        may wait for its first piece and go out with it)."""
+        ...
+
+    async def body(self, chunk: bytes, *, more: bool) -> None:
+        """A piece of the response body; ``more=False`` ends the response."""
+        ...
+
+    async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole response at once."""
+        ...
+
+    async def while_connected(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work``; if the client goes away meanwhile, it is cancelled (and that is not an
+        error: the upstream request is closed and the slot freed)."""
+        ...
+
+
+class Handler:
+    """The data plane's logic over an :class:`Exchange` (see the module docstring)."""
+
+    def __init__(self, gateway: Gateway, ids: RequestIds) -> None:
         self.gateway = gateway
         self.ids = ids
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path: str = scope["path"]
-            if path in OPENAI_ROUTES and scope["method"] == "POST":
-                handler = self._openai
-            elif path.startswith(RAW_PREFIX):
-                handler = self._raw
-            else:
-                await self.app(scope, receive, send)
-                return
-            seen = _scan(scope["headers"])
-            rid = self.ids.choose(seen.request_id)
-            token = request_id.set(rid.decode())
-            try:
-                await handler(scope, receive, send, seen, rid)
-            except ClientGone:
-                return
-            finally:
-                request_id.reset(token)
+    async def serve(self, ex: Exchange, *, openai: bool) -> None:
+        """Serve one request to an OpenAI route (``openai``) or to ``/u/``."""
+        seen = _scan(ex.headers)
+        rid = self.ids.choose(seen.request_id)
+        token = request_id.set(rid.decode())
+        try:
+            await (self._openai if openai else self._raw)(ex, seen, rid)
+        except ClientGone:
             return
-        await self.app(scope, receive, send)
+        finally:
+            request_id.reset(token)
 
-    async def _openai(
-        self, scope: Scope, receive: Receive, send: Send, seen: _Seen, rid: bytes
-    ) -> None:
+    async def _openai(self, ex: Exchange, seen: _Seen, rid: bytes) -> None:
         gw = self.gateway
         received_at = gw.clock.monotonic()
         out: Outbound | None = None
-        headers = scope["headers"]
-        span = request_span(gw.tracer, "POST", scope["path"], headers, scope.get("server"))
+        headers = ex.headers
+        span = request_span(gw.tracer, "POST", ex.path, headers, ex.server)
         error: str | None = None
         try:
-            body = await _read_body(receive, seen.content_length, gw.config.server.max_body_bytes)
+            body = await ex.read_body(seen.content_length, gw.config.server.max_body_bytes)
             doc = _parse_doc(body)
             model, stream = _routing_fields(doc)
             span.set("gen_ai.request.model", model[:200])
             cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
-            path = _path_and_query(scope)
+            path = ex.path + "?" + ex.query.decode("latin-1") if ex.query else ex.path
             out = Outbound(
                 "POST",
                 path,
@@ -165,21 +202,19 @@ class DataPlane:
                 begun = await gw.idempotency.begin(seen.idempotency_key, "POST", path, body)
                 if isinstance(begun, StoredResponse):
                     gw.metrics.idempotent_replays.inc()
-                    await _send_stored(send, begun, rid)
+                    await _send_stored(ex, begun, rid)
                     return
                 ticket = begun
-            await self._forward(out, receive, send, rid, ticket, keep=not stream)
+            await ex.while_connected(self._relay(out, ex, rid, ticket, keep=not stream))
         except GpugateError as exc:
             error = refused_span(span, status_of(exc), exc.code)
             if out is not None:
                 gw.proxy.refused(out, exc)
-            await _send_error(send, exc, rid)
+            await _send_error(ex, exc, rid)
         finally:
             span.end(error)
 
-    async def _raw(
-        self, scope: Scope, receive: Receive, send: Send, seen: _Seen, rid: bytes
-    ) -> None:
+    async def _raw(self, ex: Exchange, seen: _Seen, rid: bytes) -> None:
         """``/u/{upstream}/{path}``: the raw path checked (:mod:`gpugate.core.raw_path`), the
         whole body received and bounded *before* admission, so a client that trickles, aborts
         or oversends holds no slot and is never counted against the upstream (#14 defect 1)."""
@@ -187,72 +222,33 @@ class DataPlane:
         received_at = gw.clock.monotonic()
         out: Outbound | None = None
         try:
-            upstream_id, path = raw_path.split(_raw_path_of(scope))
-            if not allow_external(_header(scope["headers"], b"x-allow-external")):
+            upstream_id, path = raw_path.split(ex.raw_target())
+            if not allow_external(_header(ex.headers, b"x-allow-external")):
                 _refuse_external(gw, upstream_id)
             cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
             body: bytes | None = None
-            if _has_body(scope["method"], scope["headers"]):
-                body = await _read_body(
-                    receive, seen.content_length, gw.config.server.max_body_bytes
-                )
-            query = scope.get("query_string", b"")
-            if query:
-                path += "?" + query.decode("latin-1")
+            if _has_body(ex.method, ex.headers):
+                body = await ex.read_body(seen.content_length, gw.config.server.max_body_bytes)
+            if ex.query:
+                path += "?" + ex.query.decode("latin-1")
             out = Outbound(
-                scope["method"],
+                ex.method,
                 path,
-                scope["headers"],
+                ex.headers,
                 body,
                 cls,
                 received_at,
                 upstream_id=upstream_id,
                 raw=True,
             )
-            await self._forward(out, receive, send, rid, None, keep=False)
+            await ex.while_connected(self._relay(out, ex, rid, None, keep=False))
         except GpugateError as exc:
             if out is not None:
                 gw.proxy.refused(out, exc)
-            await _send_error(send, exc, rid)
-
-    async def _forward(
-        self,
-        out: Outbound,
-        receive: Receive,
-        send: Send,
-        rid: bytes,
-        ticket: Ticket | None,
-        *,
-        keep: bool,
-    ) -> None:
-        """Relay the request while a watcher waits for the client to go away; if it does, this
-        task is cancelled, which closes the upstream request and frees the slot at once.
-
-        Every body is read whole before it is forwarded, so the watcher owns ``receive`` from
-        the start and never competes with the body for it.
-        """
-        task = asyncio.current_task()
-        assert task is not None
-        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
-
-        def client_left(done: asyncio.Future[None]) -> None:
-            if not done.cancelled() and done.exception() is None:
-                task.cancel()
-
-        watcher.add_done_callback(client_left)
-        try:
-            await self._relay(out, send, rid, ticket, keep=keep)
-        except asyncio.CancelledError:
-            if not (watcher.done() and not watcher.cancelled()):
-                raise
-            task.uncancel()
-            log.info("client disconnected; upstream request closed")
-        finally:
-            watcher.remove_done_callback(client_left)
-            watcher.cancel()
+            await _send_error(ex, exc, rid)
 
     async def _relay(
-        self, out: Outbound, send: Send, rid: bytes, ticket: Ticket | None, *, keep: bool
+        self, out: Outbound, ex: Exchange, rid: bytes, ticket: Ticket | None, *, keep: bool
     ) -> None:
         gw = self.gateway
         try:
@@ -262,14 +258,14 @@ class DataPlane:
                 await asyncio.shield(gw.idempotency.abandon(ticket))
             raise
         if out.stream and reply.status == 200 and _is_sse(reply):
-            await _relay_stream(gw, out, reply, send, rid, ticket)
+            await _relay_stream(gw, out, reply, ex, rid, ticket)
             return
         code: str | None = None
         kept: list[bytes] | None = [] if ticket is not None and keep else None
         kept_bytes, keep_at_most = 0, gw.idempotency.max_body_bytes
         seen = Generation(out.received_at, gw.clock.monotonic, stream=out.stream)
         try:
-            await send(_start(reply, rid))
+            await ex.start(reply.status, _head(reply, rid), hold=True)
             try:
                 while chunk := await reply.read_chunk():
                     seen.chunk(chunk)
@@ -279,24 +275,104 @@ class DataPlane:
                         if kept_bytes > keep_at_most:
                             kept = None  # too large to keep: the key is released at the end
                     last = ticket is None and reply.at_eof()  # end with the last chunk
-                    await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                    await ex.body(chunk, more=not last)
                     if last:
                         return
             except UpstreamError as exc:
                 reply.broke()
                 code = exc.code
-                await _end_broken_stream(send, reply, exc)
+                await _end_broken_stream(ex, reply, exc)
                 return
             if ticket is not None:  # kept before the client sees the end, so a retry replays
                 await _settle(gw, ticket, reply, kept)
                 ticket = None
-            await send(_END)
+            await ex.body(b"", more=False)
         finally:
             if code is None and reply.at_eof() and out.model is not None:
                 _generated(gw, out, reply, seen)
             reply.close(code)
             if ticket is not None:
                 await asyncio.shield(gw.idempotency.abandon(ticket))
+
+
+class DataPlane:
+    """ASGI middleware that serves the data-plane routes and passes everything else on."""
+
+    def __init__(self, app: ASGIApp, gateway: Gateway, ids: RequestIds) -> None:
+        self.app = app
+        self.handler = Handler(gateway, ids)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if path in OPENAI_ROUTES and scope["method"] == "POST":
+                await self.handler.serve(_AsgiExchange(scope, receive, send), openai=True)
+                return
+            if path.startswith(RAW_PREFIX):
+                await self.handler.serve(_AsgiExchange(scope, receive, send), openai=False)
+                return
+        await self.app(scope, receive, send)
+
+
+class _AsgiExchange:
+    """An :class:`Exchange` over ASGI's ``receive`` and ``send``."""
+
+    __slots__ = ("headers", "method", "path", "query", "receive", "scope", "send", "server")
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.query: bytes = scope.get("query_string", b"")
+        self.headers: list[tuple[bytes, bytes]] = scope["headers"]
+        self.server: tuple[str, int] | None = scope.get("server")
+
+    def raw_target(self) -> bytes:
+        return _raw_path_of(self.scope)
+
+    async def read_body(self, declared: int | None, limit: int) -> bytes:
+        return await _read_body(self.receive, declared, limit)
+
+    async def start(
+        self, status: int, headers: list[tuple[bytes, bytes]], *, hold: bool = False
+    ) -> None:
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, chunk: bytes, *, more: bool) -> None:
+        await self.send({"type": "http.response.body", "body": chunk, "more_body": more})
+
+    async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def while_connected(self, work: Coroutine[Any, Any, None]) -> None:
+        """Relay while a watcher waits for the client to go away; if it does, this task is
+        cancelled, which closes the upstream request and frees the slot at once.
+
+        Every body is read whole before it is forwarded, so the watcher owns ``receive`` from
+        the start and never competes with the body for it.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.ensure_future(_wait_for_disconnect(self.receive))
+
+        def client_left(done: asyncio.Future[None]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                task.cancel()
+
+        watcher.add_done_callback(client_left)
+        try:
+            await work
+        except asyncio.CancelledError:
+            if not (watcher.done() and not watcher.cancelled()):
+                raise
+            task.uncancel()
+            log.info("client disconnected; upstream request closed")
+        finally:
+            watcher.remove_done_callback(client_left)
+            watcher.cancel()
 
 
 def _generated(gw: Gateway, out: Outbound, reply: Reply, seen: Generation) -> None:
@@ -308,16 +384,16 @@ def _generated(gw: Gateway, out: Outbound, reply: Reply, seen: Generation) -> No
 
 
 async def _relay_stream(
-    gw: Gateway, out: Outbound, reply: Reply, send: Send, rid: bytes, ticket: Ticket | None
+    gw: Gateway, out: Outbound, reply: Reply, ex: Exchange, rid: bytes, ticket: Ticket | None
 ) -> None:
     """A streamed answer: the headers, then the events (a stream is never kept under a key)."""
     try:
         try:
-            await send(_start(reply, rid))
+            await ex.start(reply.status, _head(reply, rid))
         except BaseException:
             reply.close()
             raise
-        await _relay_events(gw, out, reply, send)
+        await _relay_events(gw, out, reply, ex)
     finally:
         if ticket is not None:
             await asyncio.shield(gw.idempotency.abandon(ticket))
@@ -384,7 +460,7 @@ class _Events:
         return chunk[: cut + 2]
 
 
-async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, send: Send) -> None:
+async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, ex: Exchange) -> None:
     """Relay an SSE answer event by event (:class:`_Events`), and rescue it if it breaks.
 
     Only whole events are passed on (a piece of one waits for the rest), so a break never
@@ -419,14 +495,14 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, send: Send) ->
                 if keep is not None and continued < MAX_CONTINUATIONS and not events.done:
                     rescue = await _continue(gw, out, keep, error)
                 if rescue is None:
-                    await _end_broken_stream(send, events.reply, first)
+                    await _end_broken_stream(ex, events.reply, first)
                     return
                 log.info("stream of %s continued after: %s", out.model, error.message)
                 continued += 1
                 events.reply.discard()  # the request is recorded once, by the reply that ends it
                 events, replay, code = _Events(rescue[0]), rescue[1], None
                 continue
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await ex.body(chunk, more=True)
             seen.chunk(chunk)
             if keep is not None:
                 kept_size += len(chunk)
@@ -435,7 +511,7 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, send: Send) ->
                     keep.append(chunk)
         if events.repaired:
             gw.metrics.continuations.labels(out.model or "", "completed_missing_done").inc()
-        await send(_END)
+        await ex.body(b"", more=False)
         _generated(gw, out, events.reply, seen)
     finally:
         events.reply.close(code)
@@ -485,7 +561,8 @@ async def _settle(gw: Gateway, ticket: Ticket, reply: Reply, kept: list[bytes] |
     await gw.idempotency.complete(ticket, reply.status, headers, b"".join(kept))
 
 
-def _start(reply: Reply, rid: bytes) -> dict[str, Any]:
+def _head(reply: Reply, rid: bytes) -> list[tuple[bytes, bytes]]:
+    """The relayed response's headers: the upstream's and gpugate's own."""
     headers = [
         *reply.headers,
         (b"x-gateway-upstream", reply.upstream.id.encode()),
@@ -495,15 +572,15 @@ def _start(reply: Reply, rid: bytes) -> dict[str, Any]:
     ]
     if reply.model is not None:
         headers.append((b"x-gateway-model", reply.model.encode()))
-    return {"type": "http.response.start", "status": reply.status, "headers": headers}
+    return headers
 
 
-async def _end_broken_stream(send: Send, reply: Reply, exc: UpstreamError) -> None:
+async def _end_broken_stream(ex: Exchange, reply: Reply, exc: UpstreamError) -> None:
     content_type = next((v for k, v in reply.headers if k == b"content-type"), b"")
     if not content_type.startswith(b"text/event-stream"):
         raise BrokenStream(exc.message) from exc
     event = b"event: error\ndata: " + error_body(exc) + b"\n\n"
-    await send({"type": "http.response.body", "body": event, "more_body": False})
+    await ex.body(event, more=False)
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
@@ -522,7 +599,7 @@ async def _receive_chunk(receive: Receive) -> tuple[bytes, bool]:
 
 
 async def _read_body(receive: Receive, declared: int | None, limit: int) -> bytes:
-    _check_length(declared, limit)
+    check_length(declared, limit)
     body, more = await _receive_chunk(receive)
     parts = [body]
     size = len(body)
@@ -559,7 +636,8 @@ def _raw_path_of(scope: Scope) -> bytes:
     return raw if raw is not None else quote(scope["path"]).encode("ascii")
 
 
-def _check_length(declared: int | None, limit: int) -> None:
+def check_length(declared: int | None, limit: int) -> None:
+    """:class:`PayloadTooLarge` for a declared ``Content-Length`` past ``limit``."""
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds max_body_bytes ({limit})")
 
@@ -590,20 +668,12 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     return None
 
 
-def _path_and_query(scope: Scope) -> str:
-    query: bytes = scope.get("query_string", b"")
-    path: str = scope["path"]
-    return path + "?" + query.decode("latin-1") if query else path
-
-
-async def _send_stored(send: Send, stored: StoredResponse, rid: bytes) -> None:
+async def _send_stored(ex: Exchange, stored: StoredResponse, rid: bytes) -> None:
     headers = [*stored.headers, (b"idempotent-replayed", b"true"), (REQUEST_ID, rid)]
-    await send({"type": "http.response.start", "status": stored.status, "headers": headers})
-    await send({"type": "http.response.body", "body": stored.body, "more_body": False})
+    await ex.answer(stored.status, headers, stored.body)
 
 
-async def _send_error(send: Send, exc: GpugateError, rid: bytes) -> None:
+async def _send_error(ex: Exchange, exc: GpugateError, rid: bytes) -> None:
     headers = [*_JSON, (REQUEST_ID, rid)]
     headers += [(k.encode(), v.encode()) for k, v in error_headers(exc).items()]
-    await send({"type": "http.response.start", "status": status_of(exc), "headers": headers})
-    await send({"type": "http.response.body", "body": error_body(exc), "more_body": False})
+    await ex.answer(status_of(exc), headers, error_body(exc))

@@ -32,7 +32,7 @@ _CUT = "the shutdown grace period is over"
 
 
 @dataclass(slots=True)
-class _Progress:
+class Progress:
     """How far one response has got."""
 
     started: bool = False
@@ -45,7 +45,7 @@ class ShutdownGuard:
 
     def __init__(self, app: ASGIApp, lifecycle: Lifecycle) -> None:
         self.app = app
-        self._inflight: dict[asyncio.Task[object], _Progress] = {}
+        self._inflight: dict[asyncio.Task[object], Progress] = {}
         self._cut: set[asyncio.Task[object]] = set()
         lifecycle.on("cut", self._cut_all)
 
@@ -55,7 +55,7 @@ class ShutdownGuard:
             return
         task = asyncio.current_task()
         assert task is not None
-        progress = self._inflight[task] = _Progress()
+        progress = self.track(task)
 
         async def tracked(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -71,13 +71,26 @@ class ShutdownGuard:
         try:
             await self.app(scope, receive, tracked)
         except asyncio.CancelledError:
-            if task not in self._cut or progress.ended:
+            if not self.was_cut(task) or progress.ended:
                 raise
             task.uncancel()
-            await _answer(send, progress)
+            await answer(send, progress)
         finally:
-            del self._inflight[task]
-            self._cut.discard(task)
+            self.untrack(task)
+
+    # The fast path (gpugate.web.fastpath) tracks its requests here too, without ASGI.
+    def track(self, task: asyncio.Task[object]) -> Progress:
+        """A request now in flight: cut at the end of the grace unless it ended."""
+        progress = self._inflight[task] = Progress()
+        return progress
+
+    def untrack(self, task: asyncio.Task[object]) -> None:
+        del self._inflight[task]
+        self._cut.discard(task)
+
+    def was_cut(self, task: asyncio.Task[object]) -> bool:
+        """Whether ``task`` was cancelled by the cut (so its cancellation is answered)."""
+        return task in self._cut
 
     def _cut_all(self) -> None:
         left = [task for task, progress in self._inflight.items() if not progress.ended]
@@ -91,7 +104,8 @@ class ShutdownGuard:
         return f"<ShutdownGuard inflight={len(self._inflight)}>"
 
 
-async def _answer(send: Send, progress: _Progress) -> None:
+async def answer(send: Send, progress: Progress) -> None:
+    """The answer of a request cut in flight (see the module docstring)."""
     exc = ShuttingDown(retry_after_s=1)
     if not progress.started:
         headers = [(b"content-type", b"application/json")]
