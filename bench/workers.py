@@ -13,6 +13,8 @@ hits both alike):
   and the CPU the gateway spent per request (supervisor and workers, read from /proc);
 * **memory**: resident (RSS, pages shared after the fork counted in each process) and
   proportional (PSS, counted once) of the supervisor and its workers, after the load;
+* **a scrape**: the median time of 50 ``/metrics`` scrapes, each on a fresh connection (with
+  two workers the one that answers merges the other's snapshot);
 * **paced bursts**: every 128 ms one chat request on each of 64 keep-alive connections at once
   (500 req/s; the last answer of a burst waits for the other 63): p50/p99 of the latency added
   against the fake upstream measured directly in the same round.
@@ -21,7 +23,8 @@ The cores: on this 2-core machine nothing is pinned — the gateway's workers, w
 client), nginx and the bench share CPUs 0-1, so a second worker competes with the load
 generator for the second core. ``--pin`` instead puts the gateway on the last CPU alone and the
 rest on the others: two workers on one core, which measures what the processes cost, not what
-they gain. Exits 1 if any request failed.
+they gain. "busy": burst requests not sent because the connection still waited for the last
+burst's answer (the gateway fell behind the pace). Exits 1 if any request failed.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import os
 import statistics
 import sys
 import tempfile
+import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +69,8 @@ class Target:
     added_p50: list[float] = field(default_factory=list)
     added_p99: list[float] = field(default_factory=list)
     errors: int = 0
+    busy: int = 0  # burst requests not sent: the connection still had the last one's answer
+    scrape_ms: float = 0.0
 
 
 def _start_gateway(
@@ -92,9 +99,22 @@ def pss_mb(pid: int) -> float:
     return total / 1024
 
 
-def _bursts(url: str, duration: float) -> tuple[float, float, int]:
+def _scrapes(url: str, count: int = 50) -> float:
+    """The median time of ``count`` scrapes of ``url`` (one at a time, a fresh connection each:
+    with two workers, about half are answered by each and merge the other's snapshot)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    times = []
+    for _ in range(count):
+        began = time.perf_counter()
+        with opener.open(url, timeout=10) as response:
+            response.read()
+        times.append((time.perf_counter() - began) * 1000)
+    return statistics.median(times)
+
+
+def _bursts(url: str, duration: float) -> tuple[float, float, int, int]:
     result = asyncio.run(paced_bursts(url + CHAT, BODY, BURST_CONNS, BURST_RATE, duration))
-    return pct(result.latency_ms, 50), pct(result.latency_ms, 99), result.errors + result.busy
+    return pct(result.latency_ms, 50), pct(result.latency_ms, 99), result.errors, result.busy
 
 
 def main() -> int:
@@ -120,7 +140,7 @@ def main() -> int:
         direct = f"http://127.0.0.1:{json_port}"
         targets = [_start_gateway(procs, cores, workdir, n, json_port) for n in (1, 2)]
         for round_ in range(args.rounds):
-            base50, base99, base_errors = _bursts(direct, args.duration)
+            base50, base99, base_errors, _ = _bursts(direct, args.duration)
             if base_errors:
                 raise BenchError(f"the fake upstream failed {base_errors} burst requests")
             order = targets if round_ % 2 == 0 else targets[::-1]
@@ -129,10 +149,11 @@ def main() -> int:
                 load = run_wrk("wrk", target.url + CHAT, BODY, args.duration, target.pid)
                 target.loads.append(load)
                 target.errors += load.non_2xx + load.socket_errors
-                p50, p99, errors = _bursts(target.url, args.duration)
+                p50, p99, errors, busy = _bursts(target.url, args.duration)
                 target.added_p50.append(p50 - base50)
                 target.added_p99.append(p99 - base99)
                 target.errors += errors
+                target.busy += busy
             one, two = targets
             a, b = one.loads[-1].rps, two.loads[-1].rps
             print(
@@ -141,6 +162,8 @@ def main() -> int:
                 f"  x2 +{two.added_p99[-1]:.1f} ms (direct p99 {base99:.1f} ms)",
                 flush=True,
             )
+        for target in targets:
+            target.scrape_ms = _scrapes(target.url + "/metrics")
         rss = {t.name: rss_mb(t.pid) for t in targets}
         pss = {t.name: pss_mb(t.pid) for t in targets}
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
@@ -152,19 +175,18 @@ def _report(targets: list[Target], rss: dict[str, float], pss: dict[str, float])
     print()
     print(
         "| gateway | chat req/s (each round) | p99 ms (wrk) | CPU µs/req"
-        " | added p50 / p99 in bursts, ms | RSS / PSS after, MB | errors |"
+        " | added p50 / p99 in bursts, ms | RSS / PSS after, MB | /metrics ms | errors | busy |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for t in targets:
         rps = " / ".join(f"{load.rps:,.0f}" for load in t.loads)
         p99 = " / ".join(f"{load.p99_ms:.1f}" for load in t.loads)
         cpu_us = " / ".join(f"{load.cpu_us:.0f}" for load in t.loads)
-        added = " / ".join(
-            f"+{a:.1f} / +{b:.1f}" for a, b in zip(t.added_p50, t.added_p99, strict=True)
-        )
+        pairs = zip(t.added_p50, t.added_p99, strict=True)
+        added = ", ".join(f"+{a:.1f} / +{b:.1f}" for a, b in pairs)
         print(
             f"| {t.name} | {rps} | {p99} | {cpu_us} | {added} | {rss[t.name]:.0f} / "
-            f"{pss[t.name]:.0f} | {t.errors} |"
+            f"{pss[t.name]:.0f} | {t.scrape_ms:.1f} | {t.errors} | {t.busy} |"
         )
     one, two = targets
     ratios = [b.rps / a.rps for a, b in zip(one.loads, two.loads, strict=True)]
@@ -174,10 +196,9 @@ def _report(targets: list[Target], rss: dict[str, float], pss: dict[str, float])
         + ", ".join(f"{r:.2f}" for r in ratios)
         + f" (median {statistics.median(ratios):.2f})"
     )
-    print(
-        "added p99 in bursts, median: x1 +"
-        f"{statistics.median(one.added_p99):.1f} ms, x2 +{statistics.median(two.added_p99):.1f} ms"
-    )
+    for what, values in (("p50", "added_p50"), ("p99", "added_p99")):
+        a, b = (statistics.median(getattr(t, values)) for t in targets)
+        print(f"added {what} in bursts, median of the rounds: x1 +{a:.1f} ms, x2 +{b:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -67,7 +67,8 @@ async def serving(
     until the block ends; ``run_job_loops=False`` leaves the dispatcher and reaper to the test.
 
     With ``GPUGATE_TEST_WORKERS=N`` (N > 1) a real ``gpugate serve --workers N`` instead, for
-    the tests that use neither ``clock`` nor the gateway's internals (tests/workers/processes.py).
+    the tests that use neither ``clock`` nor the gateway's internals (tests/workers/processes.py:
+    a test that reads them is skipped in that mode).
     """
     workers = requested_workers()
     if workers > 1 and clock is None and run_job_loops:

@@ -53,7 +53,7 @@ def _print_problems(error: ConfigError, stream: TextIO) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from gpugate.logs import configure_logging
     from gpugate.server import bind, serve_gateway
-    from gpugate.workers import Supervisor, default_workers, reserve
+    from gpugate.workers import Supervisor, default_workers, port_of, reserve
 
     config = load_config(args.config, environ=os.environ, require_env=True)
     if args.no_access_log:
@@ -68,21 +68,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     admin = config.admin_address
     admin_sock = None if admin is None else reserve(*admin) if many else bind(*admin)
     scheme = "https" if config.tls is not None else "http"
-    where = f"{scheme}://{host}:{sock.getsockname()[1]}"
+    where = f"{scheme}://{host}:{port_of(sock)}"
     if admin_sock is not None:
         where += f", admin plane on {scheme}://{admin[0] if admin else host}:"
-        where += str(admin_sock.getsockname()[1])
-    if many:
+        where += str(port_of(admin_sock))
+    if many:  # the supervisor announces it once it handles the signals
+        admin_at = None if admin is None or admin_sock is None else (admin[0], port_of(admin_sock))
         where += f" ({workers} workers)"
-    print(f"gpugate {__version__} listening on {where}", flush=True)
-    if many:
-        admin_at = (
-            None
-            if admin_sock is None
-            else (admin[0] if admin else host, admin_sock.getsockname()[1])
-        )
-        supervisor = Supervisor(config, workers, host, sock.getsockname()[1], admin_at)
+        announce = f"gpugate {__version__} listening on {where}"
+        supervisor = Supervisor(config, workers, host, port_of(sock), admin_at, announce=announce)
         return supervisor.run()
+    print(f"gpugate {__version__} listening on {where}", flush=True)
     clean = _run(serve_gateway(config, sock, admin_sock=admin_sock))
     return 0 if clean else 1
 

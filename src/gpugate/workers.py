@@ -8,6 +8,9 @@ again with ``SO_REUSEPORT``: the kernel spreads new connections among the worker
 worker's socket listens only once its gateway is built, so a restarting worker takes no
 connection before it can serve it.
 
+- The first worker starts alone, the others once it serves: it applies the store's migrations
+  and seeds the config version, which N processes racing on a new SQLite file would fail
+  ("database is locked" while switching it to WAL).
 - A worker that dies is restarted (its index, so its private metrics socket stays the same)
   after a backoff that doubles from 0.5 s to 30 s while it keeps dying within 30 s of its start;
   each restart is logged and counted (``gateway_worker_restarts_total``). A worker that dies
@@ -18,8 +21,9 @@ connection before it can serve it.
   grace); the supervisor exits once all have, 0 when every worker shut down clean. A second
   signal is forwarded too (each worker then stops at once).
 - Workers are in a process group of their own (a terminal's Ctrl-C reaches the supervisor only,
-  which forwards it once) and get SIGTERM when the supervisor dies (``PR_SET_PDEATHSIG``), so
-  none outlives it.
+  which forwards it once) and are killed (SIGKILL) by the kernel when the supervisor dies
+  (``PR_SET_PDEATHSIG``): ``kill -9`` of the gateway kills all of it, as a container's end
+  would, and none outlives it. The supervisor's own failure (a bug) drains them first.
 
 ``/metrics`` is one view: every worker answers a snapshot of its registry on a private unix
 socket and the worker that gets the scrape merges the others' (:mod:`gpugate.web.listeners`).
@@ -56,6 +60,7 @@ STABLE_AFTER_S = 30.0
 """A worker that lived this long before it died is restarted after the first backoff again."""
 
 _PR_SET_PDEATHSIG = 1
+_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
 
 
 def default_workers() -> int:
@@ -89,6 +94,7 @@ class Supervisor:
     port: int
     admin: tuple[str, int] | None = None
     run_worker: WorkerMain | None = None  # default: :func:`run_worker`
+    announce: str = ""  # printed once the signals are handled
     _children: dict[int, _Worker] = field(default_factory=dict)
     _stopping: int = 0  # signals received
     _restarts: int = 0
@@ -110,15 +116,20 @@ class Supervisor:
         os.set_blocking(wake_w, False)
         os.set_blocking(wake_r, False)
         previous = signal.set_wakeup_fd(wake_w)
-        handlers = {
-            sig: signal.signal(sig, self._on_signal)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
-        }
+        handlers = {sig: signal.signal(sig, self._on_signal) for sig in _HANDLED}
         clean = True
         try:
-            for index in range(self.workers):
-                self._start(_Worker(index))
+            if self.announce:  # once a signal can no longer kill the supervisor unheard
+                print(self.announce, flush=True)  # noqa: T201 - the command's one stdout line
+            if not self._stopping:  # a signal before this: nothing to start
+                self._start(_Worker(0))  # the others once it is serving (see _note_ready)
             clean = self._loop(wake_r)
+        except BaseException:  # a bug of ours: the workers drain before we go (and kill them)
+            self._signal_all(signal.SIGTERM)
+            for pid in list(self._children):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+            raise
         finally:
             signal.set_wakeup_fd(previous)
             for sig, handler in handlers.items():
@@ -134,7 +145,7 @@ class Supervisor:
             return  # the wake-up fd already woke the loop
         self._stopping += 1
         if self._stopping == 1:
-            log.info("%s: draining %d workers", signal.Signals(sig).name, len(self._children))
+            log.info("%s: draining the workers", signal.Signals(sig).name)
         self._signal_all(sig)
 
     def _signal_all(self, sig: int) -> None:
@@ -158,8 +169,9 @@ class Supervisor:
             self._note_ready(readable)
             for worker, status in self._reap():
                 code = os.waitstatus_to_exitcode(status)
-                if self._stopping:
-                    clean = clean and code == 0
+                if self._stopping:  # stopped by the signal before it served: nothing lost
+                    stopped = not worker.ready and -code in (signal.SIGTERM, signal.SIGINT)
+                    clean = clean and (code == 0 or stopped)
                 elif not self._all_ready:
                     self._first_start_failed(worker, code)
                 else:
@@ -178,6 +190,9 @@ class Supervisor:
                 self._read_ready(worker)
         if not self._all_ready:
             started = [w for w in self._children.values() if w.ready]
+            if started and len(self._children) == 1 and not self._stopping:
+                for index in range(1, self.workers):
+                    self._start(_Worker(index))
             self._all_ready = len(started) == self.workers
             if self._all_ready:
                 log.info("all %d workers are serving", self.workers)
@@ -242,10 +257,17 @@ class Supervisor:
         ready_r, ready_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
+        # No handler of the supervisor's may run in the child: block the signals across the
+        # fork; the child unblocks them once its own dispositions are in place.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
         pid = os.fork()
         if pid == 0:  # the worker
             code = 1
             try:
+                signal.set_wakeup_fd(-1)
+                for sig in _HANDLED:
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
                 os.close(ready_r)
                 code = self._in_worker(worker.index, ready_w)
             finally:
@@ -253,21 +275,22 @@ class Supervisor:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
         os.close(ready_w)
         os.set_blocking(ready_r, False)
         worker.pid, worker.ready_fd, worker.ready = pid, ready_r, False
         worker.started_at, worker.restart_at = time.monotonic(), None
         self._children[pid] = worker
+        if self._stopping:  # the signal came during the fork, before it was in _children
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
     def _in_worker(self, index: int, ready_w: int) -> int:
         os.setpgid(0, 0)
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() == 1:  # the supervisor died before the line above
             return 1
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
         sock = bind(self.host, self.port, reuse_port=True, listen=False)
         admin_sock = bind(*self.admin, reuse_port=True, listen=False) if self.admin else None
         main = self.run_worker or run_worker
@@ -279,6 +302,11 @@ def reserve(host: str, port: int) -> socket.socket:
     (it takes no connection), so the port stays the workers' while one restarts; a taken port
     is the :class:`~gpugate.errors.ListenError` of :func:`gpugate.server.bind`."""
     return bind(host, port, reuse_port=True, listen=False)
+
+
+def port_of(sock: socket.socket) -> int:
+    """The local port ``sock`` is bound to."""
+    return int(sock.getsockname()[1])
 
 
 def run_worker(

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 
 from gpugate.fleet import ModelServer, ServerBehaviour
 from harness import eventually, make_config, upstream
-from workers.processes import children, established_on, serve_process, stop
+from workers.processes import children, established_on, serve_process, stop, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -120,3 +123,20 @@ async def test_workers_1_is_one_process_without_a_supervisor(sqlite_dsn: str) ->
             async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as response:
                 assert "gateway_workers" not in await response.text()
             assert "workers" not in log.read_text().split("listening on", 1)[1].splitlines()[0]
+
+
+async def test_sigterm_while_the_workers_are_still_starting_exits_0(sqlite_dsn: str) -> None:
+    config = make_config(sqlite_dsn, [upstream("up", ["http://127.0.0.1:9"], ["m"])])
+    directory = Path(tempfile.mkdtemp(prefix="gpugate-workers-test-"))
+    path = write_config(config, directory)
+    command = [sys.executable, "-m", "gpugate", "serve", "--config", str(path)]
+    command += ["--listen", "127.0.0.1:0", "--workers", "2"]
+    log = directory / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        await eventually(lambda: "listening on" in log.read_text(), within_s=20, what="bound")
+        proc.send_signal(signal.SIGTERM)  # before, while or after the workers start
+        assert 0 == await stop(proc), log.read_text()[-2000:]
+    finally:
+        await stop(proc)
