@@ -20,6 +20,9 @@ Medians of repeated timed loops; µs or ns per call.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import json
 import math
 import os
@@ -28,8 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -210,8 +214,243 @@ def measure_scrape(mp: str) -> None:
     )
 
 
+# -- gpugate's own code per request, in process ------------------------------------------------
+
+
+class _StubResponse:
+    """An upstream's answer from memory: what the adapter's response offers the proxy."""
+
+    __slots__ = ("_parts", "headers", "status")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], parts: list[bytes]) -> None:
+        self.status, self.headers, self._parts = status, headers, parts
+
+    async def read_chunk(self) -> bytes:
+        return self._parts.pop(0) if self._parts else b""
+
+    def at_eof(self) -> bool:
+        return not self._parts
+
+    def set_idle_timeout(self, seconds: float | None) -> None:
+        pass
+
+    async def read(self) -> bytes:
+        parts, self._parts = self._parts, []
+        return b"".join(parts)
+
+    def release(self) -> None:
+        pass
+
+
+Answer = tuple[list[tuple[bytes, bytes]], list[bytes]]  # the head, the body's pieces
+
+
+def _stub_send(answer: list[Answer]) -> Any:
+    """An adapter ``send`` answering every POST with ``answer[0]`` (set per case)."""
+
+    async def send(
+        method: str, _url: str, _headers: Any, _body: Any, _timeouts: Any, **_: Any
+    ) -> Any:
+        if method == "GET":
+            return _StubResponse(200, [], [b"ok"])
+        head, parts = answer[0]
+        return _StubResponse(200, head, list(parts))
+
+    return send
+
+
+#: The answers measured: a chat completion; the bench's SSE stream in one piece (as its nginx
+#: sends it) and event by event (as an engine does, one token each).
+GATEWAY_MIXES = ("chat", "sse", "sse, 24 events")
+
+
+def _gateway_yaml(workdir: str, policy: str, endpoints: int, keys: bool) -> str:
+    urls = ", ".join(f"'http://127.0.0.1:{9 + i}'" for i in range(endpoints))  # never dialled
+    limits = "max_inflight: 4096, max_queue: 10000"
+    text = (
+        f"listen: 127.0.0.1:1\nstore: sqlite:///{workdir}/micro.db\nupstreams:\n"
+        f"  - {{id: json-model, urls: [{urls}], models: [json-model], {limits}"
+        + ("" if policy == "none" else f", routing: {{policy: {policy}}}")
+        + "}\n"
+    )
+    if keys:
+        text += "auth: {mode: keys, bootstrap_keys_env: BENCH_KEYS}\n"
+    return text
+
+
+async def _gateway_costs(
+    policy: str,
+    endpoints: int,
+    keys: bool,
+    seconds: float,
+    mixes: tuple[str, ...] = GATEWAY_MIXES,
+    key_kinds: tuple[str, ...] = ("key", "key+limits"),
+) -> dict[str, float]:
+    """µs of CPU per request through gpugate's whole ASGI app (its middlewares, the data plane,
+    the proxy, pick, admission, metrics, keys) with the upstream client replaced by answers
+    from memory: everything gpugate does per request above the transport."""
+    from proxy_keys import KEY_FREE, KEY_LIMITED, key_env
+    from proxy_load import _request
+    from proxy_targets import chat_completion, sse_stream
+
+    from gpugate.config.loader import parse_config
+    from gpugate.web.app import create_app
+    from gpugate.wiring import build_gateway
+
+    chat_head = [(b"content-type", b"application/json")]
+    sse_head = [(b"content-type", b"text/event-stream")]
+    sse = sse_stream()
+    events = [e + b"\n\n" for e in sse.split(b"\n\n") if e]
+    answers: dict[str, Answer] = {
+        "chat": (chat_head, [chat_completion()]),
+        "sse": (sse_head, [sse]),
+        "sse, 24 events": (sse_head, events),
+    }
+    chat, stream = _request("json-model"), _request("json-model", stream=True)
+    bodies = {"chat": chat, "sse": stream, "sse, 24 events": stream}
+    answer = [answers["chat"]]
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="gpugate-micro-") as tmp:
+        config = parse_config(_gateway_yaml(tmp, policy, endpoints, keys))
+        environ = {**os.environ, **key_env()}
+        async with build_gateway(
+            config, environ=environ, probe_interval_s=3600, run_job_loops=False
+        ) as gw:
+            gw.proxy._client.send = _stub_send(answer)  # noqa: SLF001
+            app = create_app(gw)
+            kinds = {"key": KEY_FREE, "key+limits": KEY_LIMITED}
+            keyed = tuple(kinds[k] for k in key_kinds) if keys else (None,)
+            for key in keyed:
+                for mix in mixes:
+                    answer[0] = answers[mix]
+                    label = {None: mix, KEY_FREE: f"{mix}, key", KEY_LIMITED: f"{mix}, key+limits"}
+                    out[label[key]] = await _time_app(app, bodies[mix], key, seconds)
+    return out
+
+
+async def _time_app(app: Any, body: bytes, key: str | None, seconds: float) -> float:
+    headers = [
+        (b"host", b"127.0.0.1"),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if key is not None:
+        headers.append((b"authorization", b"Bearer " + key.encode()))
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 1),
+        "state": {},
+    }
+    status: list[int] = []
+
+    async def one() -> None:
+        given = False
+        gone = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+
+        await app(dict(scope, state={}), receive, send)
+        gone.set()
+
+    for _ in range(200):  # warm: caches, the key's lookup, the leases
+        await one()
+    if any(s != 200 for s in status):
+        raise RuntimeError(f"the in-process gateway answered {sorted(set(status))}")
+    results = []
+    for _ in range(7):  # the best of 7 loops: a shared machine's noise only ever adds
+        n, cpu = 0, time.process_time()
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds / 7:
+            for _ in range(50):
+                await one()
+            n += 50
+        results.append((time.process_time() - cpu) / n)
+    return min(results) * 1e6
+
+
+def measure_gateway(seconds: float) -> dict[str, float]:
+    import uvloop
+
+    costs: dict[str, float] = {}
+    for policy, endpoints, keys, tune, tag in (
+        ("least_outstanding", 1, False, False, "1 endpoint, least_outstanding"),
+        ("least_outstanding", 2, False, False, "2 endpoints, least_outstanding"),
+        ("prefix_affinity", 2, False, False, "2 endpoints, prefix_affinity"),
+        ("prefix_affinity", 2, True, False, "2 endpoints, prefix_affinity, auth keys"),
+        ("prefix_affinity", 2, False, True, "2 endpoints, prefix_affinity, gc tuned"),
+    ):
+        with _gc_tuned(on=tune):
+            for case, us in uvloop.run(_gateway_costs(policy, endpoints, keys, seconds)).items():
+                costs[f"{tag}: {case}"] = us
+    return costs
+
+
+@contextlib.contextmanager
+def _gc_tuned(*, on: bool) -> Iterator[None]:
+    """``on``: the collector tuned as a server could be once started — what exists then frozen
+    out of every collection (``gc.freeze``) and the youngest generation collected every 50,000
+    allocations instead of 700 (a request of gpugate's leaves no cycles behind: nothing piles
+    up for it to find)."""
+    if os.environ.get("GPUGATE_MICRO_GC") == "off":  # for a profile: no collection at all,
+        gc.disable()  # so none is sampled in whatever line happened to allocate
+        yield
+        gc.enable()
+        return
+    if not on:
+        yield
+        return
+    was = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*was)
+        gc.unfreeze()
+
+
 def main() -> int:
     from venvs import CANDIDATES, candidate_env
+
+    if "--gateway-case" in sys.argv:  # one case, for bench/profile_proxy.py --in-process
+        import uvloop
+
+        policy, endpoints, auth, mix, seconds = sys.argv[sys.argv.index("--gateway-case") + 1 :]
+        costs = uvloop.run(
+            _gateway_costs(policy, int(endpoints), auth != "open", float(seconds), (mix,), (auth,))
+        )
+        print("US " + json.dumps(costs))
+        return 0
+    if "--gateway" in sys.argv:  # gpugate's venv (or PYTHONPATH=<another tree's src>)
+        import gpugate
+
+        print(f"== gpugate's own code per request, in process ({gpugate.__file__}) ==")
+        costs = measure_gateway(float(os.environ.get("GPUGATE_MICRO_S", "2")))
+        for label, us in costs.items():
+            print(f"{label:>60}  {us:7.1f} µs")
+        if "--json" in sys.argv:
+            print("JSON " + json.dumps(costs))
+        return 0
 
     here = Path(sys.prefix).resolve()
     if here != CANDIDATES.path.resolve():  # gpugate's venv: its parse, then the rest there

@@ -20,8 +20,10 @@ as ``asyncio/runners.py``. Granian's targets are not profiled (its Python runs i
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -68,26 +70,58 @@ RULES: list[tuple[str, re.Pattern[str]]] = [
     )
 ]
 OTHER = "other"
+
+# gpugate's own code, finer (``--in-process``: the whole app, the upstream answering from memory)
+OWN_RULES: list[tuple[str, re.Pattern[str]]] = [
+    (name, re.compile(pattern))
+    for name, pattern in (
+        ("the harness (the fake client and upstream)", r"hotpath_micro\.py"),
+        ("parse the body (json, the hardening walk)",
+         r"\(json/|gpugate/(config/untrusted|web/bodies)"),
+        ("routing: prefix hashes, scoring", r"gpugate/core/(scoring|prefix_index)\.py"),
+        ("pick: endpoint state (core/picking)", r"gpugate/core/picking\.py"),
+        ("admission (core/admission)", r"gpugate/core/admission\.py"),
+        ("metrics (prometheus_client)", r"prometheus_client/|gpugate/metrics\.py"),
+        ("usage, limits (services/usage, limits)", r"gpugate/(services|core)/(usage|limits)\.py"),
+        ("keys: the middleware, the key lookup",
+         r"gpugate/(web/auth|services/keys|core/keys)\.py|hashlib"),
+        ("telemetry hooks, the Generation reading", r"gpugate/telemetry\.py"),
+        ("the attempt loop (services/proxy, attempts)",
+         r"gpugate/services/(proxy|attempts|continuation)\.py|gpugate/(retry|core/registry)\.py"),
+        ("data plane: web/dataplane.py", r"gpugate/web/dataplane\.py"),
+        ("other ASGI middlewares, request ids", r"gpugate/web/"),
+        ("gpugate (other)", r"gpugate/"),
+        ("asyncio tasks and futures", r"\(asyncio/"),
+    )
+]  # fmt: skip
+GC = "garbage collection (sampled in whatever allocated)"
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<path>[^()]*):\d+\)$")
 
 
-def categorise(stack: str) -> str:
+def categorise(stack: str, rules: list[tuple[str, re.Pattern[str]]] = RULES) -> str:
     """The category of one sample's stack (``frame;frame;...``, outermost first)."""
     for frame in reversed(stack.split(";")):
         match = _FRAME.match(frame)
         text = f"{match['func']} ({match['path']})" if match else frame
-        for name, pattern in RULES:
+        for name, pattern in rules:
             if pattern.search(text):
                 return name
     return OTHER
 
 
-def budget(raw: Path) -> Counter[str]:
+def budget(
+    raw: Path, rules: list[tuple[str, re.Pattern[str]]] = RULES, within: str | None = None
+) -> Counter[str]:
+    """Samples per category; ``within``: only the stacks through that frame (the measured
+    loop, not the set-up)."""
     counts: Counter[str] = Counter()
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
-        if stack and count.isdigit() and "Thread._bootstrap" not in stack:  # the event loop only
-            counts[categorise(stack)] += int(count)
+        if not stack or not count.isdigit() or "Thread._bootstrap" in stack:  # the loop only
+            continue
+        if within is not None and within not in stack:
+            continue
+        counts[categorise(stack, rules)] += int(count)
     return counts
 
 
@@ -132,12 +166,65 @@ def run(targets: tuple[str, ...], duration: int, out: Path) -> None:
     print(f"\nraw stacks: {out}")
 
 
+IN_PROCESS = (  # (label, policy, endpoints, auth, mix)
+    ("chat, open", "prefix_affinity", "2", "open", "chat"),
+    ("SSE (one piece), open", "prefix_affinity", "2", "open", "sse"),
+    ("chat, client key", "prefix_affinity", "2", "key", "chat"),
+    ("SSE (one piece), client key", "prefix_affinity", "2", "key", "sse"),
+    ("SSE, 24 events, key with limits", "prefix_affinity", "2", "key+limits", "sse, 24 events"),
+)  # fmt: skip
+
+
+def in_process(duration: int, out: Path) -> None:
+    """gpugate's own code per request (``hotpath_micro.py --gateway-case``: the whole app, two
+    endpoints, prefix_affinity, the upstream answering from memory) under py-spy, its µs from
+    the same run, divided by :data:`OWN_RULES`."""
+    py_spy = CANDIDATES.ensure().bin("py-spy")
+    micro = Path(__file__).resolve().parent / "hotpath_micro.py"
+    env = {**os.environ, "GPUGATE_ADMIN_TOKEN": "bench-" + "z" * 32}  # no warning per gateway
+    for label, policy, endpoints, auth, mix in IN_PROCESS:
+        raw = out / f"in-process-{len(list(out.glob('in-process-*')))}.txt"
+        argv = [sys.executable, str(micro), "--gateway-case", policy, endpoints, auth, mix]
+        record = [py_spy, "record", "-r", "1000", "-f", "raw", "-o", str(raw), "--", *argv]
+        done = subprocess.run(
+            [*record, str(duration)], capture_output=True, text=True, env=env, check=False
+        )
+        found = re.search(r"^US (.*)$", done.stdout, re.MULTILINE)
+        if done.returncode != 0 or found is None or not raw.exists():
+            raise BenchError(f"in-process profile of {label} failed:\n{done.stderr[-2000:]}")
+        us = next(iter(json.loads(found[1]).values()))
+        counts = budget(raw, OWN_RULES, within="_time_app")
+        total = counts.total()
+        print(
+            f"\n== {label}: {us:,.1f} µs of CPU per request in process (the collector tuned);"
+            f" {total:,} samples =="
+        )
+        rows = [
+            [name, f"{n / total:.1%}", f"{n / total * us:,.1f}"] for name, n in counts.most_common()
+        ]
+        print(table(["where", "share", "µs/request"], rows))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=5)
     parser.add_argument("--targets", default="gpugate,p-proto")
     parser.add_argument("--out", type=Path, help="keep the raw stacks here")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="gpugate's own code per request, no transport (hotpath_micro.py --gateway-case)",
+    )
     args = parser.parse_args()
+    if args.in_process:
+        out = args.out or Path(tempfile.mkdtemp(prefix="gpugate-profile-"))
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            in_process(args.duration, out)
+        except (BenchError, VenvError) as exc:
+            print(f"profile: {exc}", file=sys.stderr)
+            return 1
+        return 0
     targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
     profiled = ("gpugate", "gpugate-asgi", "bare", *(t for t in PROTOTYPES if "rsgi" not in t))
     if unknown := [t for t in targets if t not in profiled]:

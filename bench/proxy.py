@@ -25,6 +25,7 @@ prints the tables and the summary.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import resource
@@ -39,6 +40,7 @@ from functools import partial
 from pathlib import Path
 
 import uvloop
+from proxy_baseline import baseline_python, resolve
 from proxy_keys import phase_keys
 from proxy_load import (
     BODIES,
@@ -63,9 +65,11 @@ from proxy_report import (
     ttfb_table,
 )
 from proxy_targets import (
+    BASELINE,
     CHAT,
     LONG,
     ONE_CORE,
+    OPTIONAL,
     PROTOTYPES,
     SLOW,
     TARGETS,
@@ -76,9 +80,13 @@ from proxy_targets import (
     Setup,
     Tools,
     cpu_s,
+    free_port,
+    gateway_yaml,
+    process_tree,
     rss_mb,
     serve_model,
     start_all,
+    wait_http,
 )
 from routing_cost import memory_per_10k, picker_costs
 from venvs import CANDIDATES, VLLM_ROUTER, VenvError, candidate_env
@@ -179,13 +187,14 @@ def phase_routing_rps(setup: Setup, wrk: str, report: Report) -> None:
             rps_ratios.append(a.rps / b.rps)
             cpu_ratios.append(a.cpu_us / b.cpu_us)
         spread = " ".join(f"{r:.2f}" for r in sorted(rps_ratios))
+        report.routing[mix] = statistics.median(rps_ratios)
         print(
             f"  {mix:<5} req/s ratio median {statistics.median(rps_ratios):.3f} (pairs: {spread}),"
             f" CPU/req ratio median {statistics.median(cpu_ratios):.3f}"
         )
 
 
-def phase_picker() -> None:
+def phase_picker(report: Report) -> None:
     """The picker's CPU per request in process (issue #18): wave 1's beside each policy's; the
     throughput tables compare gpugate (prefix_affinity, the default) with gpugate-p2c."""
     print("\n== Routing: the picker's CPU per request, 4 endpoints, a 2,000-token chat ==")
@@ -193,9 +202,76 @@ def phase_picker() -> None:
     base = costs[0][1]
     for what, us in costs:
         print(f"  {what:<50} {us:7.1f} us  ({us / base:5.1f}x wave 1)")
+        if what.startswith("Router, "):
+            report.picker_us[what.split(",")[1].split("(")[0].strip()] = us
     print("  prefix index + sessions per 10,000 four-turn conversations:")
     for label, blocks, mb in memory_per_10k():
         print(f"    {label:<40} {blocks:>9,} blocks {mb:7.1f} MB")
+
+
+WORKER_PAIRS = 4  # alternated pairs of wrk runs, one worker against two
+
+
+def serve_has_workers() -> bool:
+    """Whether this tree's ``gpugate serve`` takes ``--workers`` (another branch adds it)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gpugate", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return "--workers" in done.stdout
+
+
+def phase_workers(setup: Setup, wrk: str, procs: Processes, report: Report) -> None:
+    """``gpugate serve --workers 2`` against the run's one-worker gpugate (issue #21 done-when
+    2): both on every core for this phase (a pinned proxy has one core: nothing to gain), wrk
+    and the fake upstream beside them, in alternated pairs; the one-worker gpugate goes back to
+    its core afterwards."""
+    if "gpugate" not in setup.targets or not serve_has_workers():
+        print("\n== Workers: skipped (gpugate serve --help lists no --workers) ==")
+        return
+    every = frozenset(os.sched_getaffinity(0)) | setup.cores.proxy
+    port = free_port()
+    config = procs.workdir / "gpugate-x2.yaml"
+    config.write_text(gateway_yaml(procs.workdir, port, setup.ports["direct"]))
+    serve = ["serve", "--config", str(config), "--log-level", "WARNING", "--workers", "2"]
+    x2 = procs.start("gpugate-x2", [sys.executable, "-m", "gpugate", *serve])
+    wait_http(procs, f"http://127.0.0.1:{port}/readyz", timeout_s=60)
+    one = setup.pid("gpugate")
+    _set_affinity(one, every)
+    os.sched_setaffinity(0, every)
+    duration = max(1, report.settings.duration // 2)
+    print(
+        f"\n== Workers: gpugate --workers 2 / one worker, both on CPUs {sorted(every)} with wrk"
+        f" and the fake upstream, {WORKER_PAIRS} alternated pairs of {duration} s =="
+    )
+    try:
+        for mix in ("chat", "sse"):
+            lane, path = MIXES[mix]
+            ratios = []
+            for k in range(WORKER_PAIRS):
+                runs = {"one": (setup.url("gpugate", lane, path), one),
+                        "two": (f"http://127.0.0.1:{port}{path}", x2)}  # fmt: skip
+                loads = {}
+                for name in ("one", "two") if k % 2 == 0 else ("two", "one"):
+                    url, pid = runs[name]
+                    loads[name] = run_wrk(wrk, url, BODIES[mix], duration, pid)
+                    if loads[name].non_2xx or loads[name].socket_errors:
+                        report.problems.append(f"{mix} via gpugate workers={name}: errors (wrk)")
+                ratios.append(loads["two"].rps / loads["one"].rps)
+            report.workers[mix] = statistics.median(ratios)
+            spread = " ".join(f"{r:.2f}" for r in sorted(ratios))
+            print(f"  {mix:<5} req/s two / one median {report.workers[mix]:.3f} (pairs: {spread})")
+    finally:
+        _set_affinity(one, setup.cores.proxy)
+        os.sched_setaffinity(0, setup.cores.load)
+
+
+def _set_affinity(pid: int, cpus: frozenset[int]) -> None:
+    for each in process_tree(pid):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(each, cpus)
 
 
 def read_rss(setup: Setup, report: Report, moment: str) -> None:
@@ -272,19 +348,32 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
-def ensure_venvs(targets: tuple[str, ...]) -> Tools:
-    """The router's and the prototypes' venvs, made when this run needs them."""
+def ensure_venvs(targets: tuple[str, ...], baseline: str | None = None) -> Tools:
+    """The router's, the prototypes' and the baseline's venvs, made when this run needs them."""
     router = VLLM_ROUTER.ensure().bin("vllm-router") if "vllm-router" in targets else None
+    base = baseline_python(baseline)[0] if baseline is not None else None
     if any(t in PROTOTYPES for t in targets):
-        return Tools(router, CANDIDATES.ensure().python, candidate_env())
-    return Tools(router, None, None)
+        return Tools(router, CANDIDATES.ensure().python, candidate_env(), base)
+    return Tools(router, None, None, base)
 
 
-def run(settings: Settings, targets: tuple[str, ...], cores: Cores, *, keys: bool = True) -> int:
+def run(
+    settings: Settings,
+    targets: tuple[str, ...],
+    cores: Cores,
+    *,
+    keys: bool = True,
+    baseline: str | None = None,
+) -> int:
     wrk, nginx = ensure_tools()
-    tools = ensure_venvs(targets)
+    if baseline is not None:
+        targets = (*targets, BASELINE) if BASELINE not in targets else targets
+    tools = ensure_venvs(targets, baseline)
     raise_fd_limit()
     report = Report(machine(wrk, nginx, tools), settings, cores=cores.describe())
+    if baseline is not None:
+        report.baseline = resolve(baseline)
+        print(f"baseline: gpugate at {report.baseline[:12]} as {BASELINE}, from its own venv")
     print("== Machine ==\n" + "  ".join(f"{k}: {v}" for k, v in report.machine.items()))
     print(f"cores: {report.cores}")
     os.sched_setaffinity(0, cores.load)  # this process, wrk and the fake upstreams
@@ -294,15 +383,17 @@ def run(settings: Settings, targets: tuple[str, ...], cores: Cores, *, keys: boo
         read_rss(setup, report, "idle")
         phase_throughput(setup, wrk, report)
         phase_routing_rps(setup, wrk, report)
+        phase_picker(report)  # beside the routing phase's req/s
         if keys:
-            report.problems += phase_keys(setup, wrk, procs, cores, settings.duration)
+            problems, report.keys = phase_keys(setup, wrk, procs, cores, settings.duration)
+            report.problems += problems
+        phase_workers(setup, wrk, procs, report)
         read_rss(setup, report, "loaded")
         phase_bursts(setup, report)
         phase_latency(setup, report)
         phase_ttfb(setup, report)
         phase_held(setup, report)
         procs.check()
-    phase_picker()
     print_summary(report)
     if report.problems:
         print("\nFAILED:\n" + "\n".join(f"  - {p}" for p in report.problems), file=sys.stderr)
@@ -313,10 +404,11 @@ def run(settings: Settings, targets: tuple[str, ...], cores: Cores, *, keys: boo
 def choose_targets(args: argparse.Namespace) -> tuple[str, ...]:
     if args.targets:
         chosen = [t.strip() for t in args.targets.split(",") if t.strip()]
-        unknown = [t for t in chosen if t not in (*TARGETS, *PROTOTYPES)]
+        unknown = [t for t in chosen if t not in (*TARGETS, *PROTOTYPES, *OPTIONAL)]
         if unknown:
             raise SystemExit(f"bench: unknown targets: {', '.join(unknown)}")
-        return ("direct", *(t for t in (*TARGETS, *PROTOTYPES) if t in chosen and t != "direct"))
+        known = (*TARGETS, *OPTIONAL, *PROTOTYPES)
+        return ("direct", *(t for t in known if t in chosen and t != "direct"))
     if args.workers:
         return ("direct", *WORKERS_RUN)
     return (*TARGETS, *ONE_CORE) if args.candidates else TARGETS
@@ -332,12 +424,18 @@ def main() -> int:
     parser.add_argument(
         "--targets",
         help=f"comma-separated targets (direct is always measured); any of:"
-        f" {', '.join([*TARGETS, *PROTOTYPES])}",
+        f" {', '.join([*TARGETS, *OPTIONAL, *PROTOTYPES])} (gpugate-base: see --baseline)",
     )
     parser.add_argument(
         "--no-keys", action="store_true", help="skip the auth.mode keys vs open phase"
     )
     parser.add_argument("--no-pin", action="store_true", help="let every process run on every core")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also measure gpugate at git revision REV (exported, in its own venv) as"
+        f" {BASELINE}, in the same run (e.g. d2daa21: issue #13 done-when 4)",
+    )
     parser.add_argument(
         "--workers",
         action="store_true",
@@ -355,7 +453,9 @@ def main() -> int:
         settings = Settings(duration=args.duration, warmup=True, ttfb_clients=256, held=1000)
     try:
         pin = not (args.no_pin or args.workers)
-        return run(settings, choose_targets(args), Cores.split(pin=pin), keys=not args.no_keys)
+        cores = Cores.split(pin=pin)
+        targets = choose_targets(args)
+        return run(settings, targets, cores, keys=not args.no_keys, baseline=args.baseline)
     except (BenchError, VenvError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

@@ -26,6 +26,16 @@ BIG = 10**9
 ROUNDS = 3
 
 
+def key_env() -> dict[str, str]:
+    """The two bootstrap keys, as ``auth.bootstrap_keys_env: BENCH_KEYS`` reads them."""
+    limits = {"requests_per_min": BIG, "tokens_per_min": BIG, "daily_tokens": BIG}  # leased
+    keys = [
+        {"name": "free", "tenant": "bench", "key": KEY_FREE, "max_class": "system"},
+        {"name": "limited", "tenant": "bench", "key": KEY_LIMITED, "limits": limits},
+    ]
+    return {"BENCH_KEYS": json.dumps(keys)}
+
+
 def start_keyed(procs: Processes, setup: Setup, cores: Cores) -> tuple[int, int]:
     """The keyed gpugate, on a free port: its port and pid."""
     workdir, port = procs.workdir, free_port()
@@ -35,12 +45,7 @@ def start_keyed(procs: Processes, setup: Setup, cores: Cores) -> tuple[int, int]
     )
     yaml += "auth: {mode: keys, bootstrap_keys_env: BENCH_KEYS}\n"
     (workdir / "gateway-keys.yaml").write_text(yaml)
-    limits = {"requests_per_min": BIG, "tokens_per_min": BIG, "daily_tokens": BIG}  # leased
-    keys = [
-        {"name": "free", "tenant": "bench", "key": KEY_FREE, "max_class": "system"},
-        {"name": "limited", "tenant": "bench", "key": KEY_LIMITED, "limits": limits},
-    ]
-    env = {**os.environ, "BENCH_KEYS": json.dumps(keys)}
+    env = {**os.environ, **key_env()}
     serve = ["serve", "--config", str(workdir / "gateway-keys.yaml"), "--log-level", "WARNING"]
     argv = cores.wrap([sys.executable, "-m", "gpugate", *serve])
     pid = procs.start("gpugate-keys", argv, env=env)
@@ -48,10 +53,14 @@ def start_keyed(procs: Processes, setup: Setup, cores: Cores) -> tuple[int, int]
     return port, pid
 
 
-def phase_keys(setup: Setup, wrk: str, procs: Processes, cores: Cores, duration: int) -> list[str]:
-    """Measure and print; the problems found (a non-2xx answer)."""
+def phase_keys(
+    setup: Setup, wrk: str, procs: Processes, cores: Cores, duration: int
+) -> tuple[list[str], dict[str, float]]:
+    """Measure and print; the problems found (a non-2xx answer), and keys' req/s as a share of
+    open's per mix and key (``"chat keys"``, ``"sse keys+limits"``, ...)."""
+    shares: dict[str, float] = {}
     if "gpugate" not in setup.targets:
-        return []
+        return [], shares
     port, keyed_pid = start_keyed(procs, setup, cores)
     print(
         f"\n== auth.mode keys vs open: wrk -t1 -c64 -d{duration}s, {ROUNDS} rounds, alternated =="
@@ -79,8 +88,10 @@ def phase_keys(setup: Setup, wrk: str, procs: Processes, cores: Cores, duration:
             mean = statistics.median(values)
             runs_text = " / ".join(f"{v:6.0f}" for v in values)
             used = statistics.median(cpu[name])
+            if name != "open":
+                shares[f"{mix} {name}"] = mean / base
             print(
                 f"  {mix:<5} {name:<12} {runs_text} req/s {mean / base:7.1%} of open;"
                 f" CPU {used:6.0f} us/req ({used / base_cpu:6.1%})"
             )
-    return problems
+    return problems, shares

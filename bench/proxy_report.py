@@ -36,6 +36,15 @@ class Report:
     rss: dict[str, dict[str, float]] = field(default_factory=dict)  # target -> moment -> MB
     held: dict[str, Held] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    #: gpugate / gpugate-p2c req/s, medians of alternated pairs, per mix (issue #18)
+    routing: dict[str, float] = field(default_factory=dict)
+    #: the picker's µs per request in process, per policy, 2 endpoints (issue #18)
+    picker_us: dict[str, float] = field(default_factory=dict)
+    #: keys' req/s as a share of open's: "chat keys", "sse keys+limits", ... (issue #16)
+    keys: dict[str, float] = field(default_factory=dict)
+    #: gpugate-x2 / gpugate, both on every core, medians of alternated pairs, per mix (#21)
+    workers: dict[str, float] = field(default_factory=dict)
+    baseline: str = ""  # the commit of gpugate-base, when measured
 
     def ratio(self, mix: str, target: str, base: str) -> float:
         loads = self.loads.get(mix, {})
@@ -178,6 +187,45 @@ def verdicts(r: Report, target: str) -> list[tuple[str, str, bool]]:
     ]
 
 
+def _mark(ok: bool) -> str:
+    return "✓" if ok else "✗"
+
+
+def done_when_rows(r: Report) -> list[list[str]]:
+    """The verdict per done-when this run judges: issue, what it asks, the figures, ✓/✗."""
+    rows: list[list[str]] = []
+    if PEER in r.targets and "gpugate" in r.targets:
+        for ask, got, ok in verdicts(r, "gpugate"):
+            rows.append(["#21 DW1", ask, got, _mark(ok)])
+    if r.workers:
+        got = ", ".join(f"{mix} {v:.2f}x" for mix, v in r.workers.items())
+        rows.append(["#21 DW2", "--workers 2 beats one worker (both on every core)", got,
+                     _mark(all(v > 1 for v in r.workers.values()))])  # fmt: skip
+    if "gpugate-base" in r.targets and "gpugate" in r.targets and BARE in r.targets:
+        for mix in ("chat", "sse"):
+            now, then = r.ratio(mix, "gpugate", BARE), r.ratio(mix, "gpugate-base", BARE)
+            rows.append([
+                "#13 DW4", f"{mix} req/s within 5 % of {r.baseline[:7]}'s (each x bare)",
+                f"{now:.2f}x bare vs {then:.2f}x ({now / then:.1%})", _mark(now >= 0.95 * then),
+            ])  # fmt: skip
+        now_p99, then_p99 = r.added("gpugate", 99), r.added("gpugate-base", 99)
+        rows.append([
+            "#13 DW4", f"added p99, bursts, within 5 % of {r.baseline[:7]}'s",
+            f"{now_p99:+.2f} vs {then_p99:+.2f} ms", _mark(now_p99 <= then_p99 * 1.05),
+        ])  # fmt: skip
+    for name, share in r.keys.items():
+        rows.append(["#16 DW5", f"{name}: ≥ 90 % of open's req/s", f"{share:.1%}",
+                     _mark(share >= 0.9)])  # fmt: skip
+    if r.routing:
+        picker = ", ".join(f"{k} {v:.1f} µs" for k, v in r.picker_us.items())
+        for mix, ratio in r.routing.items():
+            rows.append([
+                "#18 DW4", f"{mix}: prefix_affinity ≥ 0.90x least_outstanding req/s",
+                f"{ratio:.3f}x (picker: {picker})", _mark(ratio >= 0.9),
+            ])  # fmt: skip
+    return rows
+
+
 def _md(headers: list[str], rows: list[list[str]]) -> str:
     lines = [headers, ["---"] * len(headers), *rows]
     return "\n".join("| " + " | ".join(line) + " |" for line in lines)
@@ -253,6 +301,9 @@ def print_summary(r: Report) -> None:
             for i, ask in enumerate(asks)
         ]
         print(_md(["target of #21", *judged], rows))
+    if verdict := done_when_rows(r):
+        print("\nThe done-whens this run judges:\n")
+        print(_md(["issue", "asks", "measured", ""], verdict))
     if "gpugate" in r.latency:
         overhead = r.latency["gpugate"].overhead_ms
         print(

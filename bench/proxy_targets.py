@@ -31,14 +31,25 @@ import uvloop
 
 HERE = Path(__file__).resolve().parent
 TARGETS = ("direct", "nginx", "vllm-router", "bare", "gpugate", "gpugate-p2c", "gpugate-asgi")
-#: gpugate as configured by default (routing prefix_affinity), with wave 1's picker, and served
-#: all through ASGI (GPUGATE_FASTPATH=0: the data plane before the fast path, for A/B runs)
-GATEWAYS = {
+#: gpugate as configured by default (routing prefix_affinity), with wave 1's picker, served all
+#: through ASGI (GPUGATE_FASTPATH=0: the data plane before the fast path, for A/B runs), at another
+#: revision (``--baseline REV``: its own export and venv, no ``routing:``) and with two workers
+#: (only when ``gpugate serve --help`` lists ``--workers``)
+GATEWAYS: dict[str, str | None] = {
     "gpugate": "prefix_affinity",
     "gpugate-p2c": "least_outstanding",
     "gpugate-asgi": "prefix_affinity",
+    "gpugate-base": None,
+    "gpugate-x2": "prefix_affinity",
+    "gpugate-gc": "prefix_affinity",  # the collector tuned once started (proxy_gc_serve.py)
 }
 _ENVIRONMENTS = {"gpugate-asgi": {"GPUGATE_FASTPATH": "0"}}
+BASELINE, TWO_WORKERS = "gpugate-base", "gpugate-x2"
+OPTIONAL = (BASELINE, "gpugate-gc")  # measured when asked for (--targets, --baseline)
+#: The lanes whose fake upstream listens on two ports: every proxy in front of them is given both
+#: as two endpoints (gpugate's urls, the router's workers, nginx's upstream servers), so routing's
+#: scorer chooses between two on every request, as in a fleet (issue #18 done-when 4).
+TWO_ENDPOINTS = ("json", "sse")
 LANES = ("json", "sse", "slow", "long")  # an upstream each; nginx, the router and bare by port
 # The hot-path prototypes (docs in bench/README.md): name -> script and its arguments.
 PROTOTYPES: dict[str, tuple[str, ...]] = {
@@ -175,12 +186,25 @@ http {{
 """
 
 
-def fake_upstream_http(json_port: int, sse_port: int) -> str:
-    """Two servers answering from memory: chat and embeddings as JSON; chat as SSE."""
+def second(lane: str) -> str:
+    """The name of a lane's second listening port in ``Setup.ports["direct"]``."""
+    return lane + "-b"
+
+
+def upstream_urls(up: dict[str, int], lane: str) -> list[str]:
+    """The fake upstream's endpoints for ``lane``: two distinct ports where it has them."""
+    ports = [up[lane], up[second(lane)]] if second(lane) in up else [up[lane]]
+    return [f"http://127.0.0.1:{port}" for port in ports]
+
+
+def fake_upstream_http(json_port: int, sse_port: int, json_b: int, sse_b: int) -> str:
+    """Two servers answering from memory: chat and embeddings as JSON; chat as SSE; each on two
+    ports (two endpoints of one upstream, to whoever is in front)."""
     health = "location = /health { return 200 'ok'; }"
     return f"""
     server {{
         listen 127.0.0.1:{json_port} backlog=4096;
+        listen 127.0.0.1:{json_b} backlog=4096;
         default_type application/json;
         location = {CHAT} {{ {nginx_return(chat_completion())} }}
         location = {EMBEDDINGS} {{ {nginx_return(embedding_list())} }}
@@ -188,16 +212,19 @@ def fake_upstream_http(json_port: int, sse_port: int) -> str:
     }}
     server {{
         listen 127.0.0.1:{sse_port} backlog=4096;
+        listen 127.0.0.1:{sse_b} backlog=4096;
         location = {CHAT} {{ default_type text/event-stream; {nginx_return(sse_stream())} }}
         {health}
     }}"""
 
 
-def nginx_proxy_http(routes: dict[int, int]) -> str:
-    """A ``proxy_pass`` server per listening port to its upstream, keep-alive pooled, unbuffered."""
+def nginx_proxy_http(routes: dict[int, list[int]]) -> str:
+    """A ``proxy_pass`` server per listening port to its upstream's ports (round robin),
+    keep-alive pooled, unbuffered."""
     return "".join(
         f"""
-    upstream up{listen} {{ server 127.0.0.1:{up}; keepalive 64; keepalive_requests 1000000; }}
+    upstream up{listen} {{ {" ".join(f"server 127.0.0.1:{p};" for p in up)} keepalive 64;
+        keepalive_requests 1000000; }}
     server {{
         listen 127.0.0.1:{listen} backlog=4096;
         location / {{
@@ -212,14 +239,15 @@ def nginx_proxy_http(routes: dict[int, int]) -> str:
 
 
 def gateway_yaml(
-    workdir: Path, port: int, upstream_ports: dict[str, int], policy: str = "prefix_affinity"
+    workdir: Path, port: int, upstream_ports: dict[str, int], policy: str | None = "prefix_affinity"
 ) -> str:
+    """gpugate's config for the bench; ``policy`` None: no ``routing:`` (a revision before it)."""
     lines = [f"listen: 127.0.0.1:{port}", f"store: sqlite:///{workdir}/{port}.db", "upstreams:"]
     for model, lane in MODELS.items():
-        url = f"http://127.0.0.1:{upstream_ports[lane]}"
+        urls = ", ".join(f"'{url}'" for url in upstream_urls(upstream_ports, lane))
         limits = "max_inflight: 4096, max_queue: 10000"  # admission never throttles the bench
-        routing = f"routing: {{policy: {policy}}}"
-        lines.append(f"  - {{id: {model}, url: '{url}', models: [{model}], {limits}, {routing}}}")
+        routing = "" if policy is None else f", routing: {{policy: {policy}}}"
+        lines.append(f"  - {{id: {model}, urls: [{urls}], models: [{model}], {limits}{routing}}}")
     return "\n".join(lines) + "\n"
 
 
@@ -390,30 +418,43 @@ class Setup:
         return (*ordered, "bare") if "bare" in self.targets else tuple(ordered)
 
 
+def all_ports(targets: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """Free ports: one per lane for direct (and a second one for :data:`TWO_ENDPOINTS`) and
+    for the targets routed by port; one for each of the others."""
+    ports = {t: {lane: free_port() for lane in LANES} for t in ("direct", *BY_PORT)}
+    for lane in TWO_ENDPOINTS:
+        ports["direct"][second(lane)] = free_port()
+    for target in targets:
+        if target not in ports:
+            ports[target] = dict.fromkeys(LANES, free_port())
+    return ports
+
+
 def start_all(
     procs: Processes, nginx: str, targets: tuple[str, ...], cores: Cores, tools: Tools
 ) -> Setup:
     """Start every process, each on free ports, and wait until each answers. The fake
     upstreams start on the load's CPUs; each proxy on the proxies' CPUs."""
-    ports = {t: {lane: free_port() for lane in LANES} for t in ("direct", *BY_PORT)}
-    for target in targets:
-        if target not in ports:
-            ports[target] = dict.fromkeys(LANES, free_port())
+    ports = all_ports(targets)
     up, workdir = ports["direct"], procs.workdir
-    upstream = fake_upstream_http(up["json"], up["sse"])
+    upstream = fake_upstream_http(up["json"], up["sse"], up[second("json")], up[second("sse")])
     pids = {"direct": dict.fromkeys(LANES, _start_nginx(procs, nginx, "upstream", upstream))}
     for lane, (model, (delay, chunks)) in MODEL_SERVERS.items():
         argv = [sys.executable, str(HERE / "proxy.py"), "--model-server", model, str(up[lane])]
         procs.start(lane, [*argv, str(delay), str(chunks)])
     for target in targets:
         if target == "nginx":
-            routes = {ports["nginx"][lane]: up[lane] for lane in LANES}
+            routes = {
+                ports["nginx"][lane]: [int(u.rpartition(":")[2]) for u in upstream_urls(up, lane)]
+                for lane in LANES
+            }
             pid = _start_nginx(procs, nginx, "nginx", nginx_proxy_http(routes), cores)
             pids["nginx"] = dict.fromkeys(LANES, pid)
         elif target == "vllm-router":
             pids[target] = {
                 lane: procs.start(
-                    f"vllm-router-{lane}", cores.wrap(router_argv(tools, port, up[lane]))
+                    f"vllm-router-{lane}",
+                    cores.wrap(router_argv(tools, port, upstream_urls(up, lane))),
                 )
                 for lane, port in ports[target].items()
             }
@@ -422,10 +463,7 @@ def start_all(
             argv = [sys.executable, str(HERE / "bare_proxy.py"), *bare]
             pids["bare"] = dict.fromkeys(LANES, procs.start("bare", cores.wrap(argv)))
         elif target in GATEWAYS:
-            config = workdir / f"{target}.yaml"
-            config.write_text(gateway_yaml(workdir, ports[target]["json"], up, GATEWAYS[target]))
-            serve = ["serve", "--config", str(config), "--log-level", "WARNING"]
-            argv = [sys.executable, "-m", "gpugate", *serve]
+            argv = gateway_argv(target, workdir, ports[target]["json"], up, tools)
             env = {**os.environ, **_ENVIRONMENTS[target]} if target in _ENVIRONMENTS else None
             pids[target] = dict.fromkeys(LANES, procs.start(target, cores.wrap(argv), env=env))
         elif target in PROTOTYPES:
@@ -447,16 +485,37 @@ class Tools:
     vllm_router: str | None
     candidates_python: str | None
     candidate_env: dict[str, str] | None
+    #: ``--baseline REV``: the python of that revision's own venv (its gpugate installed)
+    baseline_python: str | None = None
 
 
-def router_argv(tools: Tools, port: int, upstream_port: int) -> list[str]:
-    """vllm-router in front of one upstream, round robin (it forwards every request to its
-    workers whatever the model: one router per lane)."""
+def gateway_argv(
+    target: str, workdir: Path, port: int, up: dict[str, int], tools: Tools
+) -> list[str]:
+    """``gpugate serve`` for ``target`` (its config written), with this venv's gpugate or, for
+    the baseline, the baseline venv's."""
+    config = workdir / f"{target}.yaml"
+    config.write_text(gateway_yaml(workdir, port, up, GATEWAYS[target]))
+    serve = ["serve", "--config", str(config), "--log-level", "WARNING"]
+    if target == TWO_WORKERS:
+        serve += ["--workers", "2"]
+    python = sys.executable
+    if target == BASELINE:
+        assert tools.baseline_python is not None
+        python = tools.baseline_python
+    if target == "gpugate-gc":
+        return [python, str(HERE / "proxy_gc_serve.py"), *serve]
+    return [python, "-m", "gpugate", *serve]
+
+
+def router_argv(tools: Tools, port: int, urls: list[str]) -> list[str]:
+    """vllm-router in front of one upstream's endpoints, round robin (it forwards every request
+    to its workers whatever the model: one router per lane)."""
     assert tools.vllm_router is not None
     return [
         tools.vllm_router,
         *("--host", "127.0.0.1", "--port", str(port)),
-        *("--worker-urls", f"http://127.0.0.1:{upstream_port}", "--policy", "round_robin"),
+        *("--worker-urls", *urls, "--policy", "round_robin"),
         *("--worker-startup-check-interval", "1", "--prometheus-port", str(free_port())),
         *("--log-level", "warning"),
     ]

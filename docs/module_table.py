@@ -29,6 +29,7 @@ LAYER_NAMES = (
     "delivery",
     "delivery",
     "delivery",
+    "delivery",
     "composition",
     "services",
     "adapters",

@@ -19,7 +19,9 @@ from gpugate.config import GatewayConfig, config_from_document
 from gpugate.fleet import ModelServer, ServerBehaviour
 from gpugate.server import bind, connection_limits, make_server
 from gpugate.web.app import create_app
+from gpugate.web.batches import present
 from gpugate.wiring import Gateway, build_gateway
+from workers.processes import NotInProcess, requested_workers, serve_process
 
 
 @dataclass
@@ -62,7 +64,17 @@ async def serving(
     port: int = 0,
 ) -> AsyncIterator[RunningGateway]:
     """Build the gateway and serve it with uvicorn on 127.0.0.1:<port> (default: a free one)
-    until the block ends; ``run_job_loops=False`` leaves the dispatcher and reaper to the test."""
+    until the block ends; ``run_job_loops=False`` leaves the dispatcher and reaper to the test.
+
+    With ``GPUGATE_TEST_WORKERS=N`` (N > 1) a real ``gpugate serve --workers N`` instead, for
+    the tests that use neither ``clock`` nor the gateway's internals (tests/workers/processes.py:
+    a test that reads them is skipped in that mode).
+    """
+    workers = requested_workers()
+    if workers > 1 and clock is None and run_job_loops:
+        async with serve_process(config, workers=workers, environ=environ, port=port) as served:
+            yield RunningGateway(served[0], NotInProcess())  # type: ignore[arg-type]
+        return
     sock = bind("127.0.0.1", port)
     port = sock.getsockname()[1]
     async with build_gateway(
@@ -71,6 +83,7 @@ async def serving(
         probe_interval_s=probe_interval_s,
         clock=clock,
         run_job_loops=run_job_loops,
+        present_error=present,
     ) as gateway:
         limits = connection_limits(config.server)
         server = make_server(create_app(gateway), grace_s=1, limits=limits)

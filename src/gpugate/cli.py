@@ -53,6 +53,7 @@ def _print_problems(error: ConfigError, stream: TextIO) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from gpugate.logs import configure_logging
     from gpugate.server import bind, serve_gateway
+    from gpugate.workers import Supervisor, default_workers, port_of, reserve
 
     config = load_config(args.config, environ=os.environ, require_env=True)
     if args.no_access_log:
@@ -61,14 +62,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     configure_logging(args.log_format or config.server.log_format, args.log_level)
     host, port = (config.host, config.port) if args.listen is None else _split_listen(args.listen)
-    sock = bind(host, port)
+    workers = args.workers if args.workers is not None else default_workers()
+    many = workers > 1  # the supervisor holds the ports, each worker binds them again
+    sock = reserve(host, port) if many else bind(host, port)
     admin = config.admin_address
-    admin_sock = bind(*admin) if admin is not None else None
+    admin_sock = None if admin is None else reserve(*admin) if many else bind(*admin)
     scheme = "https" if config.tls is not None else "http"
-    where = f"{scheme}://{host}:{sock.getsockname()[1]}"
+    where = f"{scheme}://{host}:{port_of(sock)}"
     if admin_sock is not None:
         where += f", admin plane on {scheme}://{admin[0] if admin else host}:"
-        where += str(admin_sock.getsockname()[1])
+        where += str(port_of(admin_sock))
+    if many:  # the supervisor announces it once it handles the signals
+        admin_at = None if admin is None or admin_sock is None else (admin[0], port_of(admin_sock))
+        where += f" ({workers} workers)"
+        announce = f"gpugate {__version__} listening on {where}"
+        supervisor = Supervisor(config, workers, host, port_of(sock), admin_at, announce=announce)
+        return supervisor.run()
     print(f"gpugate {__version__} listening on {where}", flush=True)
     clean = _run(serve_gateway(config, sock, admin_sock=admin_sock))
     return 0 if clean else 1
@@ -399,6 +408,19 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workers(value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of workers: {value!r}") from None
+    if not 1 <= count <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"--workers takes 1 to {MAX_WORKERS}, got {count}")
+    return count
+
+
+MAX_WORKERS = 256
+
+
 def _split_listen(value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit():
@@ -413,6 +435,14 @@ def _add_process_commands(sub: Any) -> None:
     p.add_argument("--listen", help="HOST:PORT, overrides `listen` in the file")
     p.add_argument("--log-format", choices=["text", "json"], help="overrides server.log_format")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        metavar="N",
+        help="worker processes sharing the listen address (SO_REUSEPORT), each a whole gateway "
+        "on the same store, restarted if one dies; /metrics merges them (default: the cores "
+        "this process may use; 1: one process, no supervisor)",
+    )
     p.add_argument(
         "--no-access-log",
         action="store_true",

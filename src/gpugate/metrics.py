@@ -3,14 +3,20 @@
 This is the only module that imports ``prometheus_client``. A fresh :class:`Metrics` is built per
 app (and per test), so nothing is registered globally and two gateways in one process do not
 collide. Families keep the ``gateway_`` prefix (DESIGN §3).
+
+With ``serve --workers N`` each worker keeps its own registry and ``/metrics`` is their merge
+(:meth:`Metrics.exposition`, docs/decisions.md §21): counters and histograms summed, gauges by
+what they mean (:data:`GAUGE_MERGE`), ``_created`` the earliest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import json
+import math
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -62,6 +68,9 @@ class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self) -> None:
+        self._workers = 1
+        self._siblings: Callable[[], Awaitable[Sequence[bytes]]] | None = None
+        self._restarts: Callable[[], int] = lambda: 0
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.build_info = Info("gateway_build", "gpugate build information", registry=r)
@@ -327,8 +336,61 @@ class Metrics:
         return samples
 
     def render(self) -> bytes:
-        """The exposition text of every family."""
+        """The exposition text of every family (of this process)."""
         return generate_latest(self.registry)
+
+    def join_workers(
+        self,
+        workers: int,
+        siblings: Callable[[], Awaitable[Sequence[bytes]]],
+        restarts: Callable[[], int],
+    ) -> None:
+        """Make this registry one of ``workers`` processes': :meth:`exposition` merges the
+        snapshots ``siblings()`` returns (the others' :meth:`snapshot`, those that answered);
+        ``restarts()`` is how many workers the supervisor restarted."""
+        self._workers, self._siblings, self._restarts = workers, siblings, restarts
+
+    async def exposition(self) -> bytes:
+        """What ``/metrics`` serves: this process's families, or with workers every worker's
+        merged into one view, plus ``gateway_workers*``."""
+        if self._siblings is None:
+            return self.render()
+        others = await self._siblings()
+        families = merge([self.snapshot(), *others])
+        return generate_latest(_Fixed([*families, *self._worker_families(1 + len(others))]))
+
+    def _worker_families(self, reporting: int) -> list[Metric]:
+        configured = GaugeMetricFamily(
+            "gateway_workers", "Worker processes of serve --workers", value=self._workers
+        )
+        answered = GaugeMetricFamily(
+            "gateway_workers_reporting",
+            "Workers whose metrics this scrape merged (fewer than gateway_workers: one was"
+            " restarting or did not answer within 1 s)",
+            value=reporting,
+        )
+        restarts = CounterMetricFamily(
+            "gateway_worker_restarts",
+            "Worker processes the supervisor restarted after they died",
+            value=self._restarts(),
+        )
+        return [configured, answered, restarts]
+
+    def snapshot(self) -> bytes:
+        """Every family of this process as JSON, for a sibling's :meth:`exposition`."""
+        return json.dumps(
+            [
+                [
+                    f.name,
+                    f.type,
+                    f.documentation,
+                    f.unit,
+                    [[s.name, s.labels, s.value] for s in f.samples],
+                ]
+                for f in self.registry.collect()
+            ],
+            separators=(",", ":"),
+        ).encode()
 
     def __repr__(self) -> str:
         return f"<Metrics families={len(list(self.registry.collect()))}>"
@@ -370,3 +432,66 @@ class _JobTotals(Collector):
             for value, count in sorted(read().items()):
                 family.add_metric([value], count)
             yield family
+
+
+#: How a gauge of several workers is merged (any other gauge: ``max``). ``sum``: a count of
+#: this process's own (requests in flight, waiting); ``min``: 1 only while every worker
+#: agrees (an endpoint in rotation everywhere). The rest read one shared source (the
+#: exporters, the engines, the store, the config) and agree within a poll interval; ``max``
+#: keeps a fault or saturation flag that one worker has already seen.
+GAUGE_MERGE: Mapping[str, str] = {
+    "gateway_upstream_inflight": "sum",
+    "gateway_queue_depth": "sum",
+    "gateway_endpoint_healthy": "min",
+}
+_SUMMED = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
+
+_Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def merge(snapshots: Iterable[bytes]) -> list[Metric]:
+    """The families of several workers' :meth:`Metrics.snapshot` merged into one view
+    (first seen, first listed): counters and histograms summed, ``_created`` the earliest,
+    gauges by :data:`GAUGE_MERGE`, info and the rest the highest."""
+    heads: dict[str, tuple[str, str, str]] = {}
+    values: dict[str, dict[_Key, float]] = {}
+    for snapshot in snapshots:
+        for name, kind, documentation, unit, samples in json.loads(snapshot):
+            heads.setdefault(name, (kind, documentation, unit))
+            merged = values.setdefault(name, {})
+            for sample_name, labels, value in samples:
+                key = (sample_name, tuple(sorted(labels.items())))
+                old = merged.get(key)
+                merged[key] = (
+                    value if old is None else _combine(kind, name, sample_name, old, value)
+                )
+    families = []
+    for name, (kind, documentation, unit) in heads.items():
+        family = Metric(name, documentation, kind, unit)
+        for (sample_name, labels), value in values[name].items():
+            family.add_sample(sample_name, dict(labels), value)
+        families.append(family)
+    return families
+
+
+def _combine(kind: str, family: str, sample: str, old: float, new: float) -> float:
+    if sample.endswith("_created"):
+        return min(old, new)
+    rule = (
+        "sum" if kind in _SUMMED else GAUGE_MERGE.get(family, "max") if kind == "gauge" else "max"
+    )
+    if rule == "sum":
+        return old + new
+    if math.isnan(old):
+        return new
+    return min(old, new) if rule == "min" else max(old, new)
+
+
+class _Fixed:
+    """Families already collected, in the shape ``generate_latest`` reads."""
+
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)

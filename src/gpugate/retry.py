@@ -3,9 +3,12 @@
 Foundation layer (the standard library only), so the push worker — a separate program that may
 import only the foundation — uses the same rules as the gateway's sync path and dispatcher.
 
-* :func:`retryable` — the HTTP statuses that say "try again later": 429 and the transient 5xx
-  (500, 502, 503, 504). Every other status is an answer (a 4xx is the request's fault; 501 and
-  505 will not change).
+* :func:`retryable` — the HTTP statuses that say "try again later": 408 and 425 (the server did
+  not act on the request and says so), 429 and the transient 5xx (500, 502, 503, 504). Every
+  other status is an answer (a 4xx is the request's fault; 501 and 505 will not change). It is
+  the one answer to "is this status retryable" in gpugate: the proxy, the ``upstream`` and push
+  runtimes, the batch runner and the push worker (its reports and its model server's answers)
+  all ask it.
 * :class:`Backoff` — exponential backoff with *full jitter* (AWS architecture blog, "Exponential
   Backoff And Jitter"): the n-th wait is uniform in ``[0, min(max_s, base_s * 2**(n-1))]``, which
   spreads retries of many clients best for the least total wait.
@@ -22,8 +25,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
+#: 408 Request Timeout and 425 Too Early (not acted on: RFC 9110 §15.5.9, RFC 8470 §5.2),
 #: 429 Too Many Requests and the transient server errors.
-RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: Load signals: the server is alive but asks for less traffic (honour its Retry-After).
 LOAD_STATUSES = frozenset({429, 503})
 

@@ -36,22 +36,31 @@ from gpugate.config import GatewayConfig, ServerConfig, TlsConfig
 from gpugate.errors import ConfigError, ConfigProblem, ListenError
 from gpugate.services.readiness import Lifecycle
 from gpugate.web.app import create_app
+from gpugate.web.batches import present
 from gpugate.web.connections import ConnectionLimits
 from gpugate.web.fastpath import fast_protocol
-from gpugate.web.listeners import ListenerSplit
+from gpugate.web.listeners import ListenerSplit, Peers, sibling_metrics
 from gpugate.wiring import build_gateway
 
 log = logging.getLogger("gpugate.server")
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port, or a :class:`ListenError` that says what is wrong."""
+def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
+    """A listening socket on host:port, or a :class:`ListenError` that says what is wrong.
+
+    ``reuse_port``: ``SO_REUSEPORT``, so every worker of ``serve --workers`` binds the address
+    itself and the kernel spreads the connections among them; ``listen=False`` leaves the
+    socket bound only (it gets no connection until the event loop starts serving on it, which
+    listens: a worker takes no connection before its gateway is built)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, True)  # noqa: FBT003
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, True)  # noqa: FBT003
         sock.bind((host, port))
-        sock.listen(2048)
+        if listen:
+            sock.listen(2048)
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
@@ -276,11 +285,16 @@ async def serve_gateway(
     environ: Mapping[str, str] | None = None,
     on_started: Callable[[], Awaitable[None]] | None = None,
     admin_sock: socket.socket | None = None,
+    peers: Peers | None = None,
 ) -> bool:
-    """Build the gateway, serve it until a signal, then stop it: the whole life of ``serve``."""
+    """Build the gateway, serve it until a signal, then stop it: the whole life of ``serve``;
+    ``peers``: one worker of ``serve --workers`` (its /metrics merges its siblings')."""
     tls = server_tls(config.tls)  # before anything starts: a wrong file is one clear error
     raise_fd_limit()
-    async with build_gateway(config, environ=environ) as gateway:
+    async with (
+        build_gateway(config, environ=environ, present_error=present) as gateway,
+        sibling_metrics(gateway.metrics, peers),
+    ):
         app = gateway_app(create_app(gateway), admin_sock)
         # Everything built so far lives as long as the process: move it out of the collector's
         # sight, so a full collection under load scans only what requests allocate.

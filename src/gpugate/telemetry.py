@@ -366,7 +366,13 @@ class Generation:
         """What the answer told; ``model=False`` skips looking for its ``model`` (only a
         recording span wants it)."""
         ended = self._clock()  # the last event was sent just now
-        tail = (self._a + self._b + self._c)[-TAIL_BYTES:]
+        last = self._c
+        # the last pieces, copied only when the answer came in more than one
+        tail = (
+            last[-TAIL_BYTES:]
+            if len(last) >= TAIL_BYTES or not (self._a or self._b)
+            else ((self._a + self._b + last)[-TAIL_BYTES:])
+        )
         at = tail.rfind(b'"usage"')
         usage = tail[at:] if at >= 0 else b""
         prompt = _first_int(_PROMPT, usage)

@@ -1,8 +1,19 @@
 """The composition root: the one place that builds every part of a gateway and wires them together.
 
 ``build_gateway(config)`` is an async context manager: on entry it opens the store, applies its
-migrations, seeds (or loads) the gateway config version and starts every loop; on exit it stops
-the loops in reverse order and closes the store. Nothing else in gpugate names a concrete back end.
+migrations, seeds (or loads) the gateway config version, builds every part in dependency order
+and starts every loop; on exit it stops the loops in reverse order and closes the store. Nothing
+else in gpugate names a concrete back end.
+
+Every part is complete when it is constructed: its collaborators come through its constructor,
+and nothing is set on it afterwards (docs/decisions.md §"The composition root"). The
+:class:`Gateway` is a frozen record of those parts, every field required; an optional feature is
+either a part that is always there and does nothing when unconfigured (client keys outside
+``auth.mode: keys``, a job engine with no runtimes) or ``None`` by construction and for good
+(``monitor`` while ``gpu_health`` is dormant). What a running gateway does change — the config
+version in effect, the runtimes a new version adds, the upstreams' live state — lives inside
+parts made for it (:class:`LiveConfig`, :class:`~gpugate.services.runtimes.table.Runtimes`,
+:class:`~gpugate.core.registry.Registry`), swapped by :class:`Reconfigurer` alone.
 """
 
 from __future__ import annotations
@@ -38,8 +49,8 @@ from gpugate.core.throttle import FailureThrottle
 from gpugate.errors import ConfigError, ConfigProblem, GpugateError
 from gpugate.metrics import Metrics
 from gpugate.services.azure_di import AzureDocumentIntelligence
-from gpugate.services.batch_runner import BatchRunner
-from gpugate.services.batches import Batches
+from gpugate.services.batch_runner import BatchRunner, ErrorBody
+from gpugate.services.batches import Batches, BatchFiles
 from gpugate.services.config_versions import ConfigVersions
 from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.engine_monitor import EngineMonitor
@@ -64,6 +75,7 @@ from gpugate.services.runtimes.base import Runtime
 from gpugate.services.runtimes.modal import ModalRuntime
 from gpugate.services.runtimes.push import PushRuntime
 from gpugate.services.runtimes.push_reports import PushReports
+from gpugate.services.runtimes.table import Runtimes
 from gpugate.services.runtimes.upstream import UpstreamRuntime
 from gpugate.services.samples import Sampler
 from gpugate.services.shed import ShedGate
@@ -78,104 +90,136 @@ from gpugate.telemetry import NO_TRACER, Tracer
 log = logging.getLogger("gpugate")
 
 
-@dataclass(slots=True)
-class Gateway:
-    """Everything a running gateway is made of; handed to the web layer."""
+class LiveConfig:
+    """The gateway config version in effect: the one value a running gateway swaps whole.
 
-    config: GatewayConfig
-    config_version: int
-    store: Store
+    Every part that follows the config reads it through :meth:`get` (or :meth:`current`, with
+    its version) when it acts, never a copy taken at construction; only
+    :meth:`Reconfigurer.apply` swaps it, with no ``await`` in between, so nothing sees half of
+    a version.
+    """
+
+    __slots__ = ("config", "version")
+
+    def __init__(self, config: GatewayConfig, version: int) -> None:
+        self.config = config
+        self.version = version
+
+    def get(self) -> GatewayConfig:
+        return self.config
+
+    def current(self) -> tuple[GatewayConfig, int]:
+        return self.config, self.version
+
+    def __repr__(self) -> str:
+        return f"<LiveConfig version={self.version}>"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Reconfigurer:
+    """Swaps in a new gateway config version, all at once (no await: no request or loop sees
+    half of it). Upstreams that stay keep their endpoints' state and admission pools, so
+    requests in flight finish undisturbed; a runtime new to this process gets its
+    implementation, and so does a push or modal runtime whose ``push``/``modal`` block, kind or
+    ``cents_per_second`` changed (its calls in flight are then answered by the new one); the
+    chain and the runtimes' views follow the live config."""
+
+    live: LiveConfig
+    environ: Mapping[str, str] = field(repr=False)  # holds secrets: never in a repr
     metrics: Metrics
-    clock: Clock
-    environ: Mapping[str, str]
-    started_at: datetime
     registry: Registry
     proxy: Proxy
-    idempotency: Idempotency
-    prober: Prober
-    blobs: BlobStore
-    monitor: GpuMonitor | None = None  # None: gpu_health is dormant
-    engine_monitor: EngineMonitor | None = None  # scrapes upstreams[].engine for routing
-    jobs: Jobs | None = None
-    dispatcher: Dispatcher | None = None
-    reaper: Reaper | None = None
-    runtime_ops: RuntimeOps | None = None
-    config_versions: ConfigVersions | None = None
-    runtimes: dict[str, Runtime] = field(default_factory=dict)
-    new_runtime: Callable[[RuntimeConfig], Runtime | None] | None = (
-        None  # builds a runtime a new config adds
-    )
-    push_reports: PushReports | None = None  # the worker routes' judge
-    gauges: RuntimeGauges | None = None
-    samples: Sampler | None = None  # the console charts' ring of samples
-    results: Results | None = None  # where job results are kept (inline or blobs)
-    retention: Retention | None = None  # the purge of old rows (issue #15 finding 4)
-    azure_di: AzureDocumentIntelligence | None = None
-    sync_front: SyncFront | None = None
-    batches: Batches | None = None
-    batch_runner: BatchRunner | None = None
-    guardrails: Guardrails | None = None
-    stop_conditions: StopConditions | None = None
-    import_environ: Mapping[str, str] = field(default_factory=dict)  # what an import may name
-    login_throttle: FailureThrottle = field(default_factory=FailureThrottle)  # wrong admin tokens
-    push_keys: PushKeys = field(default_factory=PushKeys)  # who sent a worker route's request
-    keys: Keys | None = None  # client keys (auth.mode: keys)
-    tracer: Tracer = NO_TRACER  # OpenTelemetry spans (telemetry.otlp_endpoint), else no-ops
-    quota: Quota = field(init=False)  # their limits
-    usage: UsageMeter = field(init=False)  # their usage
-    lifecycle: Lifecycle = field(init=False)
-    loops: Supervisor = field(init=False)  # owns every background loop; /readyz asks it
+    monitor: GpuMonitor | None
+    engine_monitor: EngineMonitor
+    runtimes: Runtimes
 
-    def __post_init__(self) -> None:
-        self.lifecycle = Lifecycle(self.clock)
-        restarts = self.metrics.loop_restarts
-        self.loops = Supervisor(self.clock, on_restart=lambda loop: restarts.labels(loop).inc())
-
-    @property
-    def stopping(self) -> bool:
-        """Draining or stopping: not ready for new traffic."""
-        return not self.lifecycle.ready
-
-    @stopping.setter
-    def stopping(self, value: bool) -> None:
-        if value:
-            self.lifecycle.stop()
-
-    def apply_config(self, config: GatewayConfig, version: int) -> None:
-        """Swap in a new gateway config version, all at once (no await: no request or loop
-        sees half of it). Upstreams that stay keep their endpoints' state and admission pools,
-        so requests in flight finish undisturbed; a runtime new to this process gets its
-        implementation, and so does a push or modal runtime whose ``push``/``modal`` block,
-        kind or ``cents_per_second`` changed (its calls in flight are then answered by the new
-        one); the chain and the runtimes' views follow ``self.config``."""
+    def apply(self, config: GatewayConfig, version: int) -> None:
+        before = self.live.config
         self.registry.reconfigure(config.upstreams)
         self.proxy.set_secrets(_secrets(config, self.environ))
         self.proxy.set_models(config.models)
         self.proxy.bind_gauges()
         if self.monitor is not None:
             self.monitor.reconfigure(config.upstreams)
-        if self.engine_monitor is not None:
-            self.engine_monitor.reconfigure(config.upstreams)
-        if self.proxy.router is not None:
-            self.proxy.router.policy = scoring.policy_table(config.upstreams, config.models)
+        self.engine_monitor.reconfigure(config.upstreams)
+        if (router := self.proxy.router) is not None:
+            router.policy = scoring.policy_table(config.upstreams, config.models)
             kept = {url for upstream in config.upstreams for url in upstream.endpoints}
-            for url in {u for up in self.config.upstreams for u in up.endpoints} - kept:
-                self.proxy.router.forget(url)  # an endpoint that left: its prefixes with it
-        if self.new_runtime is not None:
-            before = {entry.id: entry for entry in self.config.runtimes}
-            for entry in config.runtimes:
-                previous = before.get(entry.id)
-                fresh = entry.id not in self.runtimes
-                if not fresh and (previous is None or not _built_from_changed(previous, entry)):
-                    continue
-                if (built := self.new_runtime(entry)) is not None:
-                    self.runtimes[entry.id] = built
-                elif not fresh:
-                    log.warning(
-                        "runtime %s: kept as it was; its new settings cannot be built", entry.id
-                    )
-        self.config, self.config_version = config, version
+            for url in {u for up in before.upstreams for u in up.endpoints} - kept:
+                router.forget(url)  # an endpoint that left: its prefixes with it
+        self.runtimes.follow(before.runtimes, config.runtimes)  # built from `before`'s settings
+        self.live.config, self.live.version = config, version
         self.metrics.config_version.set(version)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Gateway:
+    """Everything a running gateway is made of, each part complete; handed to the web layer.
+
+    Frozen, and every field is required: :func:`build_gateway` makes the parts in dependency
+    order and hands each its collaborators, so no field is filled in (and no part is patched)
+    after construction. ``monitor`` is ``None`` when ``gpu_health`` is dormant — from the
+    start, for the gateway's whole life.
+    """
+
+    live: LiveConfig  # the config version in effect (``config``, ``config_version``)
+    store: Store
+    metrics: Metrics
+    clock: Clock
+    environ: Mapping[str, str]
+    import_environ: Mapping[str, str]  # what an import may name
+    started_at: datetime
+    tracer: Tracer  # OpenTelemetry spans (telemetry.otlp_endpoint), else no-ops
+    registry: Registry
+    proxy: Proxy
+    idempotency: Idempotency
+    prober: Prober
+    blobs: BlobStore
+    monitor: GpuMonitor | None  # None: gpu_health is dormant
+    engine_monitor: EngineMonitor  # scrapes upstreams[].engine for routing
+    login_throttle: FailureThrottle  # wrong admin tokens
+    push_keys: PushKeys  # who sent a worker route's request
+    keys: Keys  # client keys (enforced in auth.mode: keys)
+    quota: Quota  # their limits
+    usage: UsageMeter  # their usage
+    azure_di: AzureDocumentIntelligence
+    results: Results  # where job results are kept (inline or blobs)
+    runtimes: Runtimes  # the runtimes with an implementation here, following the config
+    runtime_ops: RuntimeOps
+    guardrails: Guardrails
+    stop_conditions: StopConditions
+    dispatcher: Dispatcher
+    reaper: Reaper
+    push_reports: PushReports  # the worker routes' judge
+    jobs: Jobs
+    sync_front: SyncFront
+    gauges: RuntimeGauges
+    reconfigurer: Reconfigurer
+    config_versions: ConfigVersions
+    batches: Batches
+    batch_runner: BatchRunner
+    retention: Retention  # the purge of old rows (issue #15 finding 4)
+    samples: Sampler  # the console charts' ring of samples
+    lifecycle: Lifecycle
+    loops: Supervisor  # owns every background loop; /readyz asks it
+
+    @property
+    def config(self) -> GatewayConfig:
+        """The gateway config version in effect."""
+        return self.live.config
+
+    @property
+    def config_version(self) -> int:
+        return self.live.version
+
+    @property
+    def stopping(self) -> bool:
+        """Draining or stopping: not ready for new traffic."""
+        return not self.lifecycle.ready
+
+    def apply_config(self, config: GatewayConfig, version: int) -> None:
+        """Swap in a new gateway config version (:meth:`Reconfigurer.apply`)."""
+        self.reconfigurer.apply(config, version)
 
     @property
     def admin_token(self) -> str | None:
@@ -218,20 +262,6 @@ class Gateway:
             f"<Gateway config_version={self.config_version} store={self.store.backend} "
             f"upstreams={len(self.config.upstreams)} stopping={self.stopping}>"
         )
-
-
-def _built_from_changed(old: RuntimeConfig, new: RuntimeConfig) -> bool:
-    """Whether what a runtime's implementation was built from changed (models, enabled,
-    max_concurrency and budgets are read live from the config instead)."""
-    if old.kind != new.kind:
-        return True
-    rate_old = old.budget.cents_per_second if old.budget else None
-    rate_new = new.budget.cents_per_second if new.budget else None
-    if isinstance(old, PushRuntimeConfig) and isinstance(new, PushRuntimeConfig):
-        return old.push != new.push or rate_old != rate_new
-    if isinstance(old, ModalRuntimeConfig) and isinstance(new, ModalRuntimeConfig):
-        return old.modal != new.modal or rate_old != rate_new
-    return False
 
 
 #: The actors of versions that came from the config file: the first seed, and later starts
@@ -313,11 +343,15 @@ async def build_gateway(
     clock: Clock | None = None,
     probe_interval_s: float = 5.0,
     run_job_loops: bool = True,
+    present_error: ErrorBody | None = None,
 ) -> AsyncIterator[Gateway]:
     """Build, start and finally stop a whole gateway (loops stop before the store closes).
 
     ``run_job_loops=False`` builds the job engine without starting its dispatcher and reaper
-    loops, for tests that step them by hand.
+    loops, for tests that step them by hand. ``present_error``: how a gateway error looks as an
+    HTTP answer (the web layer's table, :func:`gpugate.web.batches.present`), for the batch
+    lines that record one; the caller above the web layer passes it, as this module may not
+    import the web layer.
     """
     clock = clock or SystemClock()
     environ = os.environ if environ is None else environ
@@ -329,6 +363,7 @@ async def build_gateway(
         if applied:
             log.info("store migrations applied: %s", ", ".join(applied))
         config, version = await _load_config_version(store, file_config)
+        live = LiveConfig(config, version)
         metrics = Metrics()
         metrics.config_version.set(version)
         where = file_config.source_map.line(("telemetry", "otlp_endpoint"))
@@ -338,8 +373,9 @@ async def build_gateway(
         client = UpstreamClient()
         await client.start()
         stack.push_async_callback(client.close)
-        registry = Registry(config.upstreams, clock)
-        monitor, gate = _gpu_health(config, registry, client, clock, metrics)
+        monitor, gate = _gpu_health(config, client, clock, metrics)
+        guard = monitor.guard if monitor is not None and monitor.cfg.couple_faults else None
+        registry = Registry(config.upstreams, clock, guard=guard)
         proxy = Proxy(
             registry,
             client,
@@ -350,64 +386,97 @@ async def build_gateway(
             models=config.models,
         )
         engine_monitor = _routing(config, registry, proxy, monitor, client, clock, metrics)
-        prober = Prober(registry, client, clock, metrics, interval_s=probe_interval_s)
         blobs = open_blobs(config.blobs, environ)
         stack.push_async_callback(blobs.close)
+        keys = Keys(store, live.get, clock)
+        await keys.load_bootstrap(environ)
+        push_keys = PushKeys()
+        engine = await _jobs_engine(
+            _Parts(live, store, clock, metrics, environ, registry, proxy, blobs, push_keys),
+            stack,
+            tracer=tracer,
+        )
+        reconfigurer = Reconfigurer(
+            live, environ, metrics, registry, proxy, monitor, engine_monitor, engine.runtimes
+        )
+        import_environ = importable_environ(file_config, environ)
+        files = BatchFiles(store, blobs, clock)
+        batch_runner = BatchRunner(
+            store,
+            files,
+            proxy,
+            clock,
+            present=present_error,
+            takeover_at_start=store.backend == "sqlite",
+        )
+        server = config.server
         gateway = Gateway(
-            config=config,
-            config_version=version,
+            live=live,
             store=store,
             metrics=metrics,
             clock=clock,
             environ=environ,
+            import_environ=import_environ,
             started_at=clock.now(),
+            tracer=tracer,
             registry=registry,
             proxy=proxy,
             idempotency=Idempotency(
                 store,
-                config.server.idempotency_ttl_s,
-                max_body_bytes=config.server.max_idempotent_response_bytes,
+                server.idempotency_ttl_s,
+                max_body_bytes=server.max_idempotent_response_bytes,
             ),
-            prober=prober,
+            prober=Prober(registry, client, clock, metrics, interval_s=probe_interval_s),
             blobs=blobs,
             monitor=monitor,
             engine_monitor=engine_monitor,
-            tracer=tracer,
+            login_throttle=FailureThrottle(),
+            push_keys=push_keys,
+            keys=keys,
+            quota=Quota(store, clock, metrics, prices_of(live.get)),
+            usage=UsageMeter(store, clock, metrics, live.get),
+            azure_di=AzureDocumentIntelligence(proxy, live.get, clock),
+            results=engine.results,
+            runtimes=engine.runtimes,
+            runtime_ops=engine.runtime_ops,
+            guardrails=engine.guardrails,
+            stop_conditions=engine.stop_conditions,
+            dispatcher=engine.dispatcher,
+            reaper=engine.reaper,
+            push_reports=engine.push_reports,
+            jobs=engine.jobs,
+            sync_front=engine.sync_front,
+            gauges=RuntimeGauges(
+                store, engine.runtimes.keys, metrics, clock, interval_s=server.config_poll_s
+            ),
+            reconfigurer=reconfigurer,
+            config_versions=ConfigVersions(
+                store,
+                live.current,
+                reconfigurer.apply,
+                import_environ,
+                clock,
+                poll_s=file_config.server.config_poll_s,
+            ),
+            batches=Batches(
+                store, files, clock, wake=batch_runner.wake, cancel=batch_runner.cancel
+            ),
+            batch_runner=batch_runner,
+            retention=Retention(
+                store, blobs, clock, lambda: live.config.retention, metrics=metrics
+            ),
+            samples=_sampler(config, metrics, clock),
+            lifecycle=Lifecycle(clock),
+            loops=Supervisor(
+                clock, on_restart=lambda loop: metrics.loop_restarts.labels(loop).inc()
+            ),
         )
-        gateway.azure_di = AzureDocumentIntelligence(proxy, lambda: gateway.config, clock)
-        await _client_keys(gateway)
-        dispatcher, reaper = await _jobs_engine(gateway, stack)
-        gateway.import_environ = importable_environ(file_config, environ)
-        gateway.config_versions = ConfigVersions(
-            store,
-            lambda: (gateway.config, gateway.config_version),
-            gateway.apply_config,
-            gateway.import_environ,
-            clock,
-            poll_s=file_config.server.config_poll_s,
-        )
-        gateway.batches = Batches(store, blobs, clock)
-        gateway.batch_runner = BatchRunner(
-            store, gateway.batches, proxy, clock, takeover_at_start=store.backend == "sqlite"
-        )
-        _start_loops(gateway, stack, dispatcher, reaper, run_job_loops=run_job_loops)
+        _start_loops(gateway, stack, run_job_loops=run_job_loops)
         _warn_without_admin_token(gateway)
         try:
             yield gateway
         finally:
-            gateway.stopping = True
-
-
-async def _client_keys(gateway: Gateway) -> None:
-    """Client keys, their limits and usage; the bootstrap keys of the environment stored."""
-
-    def config() -> GatewayConfig:
-        return gateway.config
-
-    gateway.keys = Keys(gateway.store, config, gateway.clock)
-    gateway.quota = Quota(gateway.store, gateway.clock, gateway.metrics, prices_of(config))
-    gateway.usage = UsageMeter(gateway.store, gateway.clock, gateway.metrics, config)
-    await gateway.keys.load_bootstrap(gateway.environ)
+            gateway.lifecycle.stop()
 
 
 def _warn_without_admin_token(gateway: Gateway) -> None:
@@ -421,20 +490,9 @@ def _warn_without_admin_token(gateway: Gateway) -> None:
         )
 
 
-def _start_loops(
-    gateway: Gateway,
-    stack: AsyncExitStack,
-    dispatcher: Dispatcher,
-    reaper: Reaper,
-    *,
-    run_job_loops: bool,
-) -> None:
+def _start_loops(gateway: Gateway, stack: AsyncExitStack, *, run_job_loops: bool) -> None:
     """Start every background loop of a built gateway; they stop (in reverse) with ``stack``."""
-    assert gateway.config_versions is not None
-    assert gateway.runtime_ops is not None
-    assert gateway.guardrails is not None
-    assert gateway.batch_runner is not None
-    loops = gateway.loops
+    loops, dispatcher, reaper = gateway.loops, gateway.dispatcher, gateway.reaper
     stack.push_async_callback(loops.stop)
     stack.push_async_callback(_hand_back, gateway, loops)  # unwound first: before loops.stop
     gateway.lifecycle.on("draining", lambda: _stop_claiming(gateway, loops))
@@ -444,32 +502,16 @@ def _start_loops(
     loops.start("guardrails", gateway.guardrails.run)
     if gateway.monitor is not None:
         loops.start("gpu-monitor", gateway.monitor.run)
-    if gateway.engine_monitor is not None:
-        loops.start("engine-monitor", gateway.engine_monitor.run)
+    loops.start("engine-monitor", gateway.engine_monitor.run)
     gateway.metrics.count_jobs(
         lambda: asdict(dispatcher.totals),
         lambda: asdict(reaper.totals),
         lambda: reaper.stuck_by_runtime,
     )
-    gateway.gauges = RuntimeGauges(
-        gateway.store,
-        gateway.runtimes.keys,
-        gateway.metrics,
-        gateway.clock,
-        interval_s=gateway.config.server.config_poll_s,
-    )
     loops.start("job-gauges", gateway.gauges.run)
     loops.start("replica-heartbeat", ReplicaHeartbeat(gateway.store, gateway.clock).run)
-    gateway.retention = Retention(
-        gateway.store,
-        gateway.blobs,
-        gateway.clock,
-        lambda: gateway.config.retention,
-        metrics=gateway.metrics,
-    )
     loops.start("retention", gateway.retention.run)
     loops.start("key-usage", gateway.usage.run)
-    gateway.samples = _sampler(gateway)
     loops.start("console-samples", gateway.samples.run)
     if run_job_loops:
         store = gateway.store
@@ -482,11 +524,11 @@ def _start_loops(
 MAX_SAMPLES = 17_280  # a day at 5 s: the ring's bound whatever the config asks
 
 
-def _sampler(gateway: Gateway) -> Sampler:
+def _sampler(config: GatewayConfig, metrics: Metrics, clock: Clock) -> Sampler:
     """The console's ring: ``server.console_history_s`` of samples every ``console_sample_s``."""
-    server = gateway.config.server
+    server = config.server
     keep = min(MAX_SAMPLES, math.ceil(server.console_history_s / server.console_sample_s))
-    return Sampler(gateway.metrics.read, gateway.clock, every_s=server.console_sample_s, keep=keep)
+    return Sampler(metrics.read, clock, every_s=server.console_sample_s, keep=keep)
 
 
 CLAIMING_LOOPS = ("dispatcher", "job-wakeups", "batches")
@@ -498,8 +540,7 @@ _LETS_FINISH = ("dispatcher",)  # told to stop and awaited: a cancel mid-walk lo
 def _stop_claiming(gateway: Gateway, loops: Supervisor) -> None:
     """The drain began: the dispatcher finishes the job it walks and claims no more; the
     other claiming loops are cancelled."""
-    if gateway.dispatcher is not None:
-        gateway.dispatcher.stop()
+    gateway.dispatcher.stop()
     loops.stop_soon(tuple(name for name in CLAIMING_LOOPS if name not in _LETS_FINISH))
 
 
@@ -508,8 +549,7 @@ async def _hand_back(gateway: Gateway, loops: Supervisor) -> None:
     ``upstream`` runtime's) finish within what is left of the grace; then put the dispatcher
     claims still held back in the queue for the other replicas (not after a 30 s silence)."""
     lifecycle = gateway.lifecycle
-    if gateway.dispatcher is not None:
-        gateway.dispatcher.stop()
+    gateway.dispatcher.stop()
     await loops.finish(_LETS_FINISH, within_s=max(1.0, lifecycle.remaining_s()))
     await loops.stop_named(CLAIMING_LOOPS)
     if lifecycle.deadline is not None:
@@ -535,7 +575,38 @@ def _own_calls(gateway: Gateway) -> int:
     return sum(r.running for r in gateway.runtimes.values() if isinstance(r, UpstreamRuntime))
 
 
-async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatcher, Reaper]:
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """What the job engine and the runtimes are built from (built before them)."""
+
+    live: LiveConfig
+    store: Store
+    clock: Clock
+    metrics: Metrics
+    environ: Mapping[str, str] = field(repr=False)  # holds secrets: never in a repr
+    registry: Registry
+    proxy: Proxy
+    blobs: BlobStore
+    push_keys: PushKeys
+
+
+@dataclass(frozen=True, slots=True)
+class _JobEngine:
+    """The runtimes, the dispatcher, the reaper and the jobs API service, each complete."""
+
+    results: Results
+    runtimes: Runtimes
+    runtime_ops: RuntimeOps
+    guardrails: Guardrails
+    stop_conditions: StopConditions
+    dispatcher: Dispatcher
+    reaper: Reaper
+    push_reports: PushReports
+    jobs: Jobs
+    sync_front: SyncFront
+
+
+async def _jobs_engine(parts: _Parts, stack: AsyncExitStack, *, tracer: Tracer) -> _JobEngine:
     """Runtimes, dispatcher, reaper and the jobs API service, wired to the live config.
 
     Every kind is built here, also when a new config version adds a runtime; a push runtime
@@ -544,42 +615,17 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     :class:`RuntimeOps` last read their states. With SQLite one process owns the store, so
     every lease left over from a previous run is taken back at start-up (the reaper asks the
     runtime first).
+
+    The one cycle of the graph — the dispatcher walks the runtimes, and a runtime whose call
+    ended frees a slot of the dispatcher — is closed by ``call_ended``, a function that names
+    the dispatcher built below it and is first called when a call ends (after the loops
+    started), not by setting anything on a part after it was built.
     """
-    store, clock = gateway.store, gateway.clock
-    runtimes = gateway.runtimes  # shared with the dispatcher and the reaper; a new config adds
-
-    def config() -> GatewayConfig:
-        return gateway.config
-
-    ops = RuntimeOps(
-        store,
-        config,
-        gateway.registry,
-        runtimes.keys(),
-        clock,
-        poll_s=gateway.config.server.config_poll_s,
-    )
-
-    guardrails = Guardrails(
-        store, config, gateway.metrics, clock, poll_s=gateway.config.jobs.reap_s
-    )
-    ops.spend_of = guardrails.spend
-    stops = StopConditions(ops, config, gateway.metrics)
-    gateway.guardrails, gateway.stop_conditions = guardrails, stops
-
-    def views() -> dict[str, RuntimeView]:
-        return runtime_views(
-            gateway.config,
-            runtimes.keys(),
-            disabled=ops.excluded(),
-            over_budget=guardrails.over_budget(),
-        )
-
-    dispatcher = Dispatcher(
-        store, runtimes, views, config, clock, on_stop=stops.fire, tracer=gateway.tracer
-    )
-
-    waiter = JobWaiter(store, clock, max_waiters=gateway.config.server.max_waiters)
+    live, store, clock, metrics = parts.live, parts.store, parts.clock, parts.metrics
+    config = live.config
+    guardrails = Guardrails(store, live.get, metrics, clock, poll_s=config.jobs.reap_s)
+    waiter = JobWaiter(store, clock, max_waiters=config.server.max_waiters)
+    results = Results(parts.blobs, config.blobs.inline_max_bytes)
 
     def call_ended() -> None:  # a slot is free, spend to settle, sync-front waiters look
         dispatcher.slot_freed()
@@ -589,35 +635,42 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
     push_client = PushClient()
     await push_client.start()
     stack.push_async_callback(push_client.close)
-    gateway.results = Results(gateway.blobs, gateway.config.blobs.inline_max_bytes)
-    reports = PushReports(store, config, on_finished=call_ended, results=gateway.results)
-    gateway.push_reports = reports
-
-    def new_runtime(entry: RuntimeConfig) -> Runtime | None:
-        runtime = _runtime_for(gateway, entry, push_client)
-        if runtime is not None:
-            stack.push_async_callback(runtime.close)
-            if isinstance(runtime, UpstreamRuntime):
-                runtime.on_finished = call_ended
-        return runtime
-
-    for entry in gateway.config.runtimes:
-        if (runtime := new_runtime(entry)) is not None:
-            runtimes[entry.id] = runtime
-    gateway.new_runtime = new_runtime
+    build = _RuntimeFactory(parts, results, push_client, call_ended, stack)
+    runtimes = Runtimes(config.runtimes, build)
+    ops = RuntimeOps(
+        store,
+        live.get,
+        parts.registry,
+        runtimes.keys(),
+        clock,
+        poll_s=config.server.config_poll_s,
+        spend_of=guardrails.spend,
+    )
     await ops.tick()
-    gateway.runtime_ops = ops
-    drained = gateway.metrics.runtime_drained_calls
+    stops = StopConditions(ops, live.get, metrics)
+
+    def views() -> dict[str, RuntimeView]:
+        return runtime_views(
+            live.config,
+            runtimes.keys(),
+            disabled=ops.excluded(),
+            over_budget=guardrails.over_budget(),
+        )
+
+    dispatcher = Dispatcher(
+        store, runtimes, views, live.get, clock, on_stop=stops.fire, tracer=tracer
+    )
+    drained = metrics.runtime_drained_calls
     reaper = Reaper(
         store,
         runtimes,
-        config,
+        live.get,
         clock,
         on_released=call_ended,
         draining=ops.draining,
         on_stuck=stops.check_stuck,
         on_drained=lambda runtime: drained.labels(runtime).inc(),
-        results=gateway.results,
+        results=results,
     )
     if store.backend == "sqlite":
         await reaper.recover()
@@ -627,41 +680,70 @@ async def _jobs_engine(gateway: Gateway, stack: AsyncExitStack) -> tuple[Dispatc
         if call is not None and call[0] in runtimes:
             await runtimes[call[0]].cancel(call[1])
 
-    gateway.dispatcher, gateway.reaper = dispatcher, reaper
-    gateway.jobs = Jobs(store, config, wake=dispatcher.wake, cancel_call=cancel_call)
-    gateway.sync_front = SyncFront(
-        gateway.jobs, store, waiter, ResultCache(clock), gateway.proxy, config
+    jobs = Jobs(store, live.get, wake=dispatcher.wake, cancel_call=cancel_call)
+    return _JobEngine(
+        results=results,
+        runtimes=runtimes,
+        runtime_ops=ops,
+        guardrails=guardrails,
+        stop_conditions=stops,
+        dispatcher=dispatcher,
+        reaper=reaper,
+        push_reports=PushReports(store, live.get, on_finished=call_ended, results=results),
+        jobs=jobs,
+        sync_front=SyncFront(jobs, store, waiter, ResultCache(clock), parts.proxy, live.get),
     )
-    return dispatcher, reaper
 
 
-def _runtime_for(gateway: Gateway, entry: RuntimeConfig, push_client: PushClient) -> Runtime | None:
-    """The implementation of a configured runtime (None: a push runtime without its secret);
-    a push runtime's secret is registered with the worker routes' keys (``push_keys``)."""
-    if isinstance(entry, PushRuntimeConfig):
-        push = _push_runtime(gateway, entry, push_client)
-        if push is not None:
-            secret = gateway.environ[entry.push.secret_env]
-            gateway.push_keys.set(entry.id, secret, auth=entry.push.auth)
-        return push
-    if isinstance(entry, ModalRuntimeConfig):
-        return _modal_runtime(gateway, entry)
-    if entry.kind == "upstream":
-        quiet_s = gateway.config.jobs.quiet_s
-        return UpstreamRuntime(
-            entry.id,
-            gateway.proxy,
-            gateway.store,
-            gateway.clock,
-            lease_s=quiet_s,
-            results=gateway.results,
-        )
-    return None
+@dataclass(frozen=True, slots=True)
+class _RuntimeFactory:
+    """Builds the implementation of a configured runtime (None: a push runtime without its
+    secret, or whose TLS settings cannot be loaded); each one built is closed with the gateway.
+    A push runtime's secret is registered with the worker routes' keys (``push_keys``)."""
+
+    parts: _Parts
+    results: Results
+    push_client: PushClient
+    on_finished: Callable[[], None]
+    stack: AsyncExitStack
+
+    def __call__(self, entry: RuntimeConfig) -> Runtime | None:
+        runtime = self._build(entry)
+        if runtime is not None:
+            self.stack.push_async_callback(runtime.close)
+        return runtime
+
+    def _build(self, entry: RuntimeConfig) -> Runtime | None:
+        parts, config = self.parts, self.parts.live.config
+        if isinstance(entry, PushRuntimeConfig):
+            push = _push_runtime(config, parts.environ, parts.clock, entry, self.push_client)
+            if push is not None:
+                secret = parts.environ[entry.push.secret_env]
+                parts.push_keys.set(entry.id, secret, auth=entry.push.auth)
+            return push
+        if isinstance(entry, ModalRuntimeConfig):
+            return _modal_runtime(config, parts.environ, parts.blobs, parts.clock, entry)
+        if entry.kind == "upstream":
+            return UpstreamRuntime(
+                entry.id,
+                parts.proxy,
+                parts.store,
+                parts.clock,
+                on_finished=self.on_finished,
+                lease_s=config.jobs.quiet_s,
+                results=self.results,
+            )
+        return None
 
 
-def _modal_runtime(gateway: Gateway, entry: ModalRuntimeConfig) -> ModalRuntime:
+def _modal_runtime(
+    config: GatewayConfig,
+    environ: Mapping[str, str],
+    blobs: BlobStore,
+    clock: Clock,
+    entry: ModalRuntimeConfig,
+) -> ModalRuntime:
     """A Modal runtime; its calls are polled by the reaper every ``jobs.reap_s``."""
-    config, environ = gateway.config, gateway.environ
     modal = entry.modal
     calls = ModalCalls(
         modal.app,
@@ -670,7 +752,7 @@ def _modal_runtime(gateway: Gateway, entry: ModalRuntimeConfig) -> ModalRuntime:
         environ.get(modal.token_id_env, ""),
         environ.get(modal.token_secret_env, ""),
     )
-    if not gateway.blobs.presigns:
+    if not blobs.presigns:
         log.warning(
             "runtime %s (modal) needs an S3-compatible blob store (blobs: {kind: s3}) for its "
             "results; until then every submit to it fails RUNTIME_UNREACHABLE",
@@ -679,8 +761,8 @@ def _modal_runtime(gateway: Gateway, entry: ModalRuntimeConfig) -> ModalRuntime:
     return ModalRuntime(
         entry.id,
         calls,
-        gateway.blobs,
-        gateway.clock,
+        blobs,
+        clock,
         cents_per_second=entry.budget.cents_per_second if entry.budget else 0.0,
         presign_s=config.blobs.presign_s,
         poll_s=config.jobs.reap_s / 2,  # expired by the reaper's next pass
@@ -688,12 +770,15 @@ def _modal_runtime(gateway: Gateway, entry: ModalRuntimeConfig) -> ModalRuntime:
 
 
 def _push_runtime(
-    gateway: Gateway, entry: PushRuntimeConfig, client: PushClient
+    config: GatewayConfig,
+    environ: Mapping[str, str],
+    clock: Clock,
+    entry: PushRuntimeConfig,
+    client: PushClient,
 ) -> PushRuntime | None:
     """A push runtime, or None when its secret is unset; its workers report to the address
     the gateway listens on."""
-    config = gateway.config
-    secret = gateway.environ.get(entry.push.secret_env)
+    secret = environ.get(entry.push.secret_env)
     if not secret:
         log.warning(
             "runtime %s: %s is not set; the runtime is not built and jobs skip it",
@@ -714,7 +799,7 @@ def _push_runtime(
         str(entry.push.url),
         secret,
         client.for_runtime(auth=entry.push.auth, tls=tls),
-        gateway.clock,
+        clock,
         gateway_url=f"{'https' if config.tls else 'http'}://{host}:{config.port}",
         cents_per_second=budget.cents_per_second if budget is not None else None,
     )
@@ -742,7 +827,10 @@ def _routing(
     clock: Clock,
     metrics: Metrics,
 ) -> EngineMonitor:
-    """The engine monitor and the router the proxy calls where it picks (docs/routing.md)."""
+    """The engine monitor and the router the proxy calls where it picks (docs/routing.md).
+
+    The router is the one part still set after construction (``proxy.router``): ``Proxy``
+    takes no router in its constructor yet (services/proxy.py is being reworked elsewhere)."""
 
     def outstanding(upstream_id: str, url: str) -> int:
         for upstream in registry.upstreams():  # a scrape's lookup, not the hot path
@@ -762,20 +850,14 @@ def _routing(
 
 
 def _gpu_health(
-    config: GatewayConfig,
-    registry: Registry,
-    client: UpstreamClient,
-    clock: Clock,
-    metrics: Metrics,
+    config: GatewayConfig, client: UpstreamClient, clock: Clock, metrics: Metrics
 ) -> tuple[GpuMonitor | None, ShedGate | None]:
-    """The monitor, the fault guard and the shed gate — or nothing at all when dormant, so a
-    config without ``gpu_health`` behaves exactly as one whose monitor never existed."""
+    """The monitor and the shed gate — or nothing at all when dormant, so a config without
+    ``gpu_health`` behaves exactly as one whose monitor never existed."""
     cfg = config.gpu_health
     if cfg is None or cfg.dormant:
         return None, None
     monitor = GpuMonitor(cfg, config.upstreams, client, clock, metrics)
-    if cfg.couple_faults:
-        registry.guard = monitor.guard
     gate = ShedGate(monitor, metrics, retry_after_s=cfg.poll_s) if cfg.shed_batch else None
     return monitor, gate
 

@@ -84,7 +84,7 @@ async def test_a_valid_preview_shows_the_diff_and_import_stores_a_new_version(
     console: Console,
 ) -> None:
     await console.login()
-    export = await console.gw.gateway.config_versions.export()  # type: ignore[union-attr]
+    export = await console.gw.gateway.config_versions.export()
     document = yaml.safe_load(yaml.safe_dump(export.document))
     document["upstreams"][0]["max_inflight"] = 7
     text = yaml.safe_dump(document)
@@ -115,7 +115,7 @@ async def test_the_export_download_is_the_current_version_as_yaml(console: Conso
     async with console.http.get(console.url + "/config/export") as resp:
         text = await resp.text()
         disposition = resp.headers["Content-Disposition"]
-    export = await console.gw.gateway.config_versions.export()  # type: ignore[union-attr]
+    export = await console.gw.gateway.config_versions.export()
     assert export.document == yaml.safe_load(text)
     assert 'attachment; filename="gateway.v1.yaml"' == disposition
 

@@ -11,13 +11,13 @@ from gpugate.retry import Backoff, is_load_signal, parse_retry_after, retryable
 NOW = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 
 
-@pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
-def test_429_and_the_transient_5xx_are_retryable(status: int) -> None:
+@pytest.mark.parametrize("status", [408, 425, 429, 500, 502, 503, 504])
+def test_not_acted_on_429_and_the_transient_5xx_are_retryable(status: int) -> None:
     assert retryable(status)
 
 
 @pytest.mark.parametrize(
-    "status", [200, 201, 301, 400, 401, 403, 404, 408, 409, 413, 422, 501, 505]
+    "status", [200, 201, 301, 400, 401, 403, 404, 409, 413, 422, 501, 505, 520, 599]
 )
 def test_every_other_status_is_an_answer_not_a_reason_to_retry(status: int) -> None:
     assert not retryable(status)

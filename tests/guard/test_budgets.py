@@ -39,7 +39,6 @@ async def test_reservations_raise_the_soft_cap_once_then_skip_the_runtime_over_b
                 await eventually(lambda n=count: n == len(worker.calls), what=f"{slug} held")
             await create_job(http, gw.url, "third")
             await until_state(gw, "third", "completed")
-            assert gw.gateway.guardrails is not None
             await gw.gateway.guardrails.tick()
             spend = (await admin_get(http, gw.url, "/admin/runtimes/home-1"))["spend"]
             audit = await admin_get(http, gw.url, "/admin/audit?action=runtime.soft_cap")

@@ -25,6 +25,7 @@ from gpugate.services.reaper import Reaper
 from gpugate.services.runtimes import CallStatus, Runtime, Submission, UpstreamRuntime
 from gpugate.store import JobEvent, JobRecord, NewJob, Store
 from gpugate.store.ledger import RESERVED_CALL
+from gpugate.web.batches import present
 from gpugate.wiring import Gateway, build_gateway
 from harness import make_config, upstream
 
@@ -249,13 +250,24 @@ async def rig(
         config = make_config(dsn, ups, **extra)
         gateway = await stack.enter_async_context(
             build_gateway(
-                config, environ={}, clock=clock, probe_interval_s=3600.0, run_job_loops=False
+                config,
+                environ={},
+                clock=clock,
+                probe_interval_s=3600.0,
+                run_job_loops=False,
+                present_error=present,
             )
         )
         built: dict[str, Runtime] = {}
+
+        def freed() -> None:  # the runtimes' on_finished: the dispatcher is built below them
+            dispatcher.slot_freed()
+
         for entry in config.runtimes:
             if entry.kind == "upstream":
-                runtime = UpstreamRuntime(entry.id, gateway.proxy, gateway.store, clock)
+                runtime = UpstreamRuntime(
+                    entry.id, gateway.proxy, gateway.store, clock, on_finished=freed
+                )
                 stack.push_async_callback(runtime.close)
                 built[entry.id] = runtime
             else:
@@ -282,9 +294,6 @@ async def rig(
             on_released=dispatcher.slot_freed,
             stuck_after=stuck_after,
         )
-        for runtime in built.values():
-            if isinstance(runtime, UpstreamRuntime):
-                runtime.on_finished = dispatcher.slot_freed
         yield Rig(
             gateway,
             clock,

@@ -60,7 +60,7 @@ async def test_a_batch_file_whose_custom_id_holds_a_nul_is_refused_400_at_create
 async def stored_batch(r: Rig, docs: list[dict[str, Any]]) -> BatchRecord:
     """A batch stored without the edge's checks (as one uploaded before them was)."""
     data = jsonl(docs)
-    file = await r.gateway.batches.store_file("in.jsonl", "batch", data)  # type: ignore[union-attr]
+    file = await r.gateway.batches.store_file("in.jsonl", "batch", data)
     new = NewBatch(
         "batch_poison", "/v1/chat/completions", file.id, "24h", len(docs), None,
         r.clock.now() + timedelta(hours=24),
@@ -70,7 +70,6 @@ async def stored_batch(r: Rig, docs: list[dict[str, Any]]) -> BatchRecord:
 
 def runner_of(r: Rig, store: Any = None, **knobs: Any) -> BatchRunner:
     batches, proxy = r.gateway.batches, r.gateway.proxy
-    assert batches is not None
     return BatchRunner(store or r.store, batches, proxy, r.clock, **knobs)
 
 
@@ -154,7 +153,7 @@ async def test_a_batch_that_keeps_breaking_fails_after_max_breaks_with_the_reaso
         await runner.tick()  # the fourth claim: broke 3 times, so it fails
         done = await ended(r, batch.id)
         items = await r.store.batch_items(batch.id)
-        content = await r.gateway.batches.file_content(done.output_file_id or "")  # type: ignore[union-attr]
+        content = await r.gateway.batches.file_content(done.output_file_id or "")
     view = batch_view(done)
     assert [1, 2, 3] == seen  # each run tried line 0 once and broke on it
     assert ("failed", 3) == (done.status, done.breaks)

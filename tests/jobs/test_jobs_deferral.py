@@ -28,7 +28,9 @@ async def poll(r: Rig, times: int) -> None:
 @contextlib.asynccontextmanager
 async def running(r: Rig) -> AsyncIterator[asyncio.Task[None]]:
     """The dispatcher's loop, started and waiting on its clock before the block begins."""
-    baseline = len(r.clock._sleepers)
+    loops = len(r.gateway.loops._tasks)  # the gateway's own loops, each asleep on the clock
+    await eventually(lambda: len(r.clock._sleepers) >= loops, what="the gateway's loops wait")
+    baseline = len(r.clock._sleepers)  # so the next sleeper is the dispatcher's, not a late one
     task = asyncio.create_task(r.dispatcher.run())
     await eventually(lambda: len(r.clock._sleepers) > baseline, what="the dispatcher waits")
     try:

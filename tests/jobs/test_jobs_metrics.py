@@ -39,14 +39,10 @@ async def test_the_job_families_count_dispatches_and_show_queue_and_in_flight_pe
                 async with http.post(gw.url + "/v1/jobs", json=body) as resp:
                     assert 202 == resp.status
             await eventually(
-                lambda: (
-                    gw.gateway.dispatcher is not None
-                    and gw.gateway.dispatcher.totals.dispatched >= 3
-                ),
+                lambda: gw.gateway.dispatcher.totals.dispatched >= 3,
                 within_s=10,
                 what="three jobs dispatched",
             )
-            assert gw.gateway.gauges is not None
             await gw.gateway.gauges.tick()
             during = await samples(http, gw.url)
             server.update(hang=False)

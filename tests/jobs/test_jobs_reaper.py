@@ -160,8 +160,9 @@ async def test_after_a_restart_an_upstream_call_is_unknown_and_its_job_runs_agai
         await r.dispatcher.tick()
         await eventually(lambda: r.servers["q0"].stats.open_requests == 1, what="call started")
         await r.local.close()  # the process died with its call
-        restarted = UpstreamRuntime("local", r.gateway.proxy, r.store, r.clock)
-        restarted.on_finished = r.dispatcher.slot_freed
+        restarted = UpstreamRuntime(
+            "local", r.gateway.proxy, r.store, r.clock, on_finished=r.dispatcher.slot_freed
+        )
         r.runtimes["local"] = restarted
         r.servers["q0"].update(hang=False)
         r.clock.advance(QUIET_S + 1)

@@ -14,6 +14,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount, Route
 
 from gpugate.web.app import create_app
+from gpugate.web.openapi import foreign_operations, walk
 from harness import RunningGateway, make_config, serving, upstream
 
 OPERATOR_ROUTES = {
@@ -43,6 +44,8 @@ BODIES = {  # operation -> the component its JSON body is, refusing unknown keys
     ("/admin/runtimes/{runtime}/disable", "post"): "ReasonBody",
     ("/v1/jobs/{slug}", "patch"): "ReportBody",
     ("/v1/jobs/{slug}/fail", "post"): "FailureBody",
+    ("/admin/keys", "post"): "KeyCreate",
+    ("/admin/keys/{id}", "patch"): "KeyUpdate",
 }
 
 
@@ -100,6 +103,15 @@ def test_every_route_of_the_app_and_of_the_data_plane_is_in_the_document(
 
     assert set() == served - documented
     assert set() == documented - served
+
+
+def test_every_operation_a_table_declares_is_a_route_the_app_serves(gw: RunningGateway) -> None:
+    """A table entry whose route went away would silently drop out of the document."""
+    served = {
+        (method, path) for method, path, _ in walk(starlette_of(create_app(gw.gateway)).routes)
+    }
+
+    assert set() == set(foreign_operations()) - served
 
 
 def test_every_operation_has_a_summary_answers_and_a_security_requirement(

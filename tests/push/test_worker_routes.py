@@ -7,18 +7,20 @@ before and after.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import aiohttp
 import pytest
-from push_rig import SECRETS, leased, push_config, send
+from push_rig import SECRETS, leased, push_config, send, worker_headers
 
+from gpugate import push_signature
 from gpugate.clock import ManualClock
 from gpugate.fleet import ModelServer
 from gpugate.store import JobRecord
-from harness import RunningGateway, serving
+from harness import RunningGateway, make_config, serving, upstream
 
 HOME1, HOME2 = SECRETS["HOME1_SECRET"], SECRETS["HOME2_SECRET"]
 
@@ -259,3 +261,76 @@ async def test_the_worker_routes_are_in_the_openapi_schema(
         "LEASE_TOKEN_STALE"
         in paths["/v1/jobs/{slug}/lease"]["post"]["responses"]["409"]["description"]
     )
+
+
+async def test_a_failure_with_an_unknown_key_is_refused_naming_it_and_changes_nothing(
+    gw: RunningGateway, http: aiohttp.ClientSession
+) -> None:
+    job = await leased(gw.gateway.store, "j1")
+    before = await snapshot(gw, "j1")
+    failure = {"error_code": "BOOM", "message": "x", "retryable": False, "surprise": 1}
+
+    status, answer = await send(
+        http, "POST", url(gw, "j1", "/fail"), secret=HOME1, token=job.lease_token, body=failure
+    )
+
+    assert (400, "BAD_REQUEST") == (status, answer["error"]["code"])
+    assert (
+        "surprise: unknown key (allowed: error_code, message, retryable)"
+        == answer["error"]["message"]
+    )
+    assert before == await snapshot(gw, "j1")
+
+
+async def test_a_malformed_report_is_refused_naming_each_key_path(
+    gw: RunningGateway, http: aiohttp.ClientSession
+) -> None:
+    job = await leased(gw.gateway.store, "j1")
+    body = {"progress": [1], "cost_cents": "3"}
+
+    status, answer = await send(
+        http, "PATCH", url(gw, "j1"), secret=HOME1, token=job.lease_token, body=body
+    )
+
+    assert 400 == status
+    assert ["progress", "cost_cents"] == [
+        part.split(":")[0] for part in answer["error"]["message"].split("; ")
+    ]
+
+
+async def test_the_refusal_of_a_signed_request_with_a_bad_body_is_signed_for_it(
+    gw: RunningGateway, http: aiohttp.ClientSession
+) -> None:
+    job = await leased(gw.gateway.store, "j1")
+    target = url(gw, "j1", "/fail")
+    data = json.dumps({"error_code": "not a code"}).encode()
+    headers = worker_headers(HOME1, job.lease_token, "POST", target, data)
+
+    async with http.post(target, data=data, headers=headers) as resp:
+        status, body = resp.status, await resp.read()
+        signature = resp.headers.get(push_signature.HEADER)
+
+    key = push_signature.derive_key(HOME1, push_signature.GATEWAY_TO_WORKER)
+    nonce = push_signature.request_nonce(headers[push_signature.HEADER])
+    assert 400 == status
+    assert push_signature.response_valid(
+        key,
+        push_signature.GATEWAY_TO_WORKER,
+        signature,
+        request_nonce=nonce,
+        status=status,
+        body=body,
+    )
+
+
+async def test_without_a_push_runtime_a_worker_route_is_unauthorized(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    config = make_config(sqlite_dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])])
+    async with serving(config, run_job_loops=False) as plain:
+        status, answer = await send(
+            http, "POST", f"{plain.url}/v1/jobs/j1/fail", secret=HOME1, token="t",
+            body={"error_code": "BOOM"},
+        )  # fmt: skip
+
+    assert (401, "UNAUTHORIZED") == (status, answer["error"]["code"])

@@ -16,6 +16,7 @@ import trustme
 from gpugate.config import GatewayConfig
 from gpugate.server import bind, gateway_app, make_server, server_tls
 from gpugate.web.app import create_app
+from gpugate.web.batches import present
 from gpugate.wiring import Gateway, build_gateway
 
 
@@ -80,7 +81,9 @@ async def serving_as_serve_does(
     sock = bind("127.0.0.1", 0)
     admin_sock = bind("127.0.0.1", 0) if admin else None
     scheme = "https" if tls is not None else "http"
-    async with build_gateway(config, environ=environ, probe_interval_s=3600.0) as gateway:
+    async with build_gateway(
+        config, environ=environ, probe_interval_s=3600.0, present_error=present
+    ) as gateway:
         server = make_server(gateway_app(create_app(gateway), admin_sock), grace_s=1, tls=tls)
         sockets = [sock] if admin_sock is None else [sock, admin_sock]
         task = asyncio.create_task(server.serve(sockets=sockets))

@@ -1,43 +1,52 @@
-"""The only sender of model traffic: one pooled aiohttp session, errors translated where they enter.
+"""The only sender of model traffic: gpugate's own pooled HTTP/1.1 client, errors translated
+where they enter.
 
-Why aiohttp and not httpx: docs/decisions.md §1 (12x less CPU per request at 64 connections).
-Headers travel as raw ``(bytes, bytes)`` pairs and bodies as raw chunks: nothing is parsed or
-re-serialised on the way through.
+The connections, the parsing and the pools are :mod:`gpugate.adapters.http1` (asyncio protocols
+and ``httptools``); this module is the data plane's interface to them: one request in, a
+:class:`UpstreamResponse` out, failures as :class:`UpstreamUnreachable` / :class:`UpstreamTimeout`
+/ :class:`UpstreamError` naming the target by its label, never its address. Why not aiohttp any
+more (it was, docs/decisions.md §1): §11, phase 2 — its client was ~45 % of the gateway's CPU per
+proxied request. Headers travel as raw ``(bytes, bytes)`` pairs and bodies as raw chunks: nothing
+is parsed or re-serialised on the way through. Like aiohttp's default session: no proxy from the
+environment, TLS verified against the system's CAs with hostname checks, ``user:password@`` in a
+URL sent as Basic credentials.
 """
 
 from __future__ import annotations
 
-import asyncio
+import base64
 import errno
 import logging
 import os
-from collections.abc import AsyncIterator, Iterable
+import socket
+import ssl
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
-import aiohttp
+from gpugate.adapters import http1, http1_pool
+from gpugate.adapters.http1 import HOP_BY_HOP
+from gpugate.adapters.http1_pool import Timeouts
+from gpugate.errors import GatewayOverloaded, UpstreamTimeout, UpstreamUnreachable
 
-from gpugate.errors import GatewayOverloaded, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+__all__ = [
+    "HOP_BY_HOP",
+    "Timeouts",
+    "UpstreamClient",
+    "UpstreamResponse",
+    "connection_named",
+]
 
 log = logging.getLogger("gpugate.upstream")
 #: The gateway's own limits, not the upstream's fault (#14.5): out of file descriptors.
 _OWN_LIMITS = frozenset({errno.EMFILE, errno.ENFILE})
-
-# RFC 9110 §7.6.1 connection-specific fields, plus what the client library sets itself.
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    }
-)
 _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length"}
+#: Methods sent without ``Content-Length: 0`` when they carry no body (as aiohttp did).
+_BODYLESS = frozenset({"GET", "HEAD", "OPTIONS", "CONNECT", "TRACE"})
+#: A request target's characters kept as they are: every printable ASCII but the space.
+_TARGET_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if not chr(c).isalnum())
+#: Origins kept apart in the pool map beyond which pools with no connection are dropped.
+_POOLS_KEPT = 64
 
 
 def connection_named(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
@@ -52,8 +61,8 @@ def connection_named(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]
     return frozenset(token for token in named if token)
 
 
-def _reason(exc: Exception, url: str) -> str:
-    """What went wrong, without the URL's host (an aiohttp message may carry it)."""
+def _reason(exc: BaseException, url: str) -> str:
+    """What went wrong, without the URL's host (a message may carry it)."""
     text = str(exc) or type(exc).__name__
     parts = urlsplit(url)
     names = [n for n in (parts.netloc, parts.hostname) if n]
@@ -62,98 +71,84 @@ def _reason(exc: Exception, url: str) -> str:
 
 def _os_reason(error: OSError, url: str) -> str:
     """A connect failure's reason (``Connection refused``), without the address."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return "TLS certificate verification failed: " + _reason(
+            ValueError(error.verify_message or "rejected"), url
+        )
+    if isinstance(error, ssl.SSLError):
+        return f"TLS handshake failed: {error.reason or type(error).__name__}"
+    if isinstance(error, socket.gaierror):
+        return error.strerror or "the name does not resolve"
     if error.errno:  # "Connection refused": the system's words, never the address
         return os.strerror(error.errno)
     return _reason(error, url)
 
 
+class UpstreamResponse(http1.Response):
+    """An upstream's response whose headers have arrived; the body is read as it comes
+    (:meth:`read_chunk`, :meth:`at_eof`, :meth:`set_idle_timeout`, :meth:`read`,
+    :meth:`release`: :class:`gpugate.adapters.http1.Response`)."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True, slots=True)
-class Timeouts:
-    """Per-request limits, in seconds."""
+class _Origin:
+    """What an origin's requests share: its pool and its part of every head."""
 
-    connect_s: float
-    first_byte_s: float
-    total_s: float
-
-
-class UpstreamResponse:
-    """An upstream's response whose headers have arrived; the body is read as it comes."""
-
-    __slots__ = ("_content", "_resp", "headers", "status")
-
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        self._resp = resp
-        self._content = resp.content
-        self.status = resp.status
-        dropped = HOP_BY_HOP | connection_named(resp.raw_headers)
-        self.headers: list[tuple[bytes, bytes]] = [
-            (k.lower(), v) for k, v in resp.raw_headers if k.lower() not in dropped
-        ]
-
-    async def read_chunk(self) -> bytes:
-        """The next piece of the body as soon as it arrives, ``b""`` at the end; a failure
-        mid-body raises :class:`UpstreamError`."""
-        try:
-            return await self._content.readany()
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise UpstreamTimeout("the upstream stopped sending before the end") from exc
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            raise UpstreamError(f"the upstream broke off the response: {exc}") from exc
-
-    def at_eof(self) -> bool:
-        """Whether the whole body has been read."""
-        return self._content.at_eof()
-
-    def set_idle_timeout(self, seconds: float | None) -> None:
-        """From now on, a silence longer than ``seconds`` between two pieces of the body fails
-        the next :meth:`read_chunk` with :class:`UpstreamTimeout` (aiohttp's socket read timer,
-        re-armed by each packet: no timer of our own per chunk)."""
-        connection = self._resp.connection
-        protocol = connection.protocol if connection is not None else None
-        if protocol is not None:
-            protocol.read_timeout = seconds
-            protocol.start_timeout()
-
-    async def read(self) -> bytes:
-        """The whole body (for small, non-streaming responses)."""
-        parts = []
-        while chunk := await self.read_chunk():
-            parts.append(chunk)
-        return b"".join(parts)
-
-    def release(self) -> None:
-        """Done with the body: the connection returns to the pool if it was read to the end,
-        and is closed otherwise (so an abandoned generation stops on the upstream)."""
-        if self._content.at_eof():
-            self._resp.release()
-        else:
-            self._resp.close()
+    pool: http1_pool.Pool
+    host: bytes  # the Host header's value: host[:port], the port only when not the default
+    authorization: bytes | None  # from ``user:password@`` in the URL
 
 
 class UpstreamClient:
     """A pooled keep-alive HTTP client for model servers."""
 
-    def __init__(self, *, limit: int = 0, keepalive_s: float = 30.0) -> None:
-        self._limit = limit
+    def __init__(self, *, limit: int = 0, keepalive_s: float = 30.0, max_idle: int = 256) -> None:
+        self._limit = http1_pool.Limit(limit)
         self._keepalive_s = keepalive_s
-        self._session: aiohttp.ClientSession | None = None
-        self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
+        self._max_idle = max_idle
+        self._origins: dict[str, _Origin] | None = None
+        self._tls: ssl.SSLContext | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=self._limit, keepalive_timeout=self._keepalive_s, ttl_dns_cache=300
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
+        self._origins = {}
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._origins is not None:
+            for origin in self._origins.values():
+                origin.pool.close()
+            self._origins = None
+
+    def _origin(self, origin_url: str) -> _Origin:
+        assert self._origins is not None, "UpstreamClient.start() was not awaited"
+        parts = urlsplit(origin_url)
+        host = parts.hostname or ""
+        tls = parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)
+        if tls and self._tls is None:
+            self._tls = http1.default_ssl_context()  # once; reads the CA files
+        shown = f"[{host}]" if ":" in host else host
+        if port != (443 if tls else 80):
+            shown += f":{port}"
+        authorization = None
+        if parts.username is not None:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            authorization = b"Basic " + base64.b64encode(pair.encode())
+        if len(self._origins) >= _POOLS_KEPT:  # config reloads: drop the pools nobody uses
+            for url in [u for u, o in self._origins.items() if o.pool.empty()]:
+                del self._origins[url]
+        pool = http1_pool.Pool(
+            host,
+            port,
+            ssl_context=self._tls if tls else None,
+            limit=self._limit,
+            keepalive_s=self._keepalive_s,
+            max_idle=self._max_idle,
+        )
+        named = shown.encode("ascii") if shown.isascii() else shown.encode("idna")
+        made = self._origins[origin_url] = _Origin(pool, named, authorization)
+        return made
 
     async def send(
         self,
@@ -170,30 +165,33 @@ class UpstreamClient:
         Errors name the target as ``label`` when given (what a client may read: an upstream's
         id, not its URL), else as the URL."""
         where = label or url
-        assert self._session is not None, "UpstreamClient.start() was not awaited"
-        headers = list(headers)
-        dropped = _NOT_FORWARDED | connection_named(headers)
-        out = [
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, value in headers
-            if name.lower() not in dropped
-        ]
-        timeout = self._timeouts.get(timeouts)
-        if timeout is None:
-            timeout = aiohttp.ClientTimeout(total=timeouts.total_s, sock_connect=timeouts.connect_s)
-            self._timeouts[timeouts] = timeout
-        request = self._session.request(
-            method, url, headers=out, data=body, timeout=timeout, allow_redirects=False
+        assert self._origins is not None, "UpstreamClient.start() was not awaited"
+        cut = url.find("/", url.find("://") + 3)
+        query = url.find("?", url.find("://") + 3)
+        if cut < 0 or 0 <= query < cut:
+            cut = query
+        origin_url, target = (url, "/") if cut < 0 else (url[:cut], url[cut:])
+        if target[0] == "?":
+            target = "/" + target
+        origin = self._origins.get(origin_url)
+        if origin is None:
+            try:
+                origin = self._origin(origin_url)
+            except ValueError as exc:  # a port out of range, a host IDNA cannot encode
+                raise UpstreamUnreachable(
+                    f"cannot connect to {where}: the URL is invalid", connect_failed=True
+                ) from exc
+        head = _head(
+            method, target, origin, headers if isinstance(headers, list) else list(headers), body
         )
+        response = UpstreamResponse()
         try:
-            if timeouts.first_byte_s < timeouts.total_s:
-                async with asyncio.timeout(timeouts.first_byte_s):
-                    resp = await request
-            else:  # the total timeout bounds the first byte too: spare the extra timer
-                resp = await request
-        except aiohttp.ConnectionTimeoutError as exc:
+            await http1_pool.exchange(
+                origin.pool, response, head, body, timeouts, head_only=method == "HEAD"
+            )
+        except http1.ConnectTimedOut as exc:
             raise UpstreamTimeout(f"connect to {where} timed out", connect_failed=True) from exc
-        except aiohttp.ClientConnectorError as exc:
+        except http1.ConnectFailed as exc:
             if exc.os_error.errno in _OWN_LIMITS:
                 log.error(  # noqa: TRY400 - our own limit, not a bug: no traceback
                     "cannot connect to %s: the gateway is out of file descriptors", url
@@ -205,13 +203,13 @@ class UpstreamClient:
                 f"cannot connect to {where}: {_os_reason(exc.os_error, url)}",
                 connect_failed=True,
             ) from exc
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        except http1.HeadTimedOut as exc:
             raise UpstreamTimeout(f"{where} sent no response within the timeout") from exc
-        except aiohttp.ClientError as exc:
+        except http1.HeadFailed as exc:
             raise UpstreamUnreachable(
                 f"{where} failed before responding: {_reason(exc, url)}"
             ) from exc
-        return UpstreamResponse(resp)
+        return response
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
         """``GET url`` and its whole (small) body, within ``timeout_s`` all told: for probes
@@ -223,5 +221,59 @@ class UpstreamClient:
             response.release()
 
     def __repr__(self) -> str:
-        state = "open" if self._session is not None else "closed"
-        return f"<UpstreamClient {state}>"
+        if self._origins is None:
+            return "<UpstreamClient closed>"
+        pools = " ".join(repr(o.pool) for o in self._origins.values())
+        return f"<UpstreamClient open in_use={self._limit.in_use} {pools}>".replace(" >", ">")
+
+
+def _head(
+    method: str,
+    target: str,
+    origin: _Origin,
+    headers: Sequence[tuple[bytes, bytes]],
+    body: bytes | AsyncIterator[bytes] | None,
+    named: frozenset[bytes] = frozenset(),
+) -> bytes:
+    """The request's head: the request line, ``Host``, the forwarded headers (hop-by-hop, any a
+    ``Connection`` header names, and the client's ``Host``/``Content-Length`` dropped), the
+    body's framing. A line break inside a name or a value is refused (``ValueError``, as aiohttp
+    did): it would split the head."""
+    if not (target.isascii() and target.isprintable()) or " " in target:
+        target = quote(target, safe=_TARGET_SAFE)  # as aiohttp's URL did: never a raw space
+    parts = [
+        method.encode("ascii"),
+        b" ",
+        target.encode("ascii"),
+        b" HTTP/1.1\r\nhost: ",
+        origin.host,
+    ]
+    lines = 3  # after the request line, and the blank line after the last header
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered in _NOT_FORWARDED or lowered in named:
+            if lowered == b"connection" and not named and (found := connection_named(headers)):
+                return _head(method, target, origin, headers, body, found)  # rare: once more
+            continue
+        if lowered == b"authorization" and origin.authorization is not None:
+            continue
+        parts += (b"\r\n", name, b": ", value)
+        lines += 1
+    if origin.authorization is not None:
+        parts += (b"\r\nauthorization: ", origin.authorization)
+        lines += 1
+    if isinstance(body, bytes) and body:
+        parts.append(b"\r\ncontent-length: %d" % len(body))
+        lines += 1
+    elif body is None or isinstance(body, bytes):
+        if method not in _BODYLESS:
+            parts.append(b"\r\ncontent-length: 0")
+            lines += 1
+    else:
+        parts.append(b"\r\ntransfer-encoding: chunked")
+        lines += 1
+    parts.append(b"\r\n\r\n")
+    head = b"".join(parts)
+    if head.count(b"\n") != lines or head.count(b"\r") != lines:
+        raise ValueError("a header's name or value holds a line break")
+    return head

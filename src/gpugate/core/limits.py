@@ -73,6 +73,11 @@ def windows(now: datetime) -> Windows:
     return Windows(minute=now.strftime("%Y-%m-%dT%H:%M"), day=now.strftime("%Y-%m-%d"))
 
 
+def minute_of(now: datetime) -> tuple[object, ...]:
+    """What :func:`windows` depends on: equal for every instant of one minute."""
+    return (now.minute, now.hour, now.day, now.month, now.year, now.tzinfo)
+
+
 def seconds_to_next_minute(now: datetime) -> float:
     return 60.0 - now.second - now.microsecond / 1e6
 

@@ -51,13 +51,14 @@ class Registry:
         clock: Clock,
         *,
         policy: EjectionPolicy | None = None,
+        guard: Guard | None = None,
     ) -> None:
         self._clock = clock
         self._policy = policy or EjectionPolicy()
         self._by_id: dict[str, UpstreamState] = {}
         self._by_model: dict[str, list[UpstreamState]] = {}
         self._owner: dict[EndpointState, UpstreamState] = {}
-        self.guard: Guard | None = None
+        self.guard = guard
         self.reconfigure(upstreams)
 
     def reconfigure(self, upstreams: Sequence[UpstreamConfig]) -> None:

@@ -77,8 +77,11 @@ class Facts(NamedTuple):
     saturated: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Choice:
+    """The chosen candidate's index in ``facts`` and what decided it (not frozen: a frozen
+    dataclass's ``__init__`` goes through ``object.__setattr__``, and this is one per request)."""
+
     index: int
     reason: Reason
 
@@ -112,31 +115,36 @@ def choose(
     """The cheapest candidate (see the module docstring); ``blocks``: the prompt's block count.
     ``affinity`` False: load and LoRA only (``engine_load``). Ties go to the lower of
     ``latencies`` when given and known, else at random. ``facts`` must not be empty."""
-    loads = [f.load + (cfg.saturated_penalty if batch and f.saturated else 0.0) for f in facts]
-    least = min(loads)
-    best_prefix = max((f.prefix_blocks for f in facts), default=0) if affinity else 0
-    costs: list[float] = []
+    penalty = cfg.saturated_penalty if batch else 0.0
+    loads = [f.load + penalty if f.saturated else f.load for f in facts] if batch else None
+    least = min(loads) if loads is not None else min(f.load for f in facts)
+    best_prefix = max([f.prefix_blocks for f in facts]) if affinity and blocks else 0
     overridden = False
-    for f, load in zip(facts, loads, strict=True):
-        credit = 0.0
-        if best_prefix and blocks:
-            credit += cfg.prefix_weight * f.prefix_blocks / blocks
-        if affinity and f.session:
-            credit += cfg.session_weight
-        if f.lora:
-            credit += cfg.lora_weight
-        if credit and _too_busy(load, least, cfg):
-            credit, overridden = 0.0, True
-        costs.append(load - credit)
-    cheapest = min(costs)
-    ties = [i for i, cost in enumerate(costs) if cost <= cheapest + _EPSILON]
+    costs: list[float] = []
+    for i, f in enumerate(facts):
+        load = loads[i] if loads is not None else f.load
+        if best_prefix or f.lora or (affinity and f.session):  # else no credit: the load
+            credit = 0.0
+            if best_prefix:
+                credit += cfg.prefix_weight * f.prefix_blocks / blocks
+            if affinity and f.session:
+                credit += cfg.session_weight
+            if f.lora:
+                credit += cfg.lora_weight
+            if credit and _too_busy(load, least, cfg):
+                credit, overridden = 0.0, True
+            load -= credit
+        costs.append(load)
+    cheapest = min(costs) + _EPSILON
+    ties = [i for i, cost in enumerate(costs) if cost <= cheapest]
     if len(ties) > 1 and latencies:
         known = [v for v in (latencies[i] for i in ties) if v is not None]
         if known:
             fastest = min(known)
             ties = [i for i in ties if latencies[i] is None or latencies[i] == fastest]
     index = ties[0] if len(ties) == 1 else ties[rng.randrange(len(ties))]
-    return Choice(index, _reason(facts[index], loads[index], least, overridden, blocks))
+    load = loads[index] if loads is not None else facts[index].load
+    return Choice(index, _reason(facts[index], load, least, overridden, blocks))
 
 
 def _too_busy(load: float, least: float, cfg: RoutingConfig) -> bool:

@@ -19,7 +19,7 @@ _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 _MAX_EVENT = 1 << 20  # a single SSE event larger than this is passed on unread
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per keyed response, and frozen costs a setattr per field
 class Usage:
     prompt_tokens: int
     completion_tokens: int
@@ -82,6 +82,14 @@ def with_include_usage(doc: dict[str, Any], body: bytes | None = None) -> bytes:
     return json.dumps({**doc, "stream_options": merged}, separators=(",", ":")).encode()
 
 
+def with_include_usage_doc(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document that :func:`with_include_usage`'s bytes parse to, built without parsing
+    them: ``doc`` with ``stream_options.include_usage`` set (a new key goes last, as written)."""
+    options = doc.get("stream_options")
+    merged = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return {**doc, "stream_options": merged}
+
+
 class StreamUsage:
     """Watches an SSE stream go by: finds its usage and, when ``hide`` (the gateway asked for
     it, not the client), removes what asking added. Feed it the body chunks in order; it
@@ -91,6 +99,13 @@ class StreamUsage:
         self.hide = hide
         self.usage: Usage | None = None
         self._buffer = b""
+
+    def passes(self, chunk: bytes) -> bool:
+        """Whether :meth:`feed` would hand ``chunk`` on as it is with nothing to read in it
+        (whole events without usage, or usage found already and nothing to hide)."""
+        if not self.hide and self.usage is not None:
+            return True
+        return not self._buffer and chunk.endswith(b"\n\n") and b'"usage"' not in chunk
 
     def feed(self, chunk: bytes) -> bytes:
         if not self.hide and self.usage is not None:

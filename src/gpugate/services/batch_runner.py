@@ -6,7 +6,8 @@ process, the runner takes every batch back at start-up). Each line goes to ``Pro
 class ``batch`` — admission, the GPU guard and the shed gate apply — with at most
 ``concurrency`` lines in flight per batch. A shed line (``GPU_SATURATED``) waits out
 ``Retry-After`` and is tried again, never failed; a transient failure (other refusals,
-unreachable or timed-out upstream, 429/5xx) is tried ``attempts`` times; anything else is the
+unreachable or timed-out upstream, a status :func:`gpugate.retry.retryable` names) is tried
+``attempts`` times, a full-jitter :class:`~gpugate.retry.Backoff` apart; anything else is the
 line's answer. Each finished line is stored at once (:meth:`record_batch_item`), so a restart
 resumes with the lines that have no item yet. Cancel stops the lines not yet started (those in
 flight finish); the output then holds the finished ones.
@@ -33,21 +34,33 @@ import json
 import logging
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from gpugate.clock import Clock, sleep_or_wake
 from gpugate.config.untrusted import first_problem
 from gpugate.core.classes import RequestClass
 from gpugate.errors import ClientError, GpugateError, GpuSaturated, Refused, UpstreamError
-from gpugate.services.batches import Batches, BatchLine, parse_lines
+from gpugate.retry import Backoff, retryable
+from gpugate.services.batches import BatchLine, parse_lines
 from gpugate.services.proxy import Outbound, Proxy, json_or_text, read_all
-from gpugate.store import Store
-from gpugate.store.facade_base import BatchItem, BatchRecord
+from gpugate.store.facade_base import BatchItem, BatchRecord, FacadeStore, FileRecord
 
 log = logging.getLogger("gpugate.batches")
 
 _JSON = [(b"content-type", b"application/json")]
 ErrorBody = Callable[[GpugateError], tuple[int, bytes]]
+#: A line's transient failure waits a full-jitter backoff of at most 2 s, doubling per failure
+#: up to 30 s (the fixed waits it replaced were these ceilings).
+LINE_BACKOFF_S = 2.0
+LINE_MAX_BACKOFF_S = 30.0
+
+
+class LineFiles(Protocol):
+    """The files a runner reads a batch's lines from and writes its output to."""
+
+    async def file_content(self, file_id: str) -> bytes: ...
+
+    async def store_file(self, filename: str, purpose: str, data: bytes) -> FileRecord: ...
 
 
 class BatchRunner:
@@ -55,29 +68,33 @@ class BatchRunner:
 
     def __init__(  # noqa: PLR0913 - collaborators, then keyword-only knobs
         self,
-        store: Store,
-        batches: Batches,
+        store: FacadeStore,
+        files: LineFiles,
         proxy: Proxy,
         clock: Clock,
         *,
+        present: ErrorBody | None = None,
         concurrency: int = 16,
         lease_s: float = 60.0,
         sweep_s: float = 30.0,
         attempts: int = 3,
+        backoff: Backoff | None = None,
         max_breaks: int = 3,
         takeover_at_start: bool = False,
     ) -> None:
         self._store = store
-        self._batches = batches
+        self._files = files
         self._proxy = proxy
         self._clock = clock
-        #: How a gateway error looks as an HTTP answer (status, body): set by the web layer,
-        #: which owns the table of statuses; until then a 502 with an OpenAI-shaped body.
-        self.present: ErrorBody = _plain
+        #: How a gateway error looks as an HTTP answer (status, body): given by the web layer,
+        #: which owns the table of statuses (the composition root passes it); else a 502 with
+        #: an OpenAI-shaped body.
+        self._present: ErrorBody = present or _plain
         self._concurrency = concurrency
         self._lease_s = lease_s
         self._sweep_s = sweep_s
         self._attempts = attempts
+        self._backoff = backoff or Backoff(LINE_BACKOFF_S, LINE_MAX_BACKOFF_S)
         self._max_breaks = max_breaks
         self._takeover = takeover_at_start
         self.owner = f"batches:{secrets.token_hex(6)}"
@@ -85,8 +102,6 @@ class BatchRunner:
         self._running: dict[str, asyncio.Event] = {}  # batch id -> its cancel signal
         self._tasks: set[asyncio.Task[None]] = set()
         self.lines_run = 0
-        batches.wake = self.wake
-        batches.cancelled = self.cancel
 
     def wake(self) -> None:
         self._wake.set()
@@ -134,7 +149,7 @@ class BatchRunner:
             return
         heartbeat = asyncio.ensure_future(self._heartbeat(batch.id, cancel))
         try:
-            data = await self._batches.file_content(batch.input_file_id)
+            data = await self._files.file_content(batch.input_file_id)
             lines = parse_lines(data, batch.endpoint, unsafe_text=True)
             done = {item.line for item in await self._store.batch_items(batch.id)}
             if batch.status == "cancelling":
@@ -224,10 +239,10 @@ class BatchRunner:
             status = "expired"
         output = _jsonl(item.output for item in items)
         bad = [item.output for item in items if not item.ok]
-        out = await self._batches.store_file(f"{batch.id}_output.jsonl", "batch_output", output)
+        out = await self._files.store_file(f"{batch.id}_output.jsonl", "batch_output", output)
         err = None
         if bad:
-            err = await self._batches.store_file(
+            err = await self._files.store_file(
                 f"{batch.id}_error.jsonl", "batch_output", _jsonl(bad)
             )
         await self._store.finish_batch(
@@ -261,14 +276,14 @@ class BatchRunner:
             except (Refused, UpstreamError) as exc:
                 failures += 1
                 if failures < self._attempts:
-                    await self._clock.sleep(min(2.0**failures, 30.0))
+                    await self._clock.sleep(self._backoff.delay(failures))
                     continue
                 return self._refused(line, exc)
             except ClientError as exc:
                 return self._refused(line, exc)
-            if (status == 429 or status >= 500) and failures + 1 < self._attempts:
+            if retryable(status) and failures + 1 < self._attempts:
                 failures += 1
-                await self._clock.sleep(min(2.0**failures, 30.0))
+                await self._clock.sleep(self._backoff.delay(failures))
                 continue
             return _item(line, status, request_id, answer)
 
@@ -293,7 +308,7 @@ class BatchRunner:
             reply.close(code)
 
     def _refused(self, line: BatchLine, exc: GpugateError) -> BatchItem:
-        status, body = self.present(exc)
+        status, body = self._present(exc)
         return _item(line, status, _request_id(), json.loads(body), error=exc)
 
     def __repr__(self) -> str:

@@ -21,8 +21,7 @@ from gpugate.clock import Clock
 from gpugate.config.paths import format_path
 from gpugate.config.untrusted import checked_json
 from gpugate.errors import BadRequest, BatchNotFound, FileNotFound
-from gpugate.store import Store
-from gpugate.store.facade_base import BatchRecord, FileRecord, NewBatch
+from gpugate.store.facade_base import BatchRecord, FacadeStore, FileRecord, NewBatch
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 WINDOWS = {"24h": timedelta(hours=24)}
@@ -135,28 +134,14 @@ def batch_view(batch: BatchRecord) -> dict[str, Any]:
     }
 
 
-class Batches:
-    """Files and batches: create, read, cancel; running is the runner's."""
+class BatchFiles:
+    """The files of the Batch API: bytes in the blob store, their records in the store. The
+    runner reads and writes through these, the API through :class:`Batches`."""
 
-    def __init__(
-        self,
-        store: Store,
-        blobs: BlobStore,
-        clock: Clock,
-        *,
-        wake: Callable[[], None] | None = None,
-        cancel: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, store: FacadeStore, blobs: BlobStore, clock: Clock) -> None:
         self._store = store
         self._blobs = blobs
         self._clock = clock
-        self.wake = wake
-        self.cancelled = cancel
-
-    async def create_file(self, filename: str, purpose: str, data: bytes) -> FileRecord:
-        if purpose not in PURPOSES:
-            raise BadRequest(f"purpose must be one of {', '.join(PURPOSES)}; got {purpose!r}")
-        return await self.store_file(filename, purpose, data)
 
     async def store_file(self, filename: str, purpose: str, data: bytes) -> FileRecord:
         """Bytes into the blob store, then the file's record (any purpose)."""
@@ -174,6 +159,41 @@ class Batches:
 
     async def file_content(self, file_id: str) -> bytes:
         return await self._blobs.get((await self.get_file(file_id)).blob_key)
+
+
+class Batches:
+    """Files and batches: create, read, cancel; running is the runner's, which ``wake`` (a
+    batch was created) and ``cancel`` (one was cancelled) tell."""
+
+    def __init__(
+        self,
+        store: FacadeStore,
+        files: BatchFiles,
+        clock: Clock,
+        *,
+        wake: Callable[[], None] | None = None,
+        cancel: Callable[[str], None] | None = None,
+    ) -> None:
+        self._store = store
+        self.files = files
+        self._clock = clock
+        self._wake = wake
+        self._cancelled = cancel
+
+    async def create_file(self, filename: str, purpose: str, data: bytes) -> FileRecord:
+        if purpose not in PURPOSES:
+            raise BadRequest(f"purpose must be one of {', '.join(PURPOSES)}; got {purpose!r}")
+        return await self.files.store_file(filename, purpose, data)
+
+    async def store_file(self, filename: str, purpose: str, data: bytes) -> FileRecord:
+        """Bytes into the blob store, then the file's record (any purpose)."""
+        return await self.files.store_file(filename, purpose, data)
+
+    async def get_file(self, file_id: str) -> FileRecord:
+        return await self.files.get_file(file_id)
+
+    async def file_content(self, file_id: str) -> bytes:
+        return await self.files.file_content(file_id)
 
     async def create_batch(self, body: dict[str, Any]) -> BatchRecord:
         endpoint, window = body.get("endpoint"), body.get("completion_window", "24h")
@@ -193,8 +213,7 @@ class Batches:
         elif not isinstance(input_id, str):
             raise BadRequest("input_file_id must be a file id (or give the lines as input)")
         else:
-            record = await self.get_file(input_id)
-            lines = parse_lines(await self._blobs.get(record.blob_key), str(endpoint))
+            lines = parse_lines(await self.files.file_content(input_id), str(endpoint))
         now = self._clock.now()
         new = NewBatch(
             f"batch_{secrets.token_hex(12)}",
@@ -206,8 +225,8 @@ class Batches:
             now + WINDOWS[str(window)],
         )
         batch = await self._store.create_batch(new)
-        if self.wake is not None:
-            self.wake()
+        if self._wake is not None:
+            self._wake()
         return batch
 
     async def _inline_file(self, lines: Any, endpoint: str) -> tuple[str, list[BatchLine]]:
@@ -229,9 +248,9 @@ class Batches:
         batch = await self._store.cancel_batch(batch_id)
         if batch is None:
             raise BatchNotFound(f"no batch {batch_id!r}")
-        if self.cancelled is not None:
-            self.cancelled(batch_id)
+        if self._cancelled is not None:
+            self._cancelled(batch_id)
         return batch
 
     def __repr__(self) -> str:
-        return f"<Batches store={self._store.backend}>"
+        return f"<Batches files={self.files!r}>"

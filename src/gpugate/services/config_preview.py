@@ -21,7 +21,7 @@ from gpugate.errors import ConfigError, ConfigProblem
 if TYPE_CHECKING:
     from gpugate.config import GatewayConfig
     from gpugate.config.gateway_import import Media
-    from gpugate.store import Store
+    from gpugate.services.config_versions import VersionStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ class ConfigPreview:
 
     def __init__(
         self,
-        store: Store,
+        store: VersionStore,
         current: Callable[[], tuple[GatewayConfig, int]],
         environ: Mapping[str, str],
     ) -> None:

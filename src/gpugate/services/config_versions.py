@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.config.environment import import_findings
 from gpugate.config.gateway_import import parse_gateway_text
@@ -31,9 +31,23 @@ if TYPE_CHECKING:
     from gpugate.clock import Clock
     from gpugate.config import GatewayConfig
     from gpugate.config.gateway_import import Media
-    from gpugate.store import ConfigVersion, Store
+    from gpugate.store import ConfigVersion
 
 log = logging.getLogger("gpugate.config")
+
+
+class VersionStore(Protocol):
+    """The slice of the store the config versions use (:class:`gpugate.store.Store`'s)."""
+
+    async def current_config(self) -> ConfigVersion | None: ...
+
+    async def get_config(self, version: int) -> ConfigVersion | None: ...
+
+    async def list_configs(self, limit: int = 50) -> list[ConfigVersion]: ...
+
+    async def save_config(
+        self, document: dict[str, Any], *, actor: str, note: str
+    ) -> ConfigVersion: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +63,7 @@ class ConfigVersions:
 
     def __init__(
         self,
-        store: Store,
+        store: VersionStore,
         current: Callable[[], tuple[GatewayConfig, int]],
         apply: Callable[[GatewayConfig, int], None],
         environ: Mapping[str, str],  # the variables an import may name (importable_environ)

@@ -45,7 +45,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
-from typing import Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from gpugate.clock import Clock, sleep_or_wake
 from gpugate.config import GatewayConfig
@@ -71,8 +71,8 @@ from gpugate.errors import (
 )
 from gpugate.retry import Backoff
 from gpugate.services.runtimes.base import Runtime, Submission
-from gpugate.store import JobEvent, JobRecord, Store
-from gpugate.store.ledger import BUDGET_FACTOR, Cost
+from gpugate.store import JobEvent, JobRecord, JobStore
+from gpugate.store.ledger import BUDGET_FACTOR, Cost, LedgerStore
 from gpugate.telemetry import (
     NO_SPAN,
     NO_TRACER,
@@ -131,6 +131,10 @@ class _Submitted:
     submission: Submission
 
 
+class DispatchStore(JobStore, LedgerStore, Protocol):
+    """The slice of the store the dispatcher uses: the jobs, and the ledger's call slots."""
+
+
 class Dispatcher:
     """Claims jobs and submits them along their chain; see the module docstring.
 
@@ -141,7 +145,7 @@ class Dispatcher:
 
     def __init__(  # noqa: PLR0913 - the dispatcher's collaborators and its few knobs
         self,
-        store: Store,
+        store: DispatchStore,
         runtimes: Mapping[str, Runtime],
         views: Callable[[], Mapping[str, RuntimeView]],
         config: GatewayConfig | Callable[[], GatewayConfig],

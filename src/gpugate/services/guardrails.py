@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from gpugate.config import GatewayConfig
     from gpugate.config.runtime import BudgetConfig
     from gpugate.metrics import Metrics
-    from gpugate.store import Store
+    from gpugate.store.ledger import LedgerStore
 
 log = logging.getLogger("gpugate.guardrails")
 
@@ -67,7 +67,7 @@ class Guardrails:
 
     def __init__(
         self,
-        store: Store,
+        store: LedgerStore,
         config: Callable[[], GatewayConfig],
         metrics: Metrics,
         clock: Clock,

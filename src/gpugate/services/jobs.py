@@ -11,13 +11,14 @@ import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpugate.config import GatewayConfig
 from gpugate.core.classes import RequestClass
+from gpugate.core.job_transitions import new_slug
 from gpugate.errors import BadRequest, IdempotencyKeyReused, JobNotFound, UnknownModel
-from gpugate.store import JOB_STATES, JobEvent, JobPage, JobRecord, NewJob, Store
-from gpugate.store.jobs_transitions import new_slug
+from gpugate.store import JOB_STATES, JobEvent, JobPage, JobRecord, JobStore, NewJob
+from gpugate.store.keys import KeyStore
 
 log = logging.getLogger("gpugate.jobs")
 
@@ -41,12 +42,17 @@ class JobRequest:
     tenant: str | None = None  # auth.mode: keys: the tenant that creates (and owns) the job
 
 
+class JobsStore(JobStore, KeyStore, Protocol):
+    """The slice of the store the jobs API uses: the jobs, and who owns each (a client key's
+    tenant)."""
+
+
 class Jobs:
     """Create and manage jobs; the dispatcher does the running."""
 
     def __init__(
         self,
-        store: Store,
+        store: JobsStore,
         config: Callable[[], GatewayConfig],
         *,
         wake: Callable[[str], None] | None = None,
@@ -176,7 +182,7 @@ class Jobs:
         return job
 
     def __repr__(self) -> str:
-        return f"<Jobs store={self._store.backend}>"
+        return "<Jobs>"
 
 
 def tenant_key(tenant: str | None, idempotency_key: str | None) -> str | None:

@@ -27,6 +27,8 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
@@ -37,6 +39,7 @@ from gpugate.core.limits import (
     Slice,
     Windows,
     estimate,
+    minute_of,
     seconds_to_next_day,
     seconds_to_next_minute,
     windows,
@@ -160,6 +163,7 @@ class Quota:
         self._sampled: set[tuple[str, str]] = set()
         self._sampled_minute = ""
         self._leases: dict[str, _Lease] = {}  # bounded by the keys that sent this minute
+        self._minute: tuple[tuple[object, ...], Windows | None] = ((), None)
 
     async def reserve(
         self, principal: Principal, model: str | None, doc: object, body_size: int
@@ -172,7 +176,7 @@ class Quota:
         price = self._prices(model) if model is not None else None
         est = estimate(doc if isinstance(doc, dict) else None, body_size, price)
         now = self._clock.now()
-        spans = windows(now)
+        spans = self._windows(now)
         if key.limits.concurrency is None:
             code = await self._lease(key.id, key.limits, est, spans)
             if code is None:
@@ -271,6 +275,15 @@ class Quota:
         detail = {"code": code, "prefix": key.prefix, "tenant": key.tenant, "sampled": "minute"}
         await self._store.append_audit(AuditEvent("gateway", KEY_LIMITED, f"key:{key.id}", detail))
 
+    def _windows(self, now: datetime) -> Windows:
+        """``windows(now)``, made once a minute (two ``strftime`` per keyed request else)."""
+        minute = minute_of(now)
+        made = self._minute[1]
+        if made is None or self._minute[0] != minute:
+            made = windows(now)
+            self._minute = (minute, made)
+        return made
+
     def __repr__(self) -> str:
         return f"<Quota sampled={len(self._sampled)}>"
 
@@ -278,10 +291,22 @@ class Quota:
 def prices_of(config: Callable[[], GatewayConfig]) -> Callable[[str], Price | None]:
     """A model's price from the config's ``models:`` entries (``price``), or None."""
 
+    table: list[Any] = [None, {}]  # the config the prices were read from, and its prices
+
     def price(model: str) -> Price | None:
-        policy = config().model_policy(model)
-        if policy is None or policy.price is None:
-            return None
-        return Price(policy.price.prompt_per_1k_cents, policy.price.completion_per_1k_cents)
+        current = config()
+        if table[0] is not current:  # a new config version: read its prices once
+            table[:] = [current, _prices_in(current)]
+        found: Price | None = table[1].get(model)
+        return found
 
     return price
+
+
+def _prices_in(config: GatewayConfig) -> dict[str, Price]:
+    """Each priced model's price (a dict lookup per request, not a walk of ``models:``)."""
+    return {
+        m.name: Price(m.price.prompt_per_1k_cents, m.price.completion_per_1k_cents)
+        for m in config.models
+        if m.price is not None
+    }

@@ -86,6 +86,7 @@ MAX_ENDPOINT_BACKOFF_S = 60.0
 LOAD_BACKOFF_S = 1.0
 MAX_LOAD_BACKOFF_S = 8.0
 _EVENT_STREAM = b"text/event-stream"
+_MADE_AT_MOST = 4096  # entries of the per-config caches before they start again
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +251,11 @@ class Proxy:
         self._timed: dict[tuple[str, str], Any] = {}
         self._picked: dict[tuple[str, str], Any] = {}
         self._generation: dict[tuple[str, str], Any] = {}  # GenAI histogram children
+        self._ttfb: dict[str, Any] = {}  # upstream_ttfb children, by upstream id
+        #: Per attempt, made once per upstream config and endpoint (bounded: cleared when the
+        #: fleet has changed enough to fill it): the deadlines, and how errors name the endpoint.
+        self._deadlines: dict[tuple[int, bool], tuple[object, Timeouts]] = {}
+        self._labels: dict[int, tuple[EndpointState, UpstreamState, str]] = {}
         self.bind_gauges()
 
     def set_secrets(self, secrets: Mapping[str, str]) -> None:
@@ -587,7 +593,7 @@ class Proxy:
                 headers,
                 out.body,
                 self._timeouts(upstream, stream=out.stream),
-                label=endpoint_label(upstream, endpoint),  # clients read the id, not the URL
+                label=self._label(upstream, endpoint),  # clients read the id, not the URL
             )
         except UpstreamError as exc:
             picking.release(endpoint, probe=probe)
@@ -757,7 +763,10 @@ class Proxy:
         picking.record_success(endpoint, now)
         if response.status < 400:
             picking.record_latency(endpoint, ttfb, now=now)
-        self._metrics.upstream_ttfb.labels(upstream.id).observe(ttfb)
+        timer = self._ttfb.get(upstream.id)
+        if timer is None:
+            timer = self._ttfb[upstream.id] = self._metrics.upstream_ttfb.labels(upstream.id)
+        timer.observe(ttfb)
         run.upstream_time += ttfb
         overhead = max(0.0, now - out.received_at - run.upstream_time - run.waited)
         self._metrics.overhead.observe(overhead)
@@ -801,6 +810,28 @@ class Proxy:
         return headers
 
     def _timeouts(self, upstream: UpstreamState, *, stream: bool) -> Timeouts:
+        cfg = upstream.config
+        made = self._deadlines.get((id(cfg), stream))
+        if made is not None and made[0] is cfg:
+            return made[1]
+        if len(self._deadlines) > _MADE_AT_MOST:
+            self._deadlines.clear()
+        timeouts = self._make_timeouts(upstream, stream=stream)
+        self._deadlines[id(cfg), stream] = (cfg, timeouts)
+        return timeouts
+
+    def _label(self, upstream: UpstreamState, endpoint: EndpointState) -> str:
+        made = self._labels.get(id(endpoint))
+        if made is not None and made[0] is endpoint and made[1] is upstream:
+            return made[2]
+        if len(self._labels) > _MADE_AT_MOST:
+            self._labels.clear()
+        label = endpoint_label(upstream, endpoint)
+        self._labels[id(endpoint)] = (endpoint, upstream, label)
+        return label
+
+    @staticmethod
+    def _make_timeouts(upstream: UpstreamState, *, stream: bool) -> Timeouts:
         cfg = upstream.config
         if stream:  # the first event's deadline also bounds the headers
             first_byte = cfg.first_token_timeout_s

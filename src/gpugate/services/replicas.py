@@ -8,7 +8,7 @@ import logging
 
 from gpugate.clock import Clock
 from gpugate.errors import StoreError
-from gpugate.store import Store
+from gpugate.store.replicas import ReplicaStore
 
 log = logging.getLogger("gpugate.replicas")
 
@@ -17,7 +17,7 @@ class ReplicaHeartbeat:
     """Every ``every_s``: heartbeat, then end the claims of replicas silent over ``silent_s``."""
 
     def __init__(
-        self, store: Store, clock: Clock, *, every_s: float = 10.0, silent_s: float = 30.0
+        self, store: ReplicaStore, clock: Clock, *, every_s: float = 10.0, silent_s: float = 30.0
     ) -> None:
         self._store = store
         self._clock = clock

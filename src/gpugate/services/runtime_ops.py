@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from gpugate.errors import GpugateError, UnknownRuntime
+from gpugate.store import JobStore
 from gpugate.store.runtime_state import (
     DISABLED,
     DRAINED,
     ENABLED,
     LastSubmit,
     RuntimeState,
+    RuntimeStateStore,
     is_automatic,
     runtime_subject,
     state_action,
@@ -30,14 +32,32 @@ from gpugate.store.runtime_state import (
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Collection
+    from datetime import datetime
 
     from gpugate.clock import Clock
     from gpugate.config import GatewayConfig, RuntimeConfig
     from gpugate.core.registry import Registry
     from gpugate.services.guardrails import Spend
-    from gpugate.store import AuditRecord, Store
+    from gpugate.store import AuditRecord
 
 log = logging.getLogger("gpugate.runtimes")
+
+
+class OpsStore(JobStore, RuntimeStateStore, Protocol):
+    """The slice of the store runtime operations use: the runtimes' states, their queues and
+    calls, and their audit trail."""
+
+    async def list_audit(
+        self,
+        *,
+        action: str | None = None,
+        subject: str | None = None,
+        limit: int = 100,
+        before_id: int | None = None,
+        actor: str | None = None,
+        since: datetime | None = None,
+    ) -> list[AuditRecord]: ...
+
 
 HISTORY = 20
 """How many of a runtime's latest state changes its detail shows."""
@@ -82,13 +102,14 @@ class RuntimeOps:
 
     def __init__(
         self,
-        store: Store,
+        store: OpsStore,
         config: Callable[[], GatewayConfig],
         registry: Registry,
         implemented: Collection[str],
         clock: Clock,
         *,
         poll_s: float,
+        spend_of: Callable[[str], Awaitable[Spend]] | None = None,
     ) -> None:
         self._store = store
         self._config = config
@@ -98,7 +119,7 @@ class RuntimeOps:
         self._poll_s = poll_s
         self.states: dict[str, RuntimeState] = {}
         #: A runtime's spend (wiring: :meth:`Guardrails.spend`); None: not shown.
-        self.spend_of: Callable[[str], Awaitable[Spend]] | None = None
+        self._spend_of = spend_of
 
     def excluded(self) -> frozenset[str]:
         """The runtimes an operator (or a stop condition) disabled or drained: no new dispatch."""
@@ -162,7 +183,7 @@ class RuntimeOps:
             in_flight=await self._store.count_leased(runtime),
             last_submit=await self._store.last_submit(runtime),
             history=[e for e in events if e.action.startswith("runtime.")],
-            spend=None if self.spend_of is None else await self.spend_of(runtime),
+            spend=None if self._spend_of is None else await self._spend_of(runtime),
         )
 
     def _reachable(self, cfg: RuntimeConfig) -> bool | None:

@@ -30,7 +30,7 @@ from gpugate.services.job_waiter import JobWaiter
 from gpugate.services.jobs import JobRequest, Jobs, check_same_request, job_view, tenant_key
 from gpugate.services.proxy import Outbound, Proxy
 from gpugate.services.result_cache import ResultCache, cache_key, cache_policy
-from gpugate.store import JobRecord, Store
+from gpugate.store import JobRecord, JobStore
 
 MAX_WAIT_S = 300.0
 SHED_SITE = "sync_front"
@@ -52,7 +52,7 @@ class SyncFront:
     def __init__(
         self,
         jobs: Jobs,
-        store: Store,
+        store: JobStore,
         waiter: JobWaiter,
         cache: ResultCache,
         proxy: Proxy,

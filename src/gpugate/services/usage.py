@@ -64,7 +64,10 @@ class UsageMeter:
     ) -> None:
         key = principal.key
         day = self._clock.now().date()
-        entry = self._pending.setdefault((day, key.id, key.tenant, model, upstream), _Sum())
+        where = (day, key.id, key.tenant, model, upstream)
+        entry = self._pending.get(where)
+        if entry is None:  # not setdefault: that builds a _Sum on every request
+            entry = self._pending[where] = _Sum()
         entry.requests += 1
         entry.prompt += prompt_tokens
         entry.completion += completion_tokens

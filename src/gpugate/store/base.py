@@ -46,15 +46,6 @@ CONFIG_SAVED = "config.saved"
 CONFIG_SEEDED = "config.seeded"
 """Audit action written when :meth:`Store.seed_config` inserts version 1."""
 
-AUDIT_FILTERS = (
-    ("action", "action ="),
-    ("subject", "subject ="),
-    ("actor", "actor ="),
-    ("since", "at >="),
-    ("before_id", "id <"),
-)
-"""Each filter of :meth:`Store.list_audit` and the comparison it makes (backends add the value)."""
-
 CONFIG_SUBJECT = "config"
 """Audit subject of config events; the version is in the event's detail."""
 

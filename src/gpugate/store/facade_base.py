@@ -14,7 +14,6 @@ finished items.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -200,70 +199,3 @@ class FacadeStore(Protocol):
         message}`` and let go of the batch so a runner resumes it at once; the new count, or
         None when ``owner`` no longer holds it."""
         ...
-
-
-# The statements, in psycopg's parameter style; :func:`sqlite_style` gives SQLite's.
-BATCH_COLUMNS = (
-    "id, endpoint, input_file_id, completion_window, status, total, completed, failed, "
-    "output_file_id, error_file_id, metadata, owner, lease_expires_at, "
-    + ", ".join(BATCH_TIMES)
-    + ", breaks, error"
-)
-FILE_COLUMNS = "id, purpose, filename, bytes, blob_key, created_at"
-INSERT_FILE = f"""
-INSERT INTO batch_files ({FILE_COLUMNS})
-VALUES (%(id)s, %(purpose)s, %(filename)s, %(bytes)s, %(blob_key)s, %(created_at)s)"""  # noqa: S608 -- constants only; values are bound
-SELECT_FILE = f"SELECT {FILE_COLUMNS} FROM batch_files WHERE id = %(id)s"  # noqa: S608 -- constants
-INSERT_BATCH = f"""
-INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, total, metadata,
-                     created_at, in_progress_at, expires_at)
-VALUES (%(id)s, %(endpoint)s, %(input_file_id)s, %(completion_window)s, 'in_progress',
-        %(total)s, %(metadata)s, %(now)s, %(now)s, %(expires_at)s)
-RETURNING {BATCH_COLUMNS}"""  # noqa: S608 -- constants only; values are bound
-SELECT_BATCH = f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = %(id)s"  # noqa: S608 -- constants
-_RUNNABLE = ", ".join(f"'{status}'" for status in RUNNABLE)
-CLAIM_BATCH = f"""
-UPDATE batches SET owner = %(owner)s, lease_expires_at = %(until)s
-WHERE id = (
-    SELECT id FROM batches
-    WHERE status IN ({_RUNNABLE})
-      AND (owner IS NULL
-           OR (owner <> %(owner)s AND (%(takeover)s OR lease_expires_at <= %(now)s)))
-    ORDER BY created_at, id LIMIT 1 {{lock}})
-RETURNING {BATCH_COLUMNS}"""  # noqa: S608 -- constants only; values are bound
-EXTEND_BATCH = """
-UPDATE batches SET lease_expires_at = %(until)s WHERE id = %(id)s AND owner = %(owner)s"""
-INSERT_ITEM = """
-INSERT INTO batch_items (batch_id, line, custom_id, ok, output)
-VALUES (%(id)s, %(line)s, %(custom_id)s, %(ok)s, %(output)s)
-ON CONFLICT (batch_id, line) DO NOTHING"""
-COUNT_ITEM = """
-UPDATE batches SET completed = completed + %(done)s, failed = failed + %(bad)s
-WHERE id = %(id)s"""
-SELECT_ITEMS = """
-SELECT line, custom_id, ok, output FROM batch_items WHERE batch_id = %(id)s ORDER BY line"""
-CANCEL_BATCH = f"""
-UPDATE batches SET status = 'cancelling', cancelling_at = %(now)s
-WHERE id = %(id)s AND status = 'in_progress'
-RETURNING {BATCH_COLUMNS}"""  # noqa: S608 -- constants only; values are bound
-FINISH_BATCH = f"""
-UPDATE batches SET status = %(status)s, output_file_id = %(output_file_id)s,
-    error_file_id = %(error_file_id)s, owner = NULL, lease_expires_at = NULL,
-    finalizing_at = %(now)s,
-    completed_at = CASE WHEN %(status)s = 'completed' THEN %(now)s ELSE completed_at END,
-    cancelled_at = CASE WHEN %(status)s = 'cancelled' THEN %(now)s ELSE cancelled_at END,
-    failed_at = CASE WHEN %(status)s = 'failed' THEN %(now)s ELSE failed_at END
-WHERE id = %(id)s AND owner = %(owner)s
-RETURNING {BATCH_COLUMNS}"""  # noqa: S608 -- constants only; values are bound
-
-BREAK_BATCH = """
-UPDATE batches SET breaks = breaks + 1, error = %(error)s, owner = NULL, lease_expires_at = NULL
-WHERE id = %(id)s AND owner = %(owner)s
-RETURNING breaks"""
-
-_PSYCOPG_PARAM = re.compile(r"%\((\w+)\)s")
-
-
-def sqlite_style(sql: str) -> str:
-    """A statement above in SQLite's named-parameter style."""
-    return _PSYCOPG_PARAM.sub(r":\1", sql)

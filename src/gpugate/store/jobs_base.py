@@ -1,4 +1,5 @@
-"""The job half of the store's interface: the values a job store hands back and its protocol.
+"""The job half of the store's interface: its protocol (the values it hands back and takes are
+the job domain's, :mod:`gpugate.core.job_states`, re-exported here).
 
 :class:`gpugate.store.base.Store` extends :class:`JobStore`; both backends implement it and
 pass the contract suite ``tests/store/test_store_jobs*.py``.
@@ -11,87 +12,57 @@ about a client's input (a taken slug, a malformed cursor) raises
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gpugate.core.job_states import (
+    DEFAULT_OPERATION,
+    JOB_ACTORS,
+    JOB_CLASSES,
+    JOB_EVENT_STATUSES,
+    JOB_STATES,
+    LEASE_LOST,
+    LEASED_STATES,
+    TERMINAL_STATES,
+    JobEvent,
+    JobRecord,
+    JobState,
+    NewJob,
+    check_actor,
+    check_aware,
+    check_runtime,
+    check_slug,
+)
 from gpugate.errors import BadRequest
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from datetime import datetime
 
-JOB_CLASSES = ("system", "interactive", "batch")
-"""A job's request class, most urgent first."""
+__all__ = [
+    "DEFAULT_OPERATION",
+    "JOB_ACTORS",
+    "JOB_CLASSES",
+    "JOB_EVENT_STATUSES",
+    "JOB_STATES",
+    "LEASED_STATES",
+    "LEASE_LOST",
+    "TERMINAL_STATES",
+    "JobEvent",
+    "JobPage",
+    "JobRecord",
+    "JobState",
+    "JobStore",
+    "NewJob",
+    "check_actor",
+    "check_aware",
+    "check_runtime",
+    "check_slug",
+    "job_cursor",
+    "parse_job_cursor",
+]
 
-JOB_STATES = ("queued", "dispatching", "running", "completed", "failed", "cancelled")
-"""``queued -> dispatching -> running -> completed | failed | cancelled``."""
-
-LEASED_STATES = frozenset({"dispatching", "running"})
-"""The states in which a job holds a lease: ``leased_by``, ``lease_token``, ``lease_expires_at``."""
-
-TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
-"""The states a job leaves only by an explicit :meth:`JobStore.retry_job` (``failed`` only)."""
-
-JOB_EVENT_STATUSES = (
-    "queued",
-    "dispatching",
-    "submitted",
-    "running",
-    "progress",
-    "completed",
-    "failed",
-    "cancelled",
-    "deferred",
-    "released",
-    "rescued",
-    "retried",
-    "walked",
-)
-"""The vocabulary of :attr:`JobEvent.status`."""
-
-JOB_ACTORS = ("api", "dispatcher", "reaper", "admin", "worker:<runtime>")
-"""Who may write a job event (:attr:`JobEvent.actor`)."""
-
-DEFAULT_OPERATION = "chat/completions"
-"""The operation of a job that names none: ``POST /v1/chat/completions`` on an upstream."""
-
-LEASE_LOST = "LEASE_LOST"
-"""The error code of a job failed by :meth:`JobStore.rescue` after ``max_rescues`` rescues."""
-
-_SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MAX_ID = 2**63 - 1
-
-
-def check_slug(slug: str) -> str:
-    """A slug is 1-128 letters, digits, ``.``, ``_``, ``-`` (no ``:``), starting alphanumeric."""
-    if not _SLUG.fullmatch(slug):
-        raise ValueError(
-            f"invalid job slug {slug!r}: expected 1-128 letters, digits, '.', '_' or '-',"
-            " starting with a letter or digit"
-        )
-    return slug
-
-
-def check_runtime(runtime: str) -> str:
-    """A runtime id is non-empty and holds no ``:`` (``leased_by`` is ``<runtime>:<call_id>``)."""
-    if not runtime or ":" in runtime:
-        raise ValueError(f"invalid runtime id {runtime!r}: expected a non-empty id without ':'")
-    return runtime
-
-
-def check_actor(actor: str) -> str:
-    """``api``, ``dispatcher``, ``reaper``, ``admin`` or ``worker:<runtime>``."""
-    kind, colon, runtime = actor.partition(":")
-    if (colon and kind == "worker" and runtime and ":" not in runtime) or (
-        not colon and actor in JOB_ACTORS
-    ):
-        return actor
-    raise ValueError(f"invalid job event actor {actor!r}: expected one of {', '.join(JOB_ACTORS)}")
-
-
-TENANT_JOBS = " AND slug IN (SELECT id FROM tenancy WHERE kind = 'job' AND tenant = {})"
-"""The filter :meth:`JobStore.list_jobs` adds for a ``tenant`` (the backend's placeholder in)."""
 
 
 def job_cursor(job_id: int) -> str:
@@ -104,124 +75,6 @@ def parse_job_cursor(cursor: str) -> int:
     if not (cursor.isascii() and cursor.isdigit() and int(cursor[:20]) <= _MAX_ID):
         raise BadRequest(f"invalid jobs cursor {cursor[:40]!r}")
     return int(cursor)
-
-
-def check_aware(moment: datetime | None, name: str) -> datetime | None:
-    """Times given to the store must be timezone-aware (they are stored as UTC)."""
-    if moment is not None and moment.utcoffset() is None:
-        raise ValueError(f"{name} must be timezone-aware, got {moment!r}")
-    return moment
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NewJob:
-    """A job to store: what to run, where to start, and the client's idempotency key.
-
-    ``runner`` is the runtime the job is assigned to first (the requested one, or the config's
-    ``default_runtime``: the store does not read the config). ``slug`` is generated
-    (``job_`` + 20 url-safe characters) when not given. ``input_ref`` names a blob holding an
-    input too large to keep inline. ``not_before`` keeps the job from being claimed earlier.
-    ``allow_external`` is True unless the job may not leave the building (DESIGN §5.7); the
-    API decides what a request that says nothing gets.
-    """
-
-    model: str
-    input: dict[str, Any]
-    runner: str
-    job_class: str = "batch"
-    operation: str = DEFAULT_OPERATION
-    slug: str | None = None
-    idempotency_key: str | None = None
-    allow_external: bool = True
-    input_ref: str | None = None
-    not_before: datetime | None = None
-
-    def __post_init__(self) -> None:
-        if not self.model:
-            raise ValueError("a job needs a model")
-        if self.job_class not in JOB_CLASSES:
-            raise ValueError(
-                f"invalid job class {self.job_class!r}: expected one of {', '.join(JOB_CLASSES)}"
-            )
-        if not self.operation:
-            raise ValueError("a job needs an operation")
-        check_runtime(self.runner)
-        if self.slug is not None:
-            check_slug(self.slug)
-        if self.idempotency_key == "":
-            raise ValueError("an idempotency key may not be empty (pass None for none)")
-        check_aware(self.not_before, "not_before")
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    """A stored job: every column of its row, times timezone-aware UTC.
-
-    ``attempts`` counts submissions and failed attempts per runtime id (reset by a retry).
-    ``leased_by`` is ``<slug>-dispatcher@<replica>`` while a dispatcher holds the job, and
-    ``<runtime>:<call_id>`` once a runtime accepted it; ``lease_token`` fences every write of the
-    lease holder and changes with every claim. ``input``, ``result`` and the token are left out
-    of ``repr``.
-    """
-
-    id: int
-    slug: str
-    idempotency_key: str | None
-    model: str
-    job_class: str
-    operation: str
-    input: dict[str, Any] = field(repr=False)
-    input_ref: str | None
-    runner: str
-    state: str
-    attempts: dict[str, int]
-    submit_count: int
-    rescue_count: int
-    leased_by: str | None
-    lease_token: str | None = field(repr=False)
-    lease_expires_at: datetime | None
-    not_before: datetime | None
-    allow_external: bool
-    result: Any = field(repr=False)
-    result_ref: str | None
-    error_code: str | None
-    error_message: str | None
-    cost_cents: float | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
-
-    @property
-    def terminal(self) -> bool:
-        """Completed, failed or cancelled."""
-        return self.state in TERMINAL_STATES
-
-    @property
-    def call(self) -> tuple[str, str] | None:
-        """``(runtime, call_id)`` when the lease is a runtime's call, else None."""
-        if self.leased_by is None or ":" not in self.leased_by:
-            return None
-        runtime, _, call_id = self.leased_by.partition(":")
-        return runtime, call_id
-
-
-@dataclass(frozen=True, slots=True)
-class JobEvent:
-    """One entry of a job's audit trail, appended with the state change it records.
-
-    ``runtime`` is the runtime the event concerns (the one named by the operation, else the one
-    whose call held the lease, else the job's runner); ``call_id`` is set when a call held it.
-    """
-
-    id: int
-    slug: str
-    at: datetime
-    status: str
-    actor: str
-    runtime: str | None
-    call_id: str | None
-    error_code: str | None
-    detail: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

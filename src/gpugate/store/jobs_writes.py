@@ -2,7 +2,7 @@
 the rescue, once for every backend.
 
 Each method validates its arguments, takes the time from the clock and hands one decision
-(a function of :mod:`gpugate.store.jobs_transitions`) to a primitive the backend implements:
+(a function of :mod:`gpugate.core.job_transitions`) to a primitive the backend implements:
 
 * :meth:`JobWrites._change_leased_many` applies a batch of fenced decisions in one transaction:
   for each, it reads the job (locked) and writes the decision's change and event only when the
@@ -26,7 +26,7 @@ from datetime import UTC
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from gpugate.store import jobs_transitions as transitions
+from gpugate.core import job_transitions as transitions
 from gpugate.store.group_commit import GroupCommit
 from gpugate.store.jobs_base import (
     LEASED_STATES,
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from gpugate.clock import Clock
 
     Decide = Callable[[JobRecord], transitions.Change]
+    Rule = Callable[..., transitions.Change]
 
 
 log = logging.getLogger("gpugate.jobs")
@@ -183,14 +184,20 @@ class JobWrites(ABC):
             noted.log(slug)
         return job
 
+    async def _fenced(self, slug: str, token: str, rule: Rule, **given: Any) -> JobRecord | None:
+        """``rule`` (a function of :mod:`gpugate.core.job_transitions`) applied now, fenced."""
+        now = self._clock.now()
+        return await self._change_leased(slug, token, now, partial(rule, now=now, **given))
+
     async def promote_runner(
         self, slug: str, token: str, runtime: str, *, actor: str = "dispatcher", why: str = ""
     ) -> bool:
         check_runtime(runtime)
         check_actor(actor)
-        now = self._clock.now()
-        decide = partial(transitions.promote, now=now, runtime=runtime, actor=actor, why=why)
-        return await self._change_leased(slug, token, now, decide) is not None
+        done = await self._fenced(
+            slug, token, transitions.promote, runtime=runtime, actor=actor, why=why
+        )
+        return done is not None
 
     async def record_submit(
         self,
@@ -208,17 +215,8 @@ class JobWrites(ABC):
         check_actor(actor)
         if not call_id:
             raise ValueError("a submit needs the runtime's call id")
-        now = self._clock.now()
-        decide = partial(
-            transitions.submit,
-            now=now,
-            runtime=runtime,
-            call_id=call_id,
-            lease_s=lease_s,
-            running=running,
-            actor=actor,
-        )
-        return await self._change_leased(slug, token, now, decide) is not None
+        given = {"runtime": runtime, "call_id": call_id, "lease_s": lease_s, "running": running}
+        return await self._fenced(slug, token, transitions.submit, actor=actor, **given) is not None
 
     async def record_attempt_failure(
         self,
@@ -233,17 +231,11 @@ class JobWrites(ABC):
     ) -> bool:
         check_runtime(runtime)
         check_actor(actor)
-        now = self._clock.now()
-        decide = partial(
-            transitions.attempt_failure,
-            now=now,
-            runtime=runtime,
-            error_code=error_code,
-            message=message,
-            retryable=retryable,
-            actor=actor,
+        given = {"error_code": error_code, "message": message, "retryable": retryable}
+        rule = transitions.attempt_failure
+        return (
+            await self._fenced(slug, token, rule, runtime=runtime, actor=actor, **given) is not None
         )
-        return await self._change_leased(slug, token, now, decide) is not None
 
     async def release(
         self,
@@ -259,38 +251,27 @@ class JobWrites(ABC):
             raise ValueError(f"release status must be released or deferred, got {status!r}")
         check_actor(actor)
         check_aware(not_before, "not_before")
-        now = self._clock.now()
-        decide = partial(
-            transitions.release,
-            now=now,
-            not_before=not_before,
-            status=status,
-            error_code=error_code,
-            actor=actor,
+        given = {"not_before": not_before, "status": status, "error_code": error_code}
+        return (
+            await self._fenced(slug, token, transitions.release, actor=actor, **given) is not None
         )
-        return await self._change_leased(slug, token, now, decide) is not None
 
     async def extend_lease(self, slug: str, token: str, *, lease_s: float) -> datetime | None:
         transitions.check_lease_s(lease_s)
-        now = self._clock.now()
-        decide = partial(_extend, now=now, lease_s=lease_s)
-        job = await self._change_leased(slug, token, now, decide)
+        job = await self._fenced(slug, token, _extend, lease_s=lease_s)
         return None if job is None else job.lease_expires_at
 
     async def mark_running(self, slug: str, token: str, *, actor: str) -> bool:
         check_actor(actor)
-        now = self._clock.now()
-        decide = partial(transitions.mark_running, now=now, actor=actor)
-        return await self._change_leased(slug, token, now, decide) is not None
+        return await self._fenced(slug, token, transitions.mark_running, actor=actor) is not None
 
     async def record_progress(
         self, slug: str, token: str, detail: dict[str, Any], *, actor: str | None = None
     ) -> bool:
         if actor is not None:
             check_actor(actor)
-        now = self._clock.now()
-        decide = partial(transitions.progress, now=now, detail=detail, actor=actor)
-        return await self._change_leased(slug, token, now, decide) is not None
+        rule = transitions.progress
+        return await self._fenced(slug, token, rule, detail=detail, actor=actor) is not None
 
     async def complete(
         self,
@@ -303,16 +284,10 @@ class JobWrites(ABC):
         result_ref: str | None = None,
     ) -> bool:
         check_actor(actor)
-        now = self._clock.now()
-        decide = partial(
-            transitions.complete,
-            now=now,
-            result=result,
-            result_ref=result_ref,
-            cost_cents=cost_cents,
-            actor=actor,
+        given = {"result": result, "result_ref": result_ref, "cost_cents": cost_cents}
+        return (
+            await self._fenced(slug, token, transitions.complete, actor=actor, **given) is not None
         )
-        return await self._change_leased(slug, token, now, decide) is not None
 
     async def fail(
         self, slug: str, token: str, *, error_code: str, message: str, actor: str
@@ -320,11 +295,8 @@ class JobWrites(ABC):
         check_actor(actor)
         if not error_code:
             raise ValueError("a failed job needs an error code")
-        now = self._clock.now()
-        decide = partial(
-            transitions.fail, now=now, error_code=error_code, message=message, actor=actor
-        )
-        return await self._change_leased(slug, token, now, decide) is not None
+        given = {"error_code": error_code, "message": message, "actor": actor}
+        return await self._fenced(slug, token, transitions.fail, **given) is not None
 
     async def cancel_job(self, slug: str, *, actor: str) -> JobRecord | None:
         check_actor(actor)
@@ -344,9 +316,8 @@ class JobWrites(ABC):
         if max_rescues < 0:
             raise ValueError(f"max_rescues must be at least 0, got {max_rescues}")
         check_actor(actor)
-        now = self._clock.now()
-        decide = partial(transitions.rescue, now=now, max_rescues=max_rescues, actor=actor)
-        return await self._change_leased(slug, token, now, decide)
+        rule = transitions.rescue
+        return await self._fenced(slug, token, rule, max_rescues=max_rescues, actor=actor)
 
 
 def _extend(_job: JobRecord, *, now: datetime, lease_s: float) -> transitions.Change:

@@ -80,23 +80,6 @@ def audit_detail(key: ClientKey) -> dict[str, Any]:
     }
 
 
-PURGE_ORPHAN_OWNERS = (
-    "DELETE FROM tenancy WHERE kind = 'job' AND id NOT IN (SELECT slug FROM jobs)",
-    "DELETE FROM tenancy WHERE kind = 'batch' AND id NOT IN (SELECT id FROM batches)",
-    "DELETE FROM tenancy WHERE kind = 'file' AND id NOT IN (SELECT id FROM batch_files)",
-)
-"""The owner rows of things no longer stored (a job's row is written before the job: its
-creator writes it again after, so a purge in between loses nothing)."""
-
-USAGE_FILTERS = (
-    ("key_id", "key_id ="),
-    ("tenant", "tenant ="),
-    ("model", "model ="),
-    ("since", "day >="),
-    ("until", "day <="),
-)
-"""Each filter of :meth:`KeyStore.list_usage` and the comparison it makes."""
-
 ALIVE_S = 30.0
 """A replica heard of within this long still holds its concurrency slots (a dead one's go)."""
 
@@ -116,12 +99,6 @@ def usage_params(row: UsageRow) -> dict[str, Any]:
     }
 
 
-KEY_COLUMNS = (
-    "id, name, tenant, prefix, models, max_class, runners, allow_external, limits, "
-    "expires_at, created_at, revoked_at"
-)
-
-
 def key_of(
     row: tuple[Any, ...],
     *,
@@ -130,7 +107,7 @@ def key_of(
     limits: Any,
     times: tuple[datetime | None, datetime | None, datetime | None],
 ) -> ClientKey:
-    """A :class:`ClientKey` from a row of :data:`KEY_COLUMNS`, its JSON and times decoded."""
+    """A :class:`ClientKey` from a row of the key columns, its JSON and times decoded."""
     expires_at, created_at, revoked_at = times
     return ClientKey(
         id=row[0],

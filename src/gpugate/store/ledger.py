@@ -25,44 +25,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from gpugate.core.budget import BUDGET_FACTOR, Cost, Reserved
+from gpugate.core.lease import RESERVED_CALL
 
 if TYPE_CHECKING:
     from datetime import date, datetime
 
-RESERVED_CALL = "~reserved"
-"""The call id of a job whose slot is taken but whose submit has not been recorded yet."""
+__all__ = [
+    "BUDGET_FACTOR",
+    "RESERVED_CALL",
+    "SOFT_CAP_ACTION",
+    "Cost",
+    "LedgerEntry",
+    "LedgerStore",
+    "Reserved",
+    "SpendDay",
+]
+
 
 SOFT_CAP_ACTION = "runtime.soft_cap"
 """Audit action written (once per runtime and UTC day) when today's spend reaches daily_cents."""
-
-BUDGET_FACTOR = 2
-"""A runtime is over budget when today's spend reaches ``BUDGET_FACTOR x daily_cents``."""
-
-_EPSILON = 1e-9  # cents: float sums of equal estimates must reach the limit exactly
-
-Reserved = Literal["reserved", "at_capacity", "over_budget", "stale"]
-"""What a reservation answers: taken; no slot free; no room in today's budget; the job's lease
-is gone (nothing changed in any case but the first)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Cost:
-    """What a reservation charges: ``estimate_cents`` against ``limit_cents`` for today, and the
-    rate a duration is settled at."""
-
-    estimate_cents: float
-    limit_cents: float
-    cents_per_second: float
-
-    def fits(self, spent_cents: float) -> bool:
-        """Whether ``spent_cents`` plus the estimate stays within the limit."""
-        return spent_cents + self.estimate_cents <= self.ceiling_cents
-
-    @property
-    def ceiling_cents(self) -> float:
-        """The limit with the tolerance of :meth:`fits`: what backends compare against in SQL."""
-        return self.limit_cents + _EPSILON
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -20,38 +20,26 @@ from psycopg_pool import AsyncConnectionPool
 
 from gpugate.config.fields import redact_store_url as redact_dsn
 from gpugate.errors import MigrationError, StoreError, StoreUnavailable
-from gpugate.store.base import (
-    CONFIG_SAVED,
-    CONFIG_SEEDED,
-    CONFIG_SUBJECT,
-    AuditEvent,
-    AuditRecord,
-    ConfigVersion,
-    IdemBegin,
-    IdemRecord,
-    Started,
-    check_limit,
-    idem_verdict,
-)
+from gpugate.store.dialect import Json
+from gpugate.store.jobs_sql import JOBS_CHANNEL
 from gpugate.store.migrations import Migration, load_migrations, pending
-from gpugate.store.postgres_audit import audit_query, audit_record, insert_audit
-from gpugate.store.postgres_facade import PostgresFacade
-from gpugate.store.postgres_jobs import JOBS_CHANNEL, PostgresJobs
-from gpugate.store.postgres_keys import PostgresKeys
-from gpugate.store.postgres_ledger import PostgresLedger
-from gpugate.store.postgres_replicas import PostgresReplicas
-from gpugate.store.postgres_retention import PostgresRetention
-from gpugate.store.postgres_runtime_state import PostgresRuntimeState
 from gpugate.store.replicas import replica_id
+from gpugate.store.sql_store import SqlStore
+from gpugate.store.tx import SKIPPED, Codec, PostgresCodec, Result, Rollback
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
+    from datetime import datetime
 
     from psycopg.rows import TupleRow
 
     from gpugate.clock import Clock
+    from gpugate.store.dialect import Query
+    from gpugate.store.tx import Tx
 
     Connection = psycopg.AsyncConnection[TupleRow]
+
+T = TypeVar("T")
 
 _LOCK_MIGRATIONS = (
     "SELECT pg_advisory_xact_lock(hashtext('gpugate.migrate/' || coalesce(current_schema(), '')))"
@@ -68,60 +56,18 @@ INSERT INTO schema_migrations (version, name, applied_at) VALUES (%(version)s, %
 _HAS_SCHEMA_MIGRATIONS = "SELECT to_regclass('schema_migrations') IS NOT NULL"
 _SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM schema_migrations"
 
-_LOCK_CONFIG = "LOCK TABLE config_versions IN EXCLUSIVE MODE"
-_CONFIG_COLUMNS = "version, document, created_at, actor, note"
-_SELECT_CONFIG = f"SELECT {_CONFIG_COLUMNS} FROM config_versions"  # noqa: S608 -- constants only
-_SAVE_CONFIG = f"""
-INSERT INTO config_versions (version, document, created_at, actor, note)
-SELECT coalesce(max(version), 0) + 1, %(document)s, %(now)s, %(actor)s, %(note)s
-FROM config_versions
-RETURNING {_CONFIG_COLUMNS}"""  # noqa: S608 -- constants only; values are bound
-_SEED_CONFIG = """
-INSERT INTO config_versions (version, document, created_at, actor, note)
-VALUES (1, %(document)s, %(now)s, %(actor)s, 'seeded')
-RETURNING version, document, created_at, actor, note"""
-
-_IDEM_BEGIN = """
-INSERT INTO idempotency AS held (key, fingerprint, state, created_at, expires_at, owner)
-VALUES (%(key)s, %(fingerprint)s, 'in_flight', %(now)s, %(expires_at)s, %(owner)s)
-ON CONFLICT (key) DO UPDATE SET
-    fingerprint = excluded.fingerprint, state = 'in_flight', status = NULL, headers = NULL,
-    body = NULL, created_at = excluded.created_at, expires_at = excluded.expires_at,
-    owner = excluded.owner
-WHERE held.expires_at <= excluded.created_at
-RETURNING key"""
-_IDEM_HELD = """
-SELECT key, fingerprint, state, status, headers, body, created_at, expires_at
-FROM idempotency WHERE key = %(key)s"""
-_IDEM_COMPLETE = """
-UPDATE idempotency
-SET state = 'completed', status = %(status)s, headers = %(headers)s, body = %(body)s,
-    expires_at = coalesce(%(expires_at)s, expires_at)
-WHERE key = %(key)s AND owner = %(owner)s AND state = 'in_flight' AND expires_at > %(now)s"""
-_IDEM_ABANDON = """
-DELETE FROM idempotency
-WHERE key = %(key)s AND owner = %(owner)s AND state = 'in_flight' AND expires_at > %(now)s"""
-_IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= %(now)s"
-
 log = logging.getLogger("gpugate.store")
 
 
-class PostgresStore(
-    PostgresJobs,
-    PostgresRuntimeState,
-    PostgresFacade,
-    PostgresReplicas,
-    PostgresLedger,
-    PostgresRetention,
-    PostgresKeys,
-):
+class PostgresStore(SqlStore):
     """The shared store: PostgreSQL through a psycopg connection pool.
 
-    The job methods come from :class:`PostgresJobs`, the runtime states from
-    :class:`PostgresRuntimeState`, on the same pool.
+    Every method is written once (:class:`SqlStore`); this is its driver: each transaction runs
+    on a pooled connection, each step awaited (:mod:`gpugate.store.tx`).
     """
 
     backend = "postgresql"
+    _codec: Codec = PostgresCodec()
 
     def __init__(
         self,
@@ -217,116 +163,6 @@ class PostgresStore(
             self._schema = await _schema_version(conn)
         return self._schema
 
-    async def current_config(self) -> ConfigVersion | None:
-        async with self._transaction() as conn:
-            return await _current_config(conn)
-
-    async def get_config(self, version: int) -> ConfigVersion | None:
-        async with self._transaction() as conn:
-            cursor = await conn.execute(
-                f"{_SELECT_CONFIG} WHERE version = %(version)s", {"version": version}
-            )
-            row = await cursor.fetchone()
-        return None if row is None else _config(row)
-
-    async def list_configs(self, limit: int = 50) -> list[ConfigVersion]:
-        sql = f"{_SELECT_CONFIG} ORDER BY version DESC LIMIT %(limit)s"
-        async with self._transaction() as conn:
-            cursor = await conn.execute(sql, {"limit": check_limit(limit)})
-            return [_config(row) for row in await cursor.fetchall()]
-
-    async def save_config(
-        self, document: dict[str, Any], *, actor: str, note: str
-    ) -> ConfigVersion:
-        now = self._clock.now()
-        params = {"document": Jsonb(document), "now": now, "actor": actor, "note": note}
-        async with self._transaction() as conn:
-            await conn.execute(_LOCK_CONFIG)
-            saved = _config(await _one(await conn.execute(_SAVE_CONFIG, params)))
-            detail = {"version": saved.version, "note": note}
-            await insert_audit(conn, now, AuditEvent(actor, CONFIG_SAVED, CONFIG_SUBJECT, detail))
-        return saved
-
-    async def seed_config(
-        self, document: dict[str, Any], *, actor: str
-    ) -> tuple[ConfigVersion, bool]:
-        now = self._clock.now()
-        params = {"document": Jsonb(document), "now": now, "actor": actor}
-        async with self._transaction() as conn:
-            await conn.execute(_LOCK_CONFIG)
-            current = await _current_config(conn)
-            if current is not None:
-                return current, False
-            seeded = _config(await _one(await conn.execute(_SEED_CONFIG, params)))
-            event = AuditEvent(actor, CONFIG_SEEDED, CONFIG_SUBJECT, {"version": seeded.version})
-            await insert_audit(conn, now, event)
-        return seeded, True
-
-    async def append_audit(self, event: AuditEvent) -> AuditRecord:
-        async with self._transaction() as conn:
-            return await insert_audit(conn, self._clock.now(), event)
-
-    async def list_audit(
-        self,
-        *,
-        action: str | None = None,
-        subject: str | None = None,
-        limit: int = 100,
-        before_id: int | None = None,
-        actor: str | None = None,
-        since: datetime | None = None,
-    ) -> list[AuditRecord]:
-        filters: dict[str, object] = {"action": action, "subject": subject, "actor": actor}
-        filters |= {"since": since, "before_id": before_id}
-        sql, params = audit_query(filters, check_limit(limit))
-        async with self._transaction() as conn:
-            cursor = await conn.execute(sql, params)
-            return [audit_record(row) for row in await cursor.fetchall()]
-
-    async def idem_begin(
-        self, key: str, fingerprint: str, *, ttl_s: float, owner: str
-    ) -> IdemBegin:
-        now = self._clock.now()
-        params = {"key": key, "fingerprint": fingerprint, "owner": owner, "now": now}
-        params["expires_at"] = now + timedelta(seconds=ttl_s)
-        async with self._transaction() as conn:
-            cursor = await conn.execute(_IDEM_BEGIN, params)
-            if await cursor.fetchone() is not None:
-                return Started()
-            # The conflicting row is locked by the upsert above, so it is still there.
-            row = await _one(await conn.execute(_IDEM_HELD, params))
-        completed = _idem_record(row) if row[2] == "completed" else None
-        return idem_verdict(fingerprint, row[1], completed)
-
-    async def idem_complete(
-        self,
-        key: str,
-        owner: str,
-        status: int,
-        headers: Sequence[tuple[str, str]],
-        body: bytes,
-        *,
-        ttl_s: float | None = None,
-    ) -> bool:
-        now = self._clock.now()
-        expires_at = None if ttl_s is None else now + timedelta(seconds=ttl_s)
-        params = {"key": key, "owner": owner, "status": status, "body": body, "now": now}
-        params |= {"headers": Jsonb([list(pair) for pair in headers]), "expires_at": expires_at}
-        async with self._transaction() as conn:
-            cursor = await conn.execute(_IDEM_COMPLETE, params)
-            return cursor.rowcount == 1
-
-    async def idem_abandon(self, key: str, owner: str) -> bool:
-        params = {"key": key, "owner": owner, "now": self._clock.now()}
-        async with self._transaction() as conn:
-            cursor = await conn.execute(_IDEM_ABANDON, params)
-            return cursor.rowcount == 1
-
-    async def idem_purge_expired(self) -> int:
-        async with self._transaction() as conn:
-            cursor = await conn.execute(_IDEM_PURGE, {"now": self._clock.now()})
-            return cursor.rowcount
-
     # --- connections ---------------------------------------------------------------------------
 
     async def _probe(self) -> int:
@@ -336,6 +172,17 @@ class PostgresStore(
             self._dsn, connect_timeout=timeout
         ) as conn:
             return await _schema_version(conn)
+
+    async def _transact(self, tx: Tx[T], *, single: bool = False) -> T:
+        try:
+            async with self._transaction(single=single) as conn:
+                return await _drive(conn, tx)
+        except Rollback as rollback:
+            return cast("T", rollback.value)
+
+    async def _query(self, tx: Tx[T], *, single: bool = True) -> T:
+        async with self._transaction(single=single) as conn:
+            return await _drive(conn, tx)
 
     @asynccontextmanager
     async def _transaction(self, *, single: bool = False) -> AsyncIterator[Connection]:
@@ -379,12 +226,6 @@ async def _schema_version(conn: Connection) -> int:
     return int((await _one(await conn.execute(_SCHEMA_VERSION)))[0])
 
 
-async def _current_config(conn: Connection) -> ConfigVersion | None:
-    cursor = await conn.execute(f"{_SELECT_CONFIG} ORDER BY version DESC LIMIT 1")
-    row = await cursor.fetchone()
-    return None if row is None else _config(row)
-
-
 async def _one(cursor: psycopg.AsyncCursor[TupleRow]) -> TupleRow:
     row = await cursor.fetchone()
     if row is None:
@@ -392,21 +233,33 @@ async def _one(cursor: psycopg.AsyncCursor[TupleRow]) -> TupleRow:
     return row
 
 
-def _config(row: TupleRow) -> ConfigVersion:
-    version, document, created_at, actor, note = row
-    return ConfigVersion(version, document, _utc(created_at), actor, note)
+async def _drive(conn: Connection, tx: Tx[T]) -> T:
+    """Run the transaction's steps on ``conn``, awaiting each."""
+    try:
+        step = next(tx)
+        while True:
+            step = tx.send(await _execute(conn, *step))
+    except StopIteration as stop:
+        return cast("T", stop.value)
 
 
-def _idem_record(row: TupleRow) -> IdemRecord:
-    key, fingerprint, _state, status, headers, body, created_at, expires_at = row
-    pairs = tuple((str(name), str(value)) for name, value in headers)
-    return IdemRecord(
-        key, fingerprint, status, pairs, bytes(body), _utc(created_at), _utc(expires_at)
-    )
+async def _execute(
+    conn: Connection, query: Query, params: Mapping[str, Any] | Sequence[Mapping[str, Any]]
+) -> Result:
+    text = query.postgres
+    if text is None:
+        return SKIPPED
+    if isinstance(params, Mapping):
+        cursor = await conn.execute(text, {name: _encode(v) for name, v in params.items()})
+    else:
+        cursor = conn.cursor()
+        await cursor.executemany(text, [{n: _encode(v) for n, v in p.items()} for p in params])
+    found = await cursor.fetchall() if cursor.description is not None else []
+    return Result(found, cursor.rowcount)
 
 
-def _utc(moment: datetime) -> datetime:
-    return moment.astimezone(UTC)
+def _encode(value: Any) -> Any:
+    return Jsonb(value.value) if isinstance(value, Json) else value
 
 
 def _first_line(exc: BaseException) -> str:

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-CLAIM_MARK = "-dispatcher@"
-"""Between a claimed job's slug and its replica in ``leased_by``."""
+from gpugate.core.lease import CLAIM_MARK
 
 
 def replica_id() -> str:

@@ -51,13 +51,3 @@ class RetentionStore(Protocol):
         """Every table's row count, by name (the store's own tables, ``schema_migrations``
         included): a full count, not cheap — for the soak and operators."""
         ...
-
-
-TERMINAL_JOBS = "('completed', 'failed', 'cancelled')"
-ENDED_BATCHES = "('completed', 'failed', 'expired', 'cancelled')"
-BATCH_ENDED_AT = "coalesce(completed_at, failed_at, cancelled_at, expires_at, created_at)"
-#: Every file a batch names (an input another batch still uses is kept).
-NAMED_FILES = """
-SELECT input_file_id FROM batches
-UNION ALL SELECT output_file_id FROM batches WHERE output_file_id IS NOT NULL
-UNION ALL SELECT error_file_id FROM batches WHERE error_file_id IS NOT NULL"""

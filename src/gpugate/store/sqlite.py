@@ -11,44 +11,26 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from gpugate.errors import MigrationError, StoreError, StoreUnavailable
-from gpugate.store.base import (
-    CONFIG_SAVED,
-    CONFIG_SEEDED,
-    CONFIG_SUBJECT,
-    AuditEvent,
-    AuditRecord,
-    ConfigVersion,
-    IdemBegin,
-    IdemRecord,
-    Started,
-    check_limit,
-    idem_verdict,
-)
+from gpugate.store.dialect import Json
 from gpugate.store.migrations import Migration, load_migrations, pending
 from gpugate.store.replicas import replica_id
-from gpugate.store.sqlite_audit import audit_query, audit_record, insert_audit
-from gpugate.store.sqlite_codec import json_text as _json
-from gpugate.store.sqlite_codec import text_time as _dt
-from gpugate.store.sqlite_codec import time_text as _ts
-from gpugate.store.sqlite_facade import SqliteFacade
-from gpugate.store.sqlite_jobs import SqliteJobs
-from gpugate.store.sqlite_keys import SqliteKeys
-from gpugate.store.sqlite_ledger import SqliteLedger
-from gpugate.store.sqlite_replicas import SqliteReplicas
-from gpugate.store.sqlite_retention import SqliteRetention
-from gpugate.store.sqlite_runtime_state import SqliteRuntimeState
+from gpugate.store.sql_store import SqlStore
+from gpugate.store.tx import SKIPPED, Codec, Result, Rollback, SqliteCodec
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
 
     from gpugate.clock import Clock
+    from gpugate.store.dialect import Query
+    from gpugate.store.tx import Tx
 
 T = TypeVar("T")
 
@@ -80,57 +62,16 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
     applied_at TEXT NOT NULL
 )"""
 
-_CONFIG_COLUMNS = "version, document, created_at, actor, note"
-_SELECT_CONFIG = f"SELECT {_CONFIG_COLUMNS} FROM config_versions"  # noqa: S608 -- constants only
-_SAVE_CONFIG = f"""
-INSERT INTO config_versions (version, document, created_at, actor, note)
-SELECT coalesce(max(version), 0) + 1, :document, :now, :actor, :note FROM config_versions
-RETURNING {_CONFIG_COLUMNS}"""  # noqa: S608 -- constants only; values are bound
-_SEED_CONFIG = """
-INSERT INTO config_versions (version, document, created_at, actor, note)
-VALUES (1, :document, :now, :actor, 'seeded')
-RETURNING version, document, created_at, actor, note"""
 
-_IDEM_BEGIN = """
-INSERT INTO idempotency (key, fingerprint, state, created_at, expires_at, owner)
-VALUES (:key, :fingerprint, 'in_flight', :now, :expires_at, :owner)
-ON CONFLICT (key) DO UPDATE SET
-    fingerprint = excluded.fingerprint, state = 'in_flight', status = NULL, headers = NULL,
-    body = NULL, created_at = excluded.created_at, expires_at = excluded.expires_at,
-    owner = excluded.owner
-WHERE idempotency.expires_at <= excluded.created_at
-RETURNING key"""
-_IDEM_HELD = """
-SELECT key, fingerprint, state, status, headers, body, created_at, expires_at
-FROM idempotency WHERE key = :key"""
-_IDEM_COMPLETE = """
-UPDATE idempotency
-SET state = 'completed', status = :status, headers = :headers, body = :body,
-    expires_at = coalesce(:expires_at, expires_at)
-WHERE key = :key AND owner = :owner AND state = 'in_flight' AND expires_at > :now"""
-_IDEM_ABANDON = """
-DELETE FROM idempotency
-WHERE key = :key AND owner = :owner AND state = 'in_flight' AND expires_at > :now"""
-_IDEM_PURGE = "DELETE FROM idempotency WHERE expires_at <= :now"
-
-
-class SqliteStore(
-    SqliteJobs,
-    SqliteRuntimeState,
-    SqliteFacade,
-    SqliteReplicas,
-    SqliteLedger,
-    SqliteRetention,
-    SqliteKeys,
-):
+class SqliteStore(SqlStore):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
 
-    The job methods come from :class:`SqliteJobs`, the runtime states from
-    :class:`SqliteRuntimeState`, the spend ledger from :class:`SqliteLedger`; they go through
-    the same hop.
+    Every method is written once (:class:`SqlStore`); this is its driver: each transaction is
+    one hop to the thread, which runs all its steps (:mod:`gpugate.store.tx`).
     """
 
     backend = "sqlite"
+    _codec: Codec = SqliteCodec()
 
     def __init__(
         self, path: str, *, clock: Clock, trace: Callable[[str], None] | None = None
@@ -188,120 +129,18 @@ class SqliteStore(
         self._schema = await self._read(_schema_version)
         return self._schema
 
-    async def current_config(self) -> ConfigVersion | None:
-        return await self._read(_current_config)
-
-    async def get_config(self, version: int) -> ConfigVersion | None:
-        def work(conn: sqlite3.Connection) -> ConfigVersion | None:
-            row = conn.execute(f"{_SELECT_CONFIG} WHERE version = ?", (version,)).fetchone()
-            return None if row is None else _config(row)
-
-        return await self._read(work)
-
-    async def list_configs(self, limit: int = 50) -> list[ConfigVersion]:
-        sql = f"{_SELECT_CONFIG} ORDER BY version DESC LIMIT ?"
-
-        def work(conn: sqlite3.Connection) -> list[ConfigVersion]:
-            return [_config(row) for row in conn.execute(sql, (check_limit(limit),))]
-
-        return await self._read(work)
-
-    async def save_config(
-        self, document: dict[str, Any], *, actor: str, note: str
-    ) -> ConfigVersion:
-        now = _ts(self._clock.now())
-        params = {"document": _json(document), "now": now, "actor": actor, "note": note}
-
-        def work(conn: sqlite3.Connection) -> ConfigVersion:
-            saved = _config(conn.execute(_SAVE_CONFIG, params).fetchone())
-            detail = {"version": saved.version, "note": note}
-            insert_audit(conn, now, AuditEvent(actor, CONFIG_SAVED, CONFIG_SUBJECT, detail))
-            return saved
-
-        return await self._write(work)
-
-    async def seed_config(
-        self, document: dict[str, Any], *, actor: str
-    ) -> tuple[ConfigVersion, bool]:
-        now = _ts(self._clock.now())
-        params = {"document": _json(document), "now": now, "actor": actor}
-
-        def work(conn: sqlite3.Connection) -> tuple[ConfigVersion, bool]:
-            current = _current_config(conn)
-            if current is not None:
-                return current, False
-            seeded = _config(conn.execute(_SEED_CONFIG, params).fetchone())
-            event = AuditEvent(actor, CONFIG_SEEDED, CONFIG_SUBJECT, {"version": seeded.version})
-            insert_audit(conn, now, event)
-            return seeded, True
-
-        return await self._write(work)
-
-    async def append_audit(self, event: AuditEvent) -> AuditRecord:
-        return await self._write(partial(insert_audit, at=_ts(self._clock.now()), event=event))
-
-    async def list_audit(
-        self,
-        *,
-        action: str | None = None,
-        subject: str | None = None,
-        limit: int = 100,
-        before_id: int | None = None,
-        actor: str | None = None,
-        since: datetime | None = None,
-    ) -> list[AuditRecord]:
-        filters: dict[str, object] = {"action": action, "subject": subject, "actor": actor}
-        filters |= {"since": since, "before_id": before_id}
-        sql, params = audit_query(filters, check_limit(limit))
-
-        def work(conn: sqlite3.Connection) -> list[AuditRecord]:
-            return [audit_record(row) for row in conn.execute(sql, params)]
-
-        return await self._read(work)
-
-    async def idem_begin(
-        self, key: str, fingerprint: str, *, ttl_s: float, owner: str
-    ) -> IdemBegin:
-        now = self._clock.now()
-        params = {"key": key, "fingerprint": fingerprint, "owner": owner, "now": _ts(now)}
-        params["expires_at"] = _ts(now + timedelta(seconds=ttl_s))
-
-        def work(conn: sqlite3.Connection) -> IdemBegin:
-            if conn.execute(_IDEM_BEGIN, params).fetchone() is not None:
-                return Started()
-            row = conn.execute(_IDEM_HELD, params).fetchone()
-            if row is None:
-                raise StoreError(f"idempotency key {key!r} vanished inside its transaction")
-            completed = _idem_record(row) if row[2] == "completed" else None
-            return idem_verdict(fingerprint, row[1], completed)
-
-        return await self._write(work)
-
-    async def idem_complete(
-        self,
-        key: str,
-        owner: str,
-        status: int,
-        headers: Sequence[tuple[str, str]],
-        body: bytes,
-        *,
-        ttl_s: float | None = None,
-    ) -> bool:
-        now = self._clock.now()
-        expires_at = None if ttl_s is None else _ts(now + timedelta(seconds=ttl_s))
-        params = {"key": key, "owner": owner, "status": status, "body": body}
-        params |= {"headers": _headers_json(headers), "now": _ts(now), "expires_at": expires_at}
-        return await self._write(lambda conn: conn.execute(_IDEM_COMPLETE, params).rowcount == 1)
-
-    async def idem_abandon(self, key: str, owner: str) -> bool:
-        params = {"key": key, "owner": owner, "now": _ts(self._clock.now())}
-        return await self._write(lambda conn: conn.execute(_IDEM_ABANDON, params).rowcount == 1)
-
-    async def idem_purge_expired(self) -> int:
-        params = {"now": _ts(self._clock.now())}
-        return await self._write(lambda conn: conn.execute(_IDEM_PURGE, params).rowcount)
-
     # --- the hop to the store's thread -------------------------------------------------------
+
+    async def _transact(self, tx: Tx[T], *, single: bool = False) -> T:
+        del single  # one writer: every write is one IMMEDIATE transaction
+        try:
+            return await self._write(partial(_drive, tx))
+        except Rollback as rollback:
+            return cast("T", rollback.value)
+
+    async def _query(self, tx: Tx[T], *, single: bool = True) -> T:
+        del single  # reads need no transaction on the store's one connection
+        return await self._read(partial(_drive, tx))
 
     async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return await self._hop(work)
@@ -350,6 +189,61 @@ class SqliteStore(
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+def _drive(tx: Tx[T], conn: sqlite3.Connection) -> T:
+    """Run the transaction's steps on ``conn`` (the store's thread), one after the other."""
+    try:
+        step = next(tx)
+        while True:
+            step = tx.send(_execute(conn, *step))
+    except StopIteration as stop:
+        return cast("T", stop.value)
+
+
+def _execute(
+    conn: sqlite3.Connection, query: Query, params: Mapping[str, Any] | Sequence[Mapping[str, Any]]
+) -> Result:
+    text = query.sqlite
+    if text is None:
+        return SKIPPED
+    if isinstance(params, Mapping):
+        cursor = conn.execute(text, _encoded(params))
+    else:
+        cursor = conn.executemany(text, [_encoded(each) for each in params])
+    found = cursor.fetchall()
+    return Result(found, cursor.rowcount)
+
+
+def _json(value: object) -> str:
+    """Compact JSON, non-ASCII kept as is."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _ts(moment: datetime) -> str:
+    """Fixed-width ISO-8601 UTC, so that text order is time order."""
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _encoded(params: Mapping[str, Any]) -> dict[str, Any]:
+    plain = _PLAIN
+    return {n: v if type(v) in plain else _encode(v) for n, v in params.items()}
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return _ts(value)
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, Json):
+        try:
+            return _json(value.value)
+        except (TypeError, ValueError) as exc:  # as psycopg's Jsonb: the group commit retries
+            raise StoreError(f"a value JSON cannot hold: {exc}") from exc
+    return value
 
 
 def _in_transaction(work: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
@@ -410,25 +304,3 @@ def _schema_version(conn: sqlite3.Connection) -> int:
     return int(
         conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
     )
-
-
-def _current_config(conn: sqlite3.Connection) -> ConfigVersion | None:
-    row = conn.execute(f"{_SELECT_CONFIG} ORDER BY version DESC LIMIT 1").fetchone()
-    return None if row is None else _config(row)
-
-
-def _config(row: tuple[Any, ...]) -> ConfigVersion:
-    version, document, created_at, actor, note = row
-    return ConfigVersion(version, json.loads(document), _dt(created_at), actor, note)
-
-
-def _idem_record(row: tuple[Any, ...]) -> IdemRecord:
-    key, fingerprint, _state, status, headers, body, created_at, expires_at = row
-    pairs = tuple((str(name), str(value)) for name, value in json.loads(headers))
-    return IdemRecord(
-        key, fingerprint, status, pairs, bytes(body), _dt(created_at), _dt(expires_at)
-    )
-
-
-def _headers_json(headers: Sequence[tuple[str, str]]) -> str:
-    return _json([[name, value] for name, value in headers])

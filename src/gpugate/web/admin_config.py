@@ -52,7 +52,6 @@ DOCUMENT = {"application/json": GatewayDocument, "application/yaml": GatewayDocu
 
 
 def _versions(gateway: Gateway) -> ConfigVersions:
-    assert gateway.config_versions is not None
     return gateway.config_versions
 
 

@@ -43,7 +43,6 @@ NOT_FOUND = {404: "KEY_NOT_FOUND"}
 
 
 def _keys(gateway: Gateway) -> Keys:
-    assert gateway.keys is not None
     return gateway.keys
 
 

@@ -45,7 +45,6 @@ UNKNOWN_RUNTIME = {404: "UNKNOWN_RUNTIME"}
 
 
 def _ops(gateway: Gateway) -> RuntimeOps:
-    assert gateway.runtime_ops is not None
     return gateway.runtime_ops
 
 

@@ -9,10 +9,16 @@
 The handler's parameters say what it reads: ``path``, ``query``, ``headers`` and ``body``,
 annotated with pydantic models, are validated from the request before it runs (a 400
 ``BAD_REQUEST`` naming every key path: ``input.messages[0].role: ...``); ``request`` and
-``gateway`` are handed over as they are. The security is checked first. A handler answers a
+``gateway`` are handed over as they are, and a worker route's ``caller`` (:class:`Caller`: the
+push runtimes that sent it). The security is checked first. A handler answers a
 :class:`~gpugate.web.schemas.common.View` (200, JSON) or any Starlette ``Response``. The same
 :class:`~gpugate.web.schemas.operation.Spec` is what ``GET /openapi.json`` says of the route, so
 the document cannot drift from what the route enforces.
+
+A worker route (``Security.WORKER``) is authenticated over its whole body, read once: the
+``X-Gpugate-Signature`` of a push runtime (or a ``push.auth: bearer`` runtime's secret, see
+:class:`~gpugate.core.push_keys.PushKeys`); the answer to a signed request — its errors too — is
+signed for that request.
 """
 
 from __future__ import annotations
@@ -20,26 +26,41 @@ from __future__ import annotations
 import hmac
 import inspect
 import math
+import time
 import typing
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Message, Receive
 
 from gpugate.core.throttle import client_key
-from gpugate.errors import BadRequest, TooManyAttempts, Unauthorized
+from gpugate.errors import BadRequest, GpugateError, TooManyAttempts, Unauthorized
+from gpugate.push_signature import HEADER as SIGNATURE_HEADER
 from gpugate.web.auth import authorize_client
-from gpugate.web.bodies import json_body
+from gpugate.web.bodies import json_body, read_body
+from gpugate.web.errors import error_response
 from gpugate.web.schemas.common import View, validation_message
 from gpugate.web.schemas.operation import Answer, RawBody, Security, Spec
 from gpugate.wiring import Gateway
 
 Handler = Callable[..., Awaitable[Response | View]]
 _PARTS = ("path", "query", "headers", "body")
-_GIVEN = ("request", "gateway")
+_GIVEN = ("request", "gateway", "caller")
+LEASE_HEADER = "x-lease-token"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a worker route's request: the push runtimes whose key (or secret) it carries,
+    and the nonce its answer is signed for (``None``: a bearer request, answered unsigned)."""
+
+    runtimes: frozenset[str]
+    nonce: str | None
 
 
 def token_matches(offered: str, token: str) -> bool:
@@ -116,7 +137,40 @@ class Endpoint:
             authorize_admin(request, gateway)
         elif self.spec.security is Security.CLIENT:
             await authorize_client(request, gateway)
-        given = {"request": request, "gateway": gateway}
+        elif self.spec.security is Security.WORKER:
+            return await self._as_worker(request, gateway)
+        return await self._answer(request, gateway, None)
+
+    async def _as_worker(self, request: Request, gateway: Gateway) -> Response:
+        """Authenticate the push runtime over the whole body, then answer; sign the answer to
+        a signed request (errors included)."""
+        raw = await read_body(request, gateway.config.server.max_body_bytes)
+        target = request.scope.get("raw_path", request.url.path.encode()).decode("latin-1")
+        query = request.scope.get("query_string", b"")
+        runtimes, nonce = gateway.push_keys.authenticate(
+            request.headers.get(SIGNATURE_HEADER),
+            request.headers.get("authorization"),
+            method=request.method,
+            target=target + (f"?{query.decode('latin-1')}" if query else ""),
+            body=raw,
+            lease_token=request.headers.get(LEASE_HEADER),
+            now=time.time(),
+        )
+        replayed = Request(request.scope, _replay(raw))
+        try:
+            answer = await self._answer(replayed, gateway, Caller(runtimes, nonce))
+        except GpugateError as exc:
+            if nonce is None:
+                raise
+            answer = error_response(exc)
+        if nonce is not None:
+            answer.headers[SIGNATURE_HEADER] = gateway.push_keys.sign_answer(
+                runtimes, nonce, answer.status_code, bytes(answer.body)
+            )
+        return answer
+
+    async def _answer(self, request: Request, gateway: Gateway, caller: Caller | None) -> Response:
+        given = {"request": request, "gateway": gateway, "caller": caller}
         kwargs: dict[str, Any] = {name: given[name] for name in self._given}
         for part, model in self._parts.items():
             kwargs[part] = validated(model, await self._raw(part, request))
@@ -138,6 +192,21 @@ class Endpoint:
         return f"<Endpoint {self.__name__} security={self.spec.security}>"
 
 
+def _replay(raw: bytes) -> Receive:
+    """A ``receive`` that hands over ``raw`` once: the body, read whole before authentication,
+    for the request's parts to be read from as on any route."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    return receive
+
+
 def operation(
     security: Security,
     *,
@@ -157,6 +226,7 @@ def operation(
         parameters = inspect.signature(handler).parameters
         unknown = set(parameters) - {*_PARTS, *_GIVEN}
         assert not unknown, f"{handler.__name__}: no such request part {sorted(unknown)}"
+        assert "caller" not in parameters or security is Security.WORKER, "caller: worker only"
         parts = {part: hints[part] for part in _PARTS if part in parameters}
         summary, _, description = inspect.cleandoc(handler.__doc__ or "").partition("\n")
         spec = Spec(

@@ -56,7 +56,7 @@ def create_app(gateway: Gateway) -> ASGIApp:
         try:
             yield
         finally:
-            gateway.stopping = True
+            gateway.lifecycle.stop()
 
     routes = [
         *ops.routes,
@@ -77,8 +77,6 @@ def create_app(gateway: Gateway) -> ASGIApp:
         exception_handlers={GpugateError: _gpugate_error, HTTPException: _http_error},
     )
     app.state.gateway = gateway
-    if gateway.batch_runner is not None:  # batch lines record our errors as clients see them
-        gateway.batch_runner.present = batches.present
     ids = RequestIds()
     served = ShutdownGuard(
         ClientKeys(DataPlane(RequestIdMiddleware(app, ids), gateway, ids), gateway, ids),

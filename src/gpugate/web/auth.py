@@ -31,9 +31,16 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpugate.config import GatewayConfig
 from gpugate.core.classes import RequestClass, parse_request_class
 from gpugate.core.keys import Principal, offered_secret
-from gpugate.core.usage import StreamUsage, asks_usage, json_usage, with_include_usage
+from gpugate.core.usage import (
+    StreamUsage,
+    asks_usage,
+    json_usage,
+    with_include_usage,
+    with_include_usage_doc,
+)
 from gpugate.errors import (
     BadRequest,
     ExternalUpstreamForbidden,
@@ -44,7 +51,7 @@ from gpugate.errors import (
 )
 from gpugate.services.jobs import JobRequest
 from gpugate.services.limits import Reservation
-from gpugate.web.bodies import json_document
+from gpugate.web.bodies import json_document, parsed_body
 from gpugate.web.errors import error_body, error_headers, status_of
 from gpugate.web.requestid import HEADER as REQUEST_ID
 from gpugate.web.requestid import RequestIds
@@ -152,6 +159,7 @@ class ClientKeys:
         self.app = app
         self.gateway = gateway
         self.ids = ids
+        self._external: tuple[GatewayConfig | None, frozenset[str]] = (None, frozenset())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         keys = self.gateway.keys
@@ -194,15 +202,16 @@ class ClientKeys:
             key = principal.key
             if not key.may_use_model(model):
                 raise ModelNotAllowed(f"client key {key.prefix}… may not use model {model!r}")
-            if not key.allow_external and any(
-                u.external for u in gw.config.upstreams_serving(model)
-            ):
+            if not key.allow_external and model in self._external_models(gw.config):
                 raise ExternalUpstreamForbidden(
                     f"client key {key.prefix}… may not use an external upstream, and one "
                     f"serves {model!r}"
                 )
             if stream and doc is not None and not asks_usage(doc):
                 body, hide = with_include_usage(doc, body), True
+                body = parsed_body(body, with_include_usage_doc(doc))  # the data plane's parse
+            elif doc is not None:
+                body = parsed_body(body, doc)
         held = await gw.quota.reserve(
             principal, model if isinstance(model, str) else None, doc, len(body)
         )
@@ -239,6 +248,13 @@ class ClientKeys:
         await send({"type": "http.response.start", "status": status_of(exc), "headers": headers})
         await send({"type": "http.response.body", "body": error_body(exc), "more_body": False})
 
+    def _external_models(self, config: GatewayConfig) -> frozenset[str]:
+        """The models an ``external`` upstream serves, found once per config version (not a
+        walk of every upstream on every keyed request)."""
+        if self._external[0] is not config:
+            self._external = (config, _served_externally(config))
+        return self._external[1]
+
     def __repr__(self) -> str:
         return f"<ClientKeys keys={self.gateway.keys!r}>"
 
@@ -270,10 +286,17 @@ class _Watch:
 
     def send(self, send: Send) -> Send:
         async def watched(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self._start(message)
-            elif message["type"] == "http.response.body":
+            if message["type"] == "http.response.body":
+                stream = self.stream
+                if stream is not None:  # an SSE event (or a few) at a time: kept lean
+                    chunk: bytes = message.get("body", b"")
+                    more = message.get("more_body", False)
+                    if more and stream.passes(chunk):
+                        await send(message)
+                        return
                 message = self._body(message)
+            elif message["type"] == "http.response.start":
+                self._start(message)
             await send(message)
 
         return watched
@@ -345,6 +368,13 @@ class _Watch:
         gw.usage.record(
             self.principal, self.model or "", self.upstream or "", prompt, completion, cents
         )
+
+
+def _served_externally(config: GatewayConfig) -> frozenset[str]:
+    """What ``any(u.external for u in config.upstreams_serving(model))`` says, for every model."""
+    return frozenset(
+        model for u in config.upstreams if u.kind == "openai" and u.external for model in u.models
+    )
 
 
 def _client_headers(

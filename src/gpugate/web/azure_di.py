@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from gpugate.core.classes import RequestClass, parse_request_class
 from gpugate.errors import GpugateError, UpstreamError
 from gpugate.services.azure_di import (
-    ALLOW_EXTERNAL,
     AzureDocumentIntelligence,
     DiRequest,
     allow_external,
@@ -18,48 +18,69 @@ from gpugate.services.azure_di import (
     rewrite_location,
 )
 from gpugate.services.proxy import Outbound, Reply
-from gpugate.web.auth import authorize_client, di_allowed
+from gpugate.web.api import operation, route
+from gpugate.web.auth import di_allowed, principal_of
 from gpugate.web.bodies import read_body
+from gpugate.web.schemas.azure_di import DiHeaders, DiPath
+from gpugate.web.schemas.operation import Answer, RawBody, Security
 from gpugate.wiring import Gateway
 
 _OPERATION_LOCATION = b"operation-location"
 _NOT_RELAYED = frozenset({b"content-length", b"transfer-encoding", b"connection"})
 
 
-async def forward(request: Request) -> Response:
-    """Forward an analyze or a poll; the 202's ``Operation-Location`` points at the gateway.
-    ---
-    summary: Azure Document Intelligence pass-through (analyze, and polls of its result)
-    description: >-
-      `POST /azure-di/documentintelligence/documentModels/{model}:analyze` and `GET
-      /azure-di/documentintelligence/documentModels/{model}/analyzeResults/{id}`, query string
-      passed through, go to the `azure-di` upstream listing `{model}` with its key in
-      `Ocp-Apim-Subscription-Key`. The 202's `Operation-Location` is rewritten to the gateway.
-      Never shed (no GPU of ours). Header `X-Allow-External: false` refuses the request.
-      Operation-Location is built on server.public_url, or on the client's Host when that is a
-      loopback name or the listen host (any other Host: 400).
-    responses:
-      202: {description: "analyze accepted: Operation-Location, Retry-After"}
-      200: {description: "the analysis: status notStarted, running, succeeded or failed"}
-      400: {description: BAD_REQUEST (not an analyze or poll path, or an unknown Host)}
-      401: {description: "UNAUTHORIZED: auth.mode keys, and no client key or not a valid one"}
-      403: {description: "EXTERNAL_UPSTREAM_FORBIDDEN (X-Allow-External false, or a client key
-        without allow_external), MODEL_NOT_ALLOWED (a client key limited to models)"}
-      404: {description: UNKNOWN_MODEL}
+_ERRORS = {
+    400: "BAD_REQUEST: not an analyze or poll path, or an unknown Host",
+    403: "EXTERNAL_UPSTREAM_FORBIDDEN (X-Allow-External false, or a client key without "
+    "allow_external), MODEL_NOT_ALLOWED (a client key limited to models)",
+    404: "UNKNOWN_MODEL",
+    502: "UPSTREAM_UNREACHABLE",
+    503: "NO_HEALTHY_UPSTREAM, QUEUE_TIMEOUT; Retry-After",
+    504: "UPSTREAM_TIMEOUT",
+}
+di = partial(operation, Security.CLIENT, tags=("azure-di",), errors=_ERRORS, uses_store=False)
+
+
+@di(responses={200: Answer("the analysis: status notStarted, running, succeeded or failed")})
+async def poll(request: Request, gateway: Gateway, path: DiPath, headers: DiHeaders) -> Response:
+    """Azure Document Intelligence pass-through: a poll of an analysis.
+
+    `GET /azure-di/documentintelligence/documentModels/{model}/analyzeResults/{id}`, query
+    string passed through, goes to the `azure-di` upstream listing `{model}` with its key in
+    `Ocp-Apim-Subscription-Key`. Never shed (no GPU of ours). Header `X-Allow-External: false`
+    refuses the request.
     """
-    gateway: Gateway = request.app.state.gateway
+    return await forward(request, gateway, path, headers)
+
+
+@di(
+    responses={202: Answer("accepted: Operation-Location (on the gateway), Retry-After")},
+    raw_body=RawBody({"application/json": {}, "application/octet-stream": {}}),
+)
+async def analyze(request: Request, gateway: Gateway, path: DiPath, headers: DiHeaders) -> Response:
+    """Azure Document Intelligence pass-through: analyze a document.
+
+    `POST /azure-di/documentintelligence/documentModels/{model}:analyze`, query string and body
+    passed through, goes to the `azure-di` upstream listing `{model}` with its key in
+    `Ocp-Apim-Subscription-Key`. The 202's `Operation-Location` is rewritten to the gateway:
+    built on server.public_url, or on the client's Host when that is a loopback name or the
+    listen host (any other Host: 400). Never shed (no GPU of ours). Header `X-Allow-External:
+    false` refuses the request.
+    """
+    return await forward(request, gateway, path, headers)
+
+
+async def forward(request: Request, gateway: Gateway, path: DiPath, headers: DiHeaders) -> Response:
+    """Forward an analyze or a poll; the 202's ``Operation-Location`` points at the gateway."""
     facade = gateway.azure_di
-    assert facade is not None
-    principal = await authorize_client(request, gateway)  # auth.mode keys: a key, 401 else
+    principal = principal_of(request)  # auth.mode keys: Security.CLIENT checked the key
     if principal is not None:
         di_allowed(principal)
     config = gateway.config
     base_url = gateway_base(
         config.server.public_url, config.host, str(request.base_url), request.headers.get("host")
     )
-    cls = parse_request_class(
-        request.headers.get("x-request-class"), default=RequestClass.INTERACTIVE
-    )
+    cls = parse_request_class(headers.request_class, default=RequestClass.INTERACTIVE)
     if principal is not None:
         cls = principal.key.clamp(cls)
     body = None
@@ -67,13 +88,13 @@ async def forward(request: Request) -> Response:
         body = await read_body(request, gateway.config.server.max_body_bytes)
     di = DiRequest(
         request.method,
-        request.path_params["path"],
+        path.path,
         request.url.query,
         request.scope["headers"],
         body,
         cls,
     )
-    out = facade.outbound(di, external_allowed=allow_external(request.headers.get(ALLOW_EXTERNAL)))
+    out = facade.outbound(di, external_allowed=allow_external(headers.allow_external))
     return await _relay(facade, out, base_url)
 
 
@@ -118,4 +139,7 @@ async def _read_all(reply: Reply) -> bytes:
     return b"".join(parts)
 
 
-routes = [Route("/azure-di/{path:path}", forward, methods=["GET", "POST"])]
+routes = [
+    route("/azure-di/{path:path}", poll, "GET"),
+    route("/azure-di/{path:path}", analyze, "POST"),
+]

@@ -4,9 +4,7 @@ client's ``files.create``, ``files.retrieve``, ``files.content``, ``batches.crea
 
 from __future__ import annotations
 
-import json
 from functools import partial
-from typing import Any
 
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
@@ -21,7 +19,7 @@ from gpugate.errors import (
     ModelNotAllowed,
     PayloadTooLarge,
 )
-from gpugate.services.batches import Batches, batch_view, file_view
+from gpugate.services.batches import Batches, batch_view, file_view, parse_lines
 from gpugate.web.api import operation, route
 from gpugate.web.auth import check_owned, principal_of, record_owned
 from gpugate.web.bodies import refuse_declared_over
@@ -46,7 +44,6 @@ A_BATCH = {200: Answer("the batch object", BatchView)}
 
 
 def _batches(gateway: Gateway) -> Batches:
-    assert gateway.batches is not None
     return gateway.batches
 
 
@@ -133,12 +130,12 @@ async def create_batch(request: Request, gateway: Gateway, body: BatchCreate) ->
     Every line is checked first (a 400 names the first bad one, nothing is stored); then each
     line runs through the gateway's proxy as class batch, with bounded concurrency.
     """
-    service_body = body.service_body()
-    input_id = service_body.get("input_file_id")
-    if isinstance(input_id, str):
-        await check_owned(request, gateway, "file", input_id, _no_file(input_id))
-    await _check_line_models(request, gateway, service_body)
-    batch = await _batches(gateway).create_batch(service_body)
+    if body.input_file_id is not None:
+        await check_owned(
+            request, gateway, "file", body.input_file_id, _no_file(body.input_file_id)
+        )
+    await _check_line_models(request, gateway, body)
+    batch = await _batches(gateway).create_batch(body.service_body())
     await record_owned(request, gateway, "batch", batch.id)
     await record_owned(request, gateway, "file", batch.input_file_id)
     return BatchView.of(batch_view(batch))
@@ -161,26 +158,21 @@ async def cancel_batch(request: Request, gateway: Gateway, path: BatchPath) -> B
     return BatchView.of(batch_view(await _batches(gateway).cancel_batch(path.batch_id)))
 
 
-async def _check_line_models(
-    request: Request, gateway: Gateway, service_body: dict[str, Any]
-) -> None:
+async def _check_line_models(request: Request, gateway: Gateway, body: BatchCreate) -> None:
     """403 MODEL_NOT_ALLOWED when a line names a model the client key may not use (the lines
-    run through the proxy, past the data plane's own check)."""
+    run through the proxy, past the data plane's own check); a bad line of a file is the 400
+    the batch would be refused with."""
     principal = principal_of(request)
     if principal is None or principal.key.models is None:
         return
-    lines = service_body.get("input")
-    if not isinstance(lines, list):
-        raw = await _batches(gateway).file_content(str(service_body.get("input_file_id")))
-        lines = []
-        for text in raw.splitlines():
-            try:
-                lines.append(json.loads(text))
-            except ValueError:
-                continue  # the service refuses it, naming the line
-    for line in lines:
-        body = line.get("body") if isinstance(line, dict) else None
-        model = body.get("model") if isinstance(body, dict) else None
+    if body.input is not None:
+        bodies = [line.body for line in body.input]
+    else:
+        assert body.input_file_id is not None  # BatchCreate holds one or the other
+        raw = await _batches(gateway).file_content(body.input_file_id)
+        bodies = [line.body for line in parse_lines(raw, body.endpoint)]
+    for line_body in bodies:
+        model = line_body.get("model")
         if isinstance(model, str) and not principal.key.may_use_model(model):
             raise ModelNotAllowed(f"client key {principal.key.prefix}… may not use {model!r}")
 

@@ -41,8 +41,26 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(raw)
 
 
+class ParsedBody(bytes):
+    """A request body that carries its JSON document, parsed and checked already: what
+    :class:`~gpugate.web.auth.ClientKeys` hands on after reading a keyed request's body, so the
+    data plane's :func:`json_document` of the same body does not parse it again (the hardening
+    walk is not free on an agent's 7 KB turn). The document lives and dies with the body."""
+
+    doc: Any
+
+
+def parsed_body(raw: bytes, doc: Any) -> ParsedBody:
+    """``raw`` carrying ``doc``, which must be what :func:`json_document` returns for it."""
+    body = ParsedBody(raw)
+    body.doc = doc
+    return body
+
+
 def json_document(raw: bytes | str) -> Any:
     """``raw`` as JSON data, or :class:`BadRequest` saying what is wrong and where."""
+    if type(raw) is ParsedBody:
+        return raw.doc
     try:
         data, problem = checked_json(raw)
     except ValueError as exc:  # JSONDecodeError, bad UTF-8, or nesting past the limit

@@ -31,7 +31,6 @@ NOT_FOUND = {404: "JOB_NOT_FOUND"}
 
 
 def _jobs(gateway: Gateway) -> Jobs:
-    assert gateway.jobs is not None
     return gateway.jobs
 
 
@@ -110,7 +109,6 @@ async def job_result(request: Request, gateway: Gateway, path: JobPath) -> Respo
     The JSON result, however large (a result over blobs.inline_max_bytes is not in the job's
     view, only its result_ref).
     """
-    assert gateway.results is not None
     job = await _jobs(gateway).get(path.slug, tenant=tenant_of(request))
     body = await gateway.results.read(job)
     return Response(body, media_type="application/json")

@@ -3,8 +3,8 @@
 Each operation comes from where its route is served:
 
 * a Starlette route declared with :func:`gpugate.web.api.operation` — its :class:`Spec`;
-* a Starlette route of a module that declares no spec yet (the worker routes, the console, the
-  Azure DI pass-through) — the tables in :mod:`gpugate.web.schemas`;
+* a Starlette route of a module that declares no spec yet (the console's pages and forms) —
+  :data:`gpugate.web.schemas.console.OPERATIONS`;
 * the data plane, served by raw ASGI before Starlette — :mod:`gpugate.web.schemas.dataplane`.
 
 Bodies and parameters are the pydantic models' JSON Schemas (requests as validated, responses
@@ -25,7 +25,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from gpugate import __version__
 from gpugate.web.api import operation, route, spec_of
-from gpugate.web.schemas import azure_di, console, dataplane, worker
+from gpugate.web.schemas import console, dataplane
 from gpugate.web.schemas.common import ErrorBody
 from gpugate.web.schemas.operation import Answer, Operation, RawBody, Security, Spec
 
@@ -72,8 +72,7 @@ Keyed = tuple[type[BaseModel], JsonSchemaMode]
 
 def foreign_operations() -> dict[tuple[str, str], Spec]:
     """The specs of routes whose modules declare none, by (method, path)."""
-    tables = (*worker.OPERATIONS, *console.OPERATIONS, *azure_di.OPERATIONS)
-    return {(op.method, op.path): op.spec for op in tables}
+    return {(op.method, op.path): op.spec for op in console.OPERATIONS}
 
 
 def walk(routes: Sequence[BaseRoute], prefix: str = "") -> Iterator[tuple[str, str, BaseRoute]]:

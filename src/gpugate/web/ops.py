@@ -55,7 +55,7 @@ async def readyz(gateway: Gateway) -> Response:
 async def metrics(gateway: Gateway) -> Response:
     """Prometheus exposition of the gateway's own registry."""
     registry = gateway.metrics
-    return Response(registry.render(), media_type=registry.content_type)
+    return Response(await registry.exposition(), media_type=registry.content_type)
 
 
 routes = [

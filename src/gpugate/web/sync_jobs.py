@@ -10,7 +10,7 @@ from __future__ import annotations
 from starlette.responses import Response
 
 from gpugate.services.jobs import JobRequest
-from gpugate.services.sync_front import MAX_WAIT_S, SyncFront
+from gpugate.services.sync_front import MAX_WAIT_S
 from gpugate.web.schemas.jobs import JobView
 from gpugate.wiring import Gateway
 
@@ -30,9 +30,7 @@ async def create_and_wait(
     cache_control: str | None,
 ) -> Response:
     """200 with the finished (or cached) job, 202 with the job still running after ``wait``."""
-    front: SyncFront | None = gateway.sync_front
-    assert front is not None
-    answer = await front.create(
+    answer = await gateway.sync_front.create(
         job_request,
         idempotency_key=key,
         wait_s=min(wait_s, MAX_WAIT_S),

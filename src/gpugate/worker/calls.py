@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from gpugate.retry import retryable
+
 CALL_STATES = ("queued", "running", "completed", "failed")
 _OPERATION = re.compile(r"[A-Za-z0-9_-]+(?:/[A-Za-z0-9_-]+)*")
 _MESSAGE_LIMIT = 500
@@ -121,16 +123,15 @@ def failed(
 
 
 def answered(call_id: str, push: Push, status: int, body: bytes, duration_s: float) -> FinalReport:
-    """The report for the model server's answer: 2xx completes (JSON, else the text); 429 and
-    5xx fail retryably (another runtime may do better); any other status fails for good (the
-    job itself is at fault)."""
+    """The report for the model server's answer: 2xx completes (JSON, else the text); a status
+    :func:`gpugate.retry.retryable` names (429, 500, 502, 503, 504) fails retryably (another
+    runtime may do better); any other fails for good (the answer will not change)."""
     if 200 <= status < 300:
         return completed(call_id, push, _json_or_text(body), duration_s)
     message = (
         f"the model server answered {status}: {body[:_MESSAGE_LIMIT].decode(errors='replace')}"
     )
-    retryable = status == 429 or status >= 500
-    return failed(call_id, push, f"UPSTREAM_{status}", message, retryable=retryable)
+    return failed(call_id, push, f"UPSTREAM_{status}", message, retryable=retryable(status))
 
 
 @dataclass(slots=True, eq=False)

@@ -1,11 +1,15 @@
 """The worker's outbound HTTP, on one pooled aiohttp session: its reports to the gateway and its
 requests to the local model server.
 
-Reports (:meth:`Links.deliver`) are retried with exponential backoff for as long as the gateway
-gives no answer that settles them — it is down, restarting, overloaded (429, 5xx) — and stop
-at the first that does: 2xx (taken) or any other 4xx (refused for good: a stale lease, another
-runtime's job, an unknown job). A worker therefore survives a gateway restart without losing a
-report.
+Reports (:meth:`Links.deliver`) are retried with a full-jitter exponential backoff
+(:class:`gpugate.retry.Backoff`, so the workers of a fleet do not come back in step after a
+gateway restart) for as long as the gateway gives no answer that settles them — it is down,
+restarting, overloaded (no answer, or a status :func:`gpugate.retry.retryable` names) — and stop
+at the first that does: 2xx (taken) or any other status (refused for good: a stale lease,
+another runtime's job, an unknown job). A worker therefore survives a gateway restart without
+losing a report: there is no cap on the tries, only on the wait between two (``max_backoff_s``),
+because the report is the call's only way home (its lease is fenced: a late one is refused,
+never applied twice).
 
 Signed (the default): each report is signed with the worker-to-gateway key derived from the
 secret (:mod:`gpugate.push_signature`), lease token included, and the gateway's answer must be
@@ -30,13 +34,13 @@ import aiohttp
 from yarl import URL
 
 from gpugate import push_signature
+from gpugate.retry import Backoff, retryable
 from gpugate.worker.calls import FinalReport, Push, answered, failed
 
 log = logging.getLogger("gpugate.worker.links")
 
 JOB_HEADER = "X-Gpugate-Job"
 LEASE_HEADER = "X-Lease-Token"
-_RETRIED = frozenset({408, 425, 429})
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,7 @@ class Answer:
     @property
     def refused(self) -> bool:
         """Refused for good: sending it again cannot help."""
-        return 400 <= self.status < 500 and self.status not in _RETRIED
+        return self.status != 0 and not self.taken and not retryable(self.status)
 
     @property
     def settled(self) -> bool:
@@ -95,8 +99,7 @@ class Links:
         self._from_gateway = push_signature.derive_key(secret, push_signature.GATEWAY_TO_WORKER)
         self._upstream = upstream_url.rstrip("/")
         self._report_timeout = aiohttp.ClientTimeout(total=report_timeout_s)
-        self._backoff_s = backoff_s
-        self._max_backoff_s = max_backoff_s
+        self._backoff = Backoff(backoff_s, max_backoff_s)
         self._max_call_s = max_call_s
         self._session: aiohttp.ClientSession | None = None
 
@@ -160,14 +163,15 @@ class Links:
         self, method: str, path: str, token: str, body: dict[str, Any] | None = None
     ) -> Answer:
         """:meth:`report` until the gateway settles it (taken or refused for good)."""
-        delay = self._backoff_s
+        failures = 0
         while True:
             answer = await self.report(method, path, token, body)
             if answer.settled:
                 return answer
+            failures += 1
+            delay = self._backoff.delay(failures)
             log.warning("%s %s: %s; again in %.1f s", method, path, answer.describe(), delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self._max_backoff_s)
 
     # -- the model server ------------------------------------------------------------------
 

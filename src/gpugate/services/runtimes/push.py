@@ -9,9 +9,10 @@ deadline}`` and ``Authorization: Bearer <the runtime's secret>``; the worker ans
 the failure.
 
 Submit refusals map to the runtime errors the dispatcher walks by: 429 →
-:class:`RuntimeBusy`, 401/403 → :class:`RuntimeAuthFailed`, any other 4xx →
-:class:`RuntimeRejected`, a 5xx or no answer → :class:`RuntimeUnreachable` /
-:class:`RuntimeTimeout`.
+:class:`RuntimeBusy`, 401/403 → :class:`RuntimeAuthFailed`, any other status
+:func:`gpugate.retry.retryable` names (a transient 5xx, 408) or no answer →
+:class:`RuntimeUnreachable` / :class:`RuntimeTimeout`, and every other status (a 4xx, 501) →
+:class:`RuntimeRejected`.
 
 :meth:`PushRuntime.status` (``GET {push.url}/{call_id}``) is the reaper's backstop, asked only
 for calls quiet longer than ``jobs.quiet_s``. A worker that answers 404, or whose port refuses
@@ -37,6 +38,7 @@ from gpugate.errors import (
     RuntimeRejected,
     RuntimeUnreachable,
 )
+from gpugate.retry import retryable
 from gpugate.services.runtimes.base import CALL_STATES, CallStatus, Submission, job_payload
 from gpugate.store import JobRecord
 
@@ -44,8 +46,6 @@ log = logging.getLogger("gpugate.runtimes.push")
 
 _MESSAGE_LIMIT = 500
 _HTTP_OK_MAX = 299
-_HTTP_CLIENT_ERROR = 400
-_HTTP_SERVER_ERROR = 500
 
 
 def call_cost(
@@ -162,9 +162,9 @@ class PushRuntime:
             return RuntimeBusy(message, retry_after_s=None)
         if status in (401, 403):
             return RuntimeAuthFailed(message)
-        if _HTTP_CLIENT_ERROR <= status < _HTTP_SERVER_ERROR:
-            return RuntimeRejected(message)
-        return RuntimeUnreachable(message)
+        if retryable(status):
+            return RuntimeUnreachable(message)
+        return RuntimeRejected(message)
 
     def _call_status(self, body: Any) -> CallStatus:
         """The worker's ``{"state", ...}`` as a :class:`CallStatus`; garbage cannot say."""
@@ -180,13 +180,13 @@ class PushRuntime:
             )
             return CallStatus("completed", result=body.get("result"), cost_cents=cost)
         if state == "failed":
-            retryable = body.get("retryable", True) is not False
+            again = body.get("retryable", True) is not False
             return CallStatus(
                 "failed",
                 error_code=str(body.get("error_code") or "WORKER_FAILED")[:64],
                 message=str(body.get("message") or "")[:_MESSAGE_LIMIT],
-                retryable=retryable,
-                terminal=not retryable,
+                retryable=again,
+                terminal=not again,
             )
         return CallStatus(state)
 

@@ -113,7 +113,7 @@ class PushReports:
         self._store = store
         self._results = results or Results()  # Results(): every result inline
         self._config = config
-        self.on_finished = on_finished
+        self._on_finished = on_finished
 
     async def claimed(
         self, slug: str, runtimes: frozenset[str], token: str | None
@@ -238,8 +238,8 @@ class PushReports:
         return budget.cents_per_second if budget is not None else None
 
     def _finished(self) -> None:
-        if self.on_finished is not None:
-            self.on_finished()
+        if self._on_finished is not None:
+            self._on_finished()
 
     def __repr__(self) -> str:
         return f"<PushReports results={self._results!r}>"

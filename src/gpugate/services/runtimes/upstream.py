@@ -10,10 +10,12 @@ fresh call id. The call itself is a task this runtime owns: it waits for
 job's lease token:
 
 * 2xx → ``complete`` with the parsed JSON (the text when it is not JSON);
-* 429, 5xx, a timeout, an unreachable or refused upstream → the attempt failed (retryable) and
-  the job goes back to the queue, so the dispatcher retries or walks on;
+* a status :func:`gpugate.retry.retryable` names (429, 500, 502, 503, 504), a timeout, an
+  unreachable or refused upstream → the attempt failed (retryable) and the job goes back to the
+  queue, so the dispatcher retries or walks on;
 * GPU_SATURATED (saturation began after the submit) → deferred, not failed;
-* any other 4xx → the job is at fault: terminal ``fail`` with ``UPSTREAM_<status>``.
+* any other status (a 4xx, 501, 505) → the answer will not change: terminal ``fail`` with
+  ``UPSTREAM_<status>``, as the push worker reports the same answer of its model server.
 
 Every request carries ``X-Gpugate-Job: <slug>``. :meth:`status` answers from this process's
 table of calls — ``unknown`` after a restart, and the reaper then takes the job back.
@@ -47,6 +49,7 @@ from gpugate.errors import (
     UnknownModel,
     UpstreamError,
 )
+from gpugate.retry import retryable
 from gpugate.services.proxy import Outbound, Proxy, json_or_text, read_all
 from gpugate.services.results import Results
 from gpugate.services.runtimes.base import CallStatus, Submission
@@ -104,7 +107,7 @@ class UpstreamRuntime:
         self._store = store
         self._clock = clock
         #: Called after a call's outcome is written (wiring: the dispatcher's ``slot_freed``).
-        self.on_finished = on_finished
+        self._on_finished = on_finished
         self._shed_backoff_s = shed_backoff_s
         self._remember = remember
         self._lease_s = lease_s
@@ -251,8 +254,8 @@ class UpstreamRuntime:
                 call.call_id,
             )
             return
-        if self.on_finished is not None:
-            self.on_finished()
+        if self._on_finished is not None:
+            self._on_finished()
 
     async def _heartbeat(self, call: _Call) -> None:
         """Keep the call's lease alive while the upstream works on it (every third of the
@@ -357,7 +360,7 @@ def _answered(status: int, body: bytes) -> CallStatus:
         return CallStatus("completed", result=json_or_text(body))
     code = f"UPSTREAM_{status}"
     message = f"the upstream answered {status}: {_error_message(body)}"
-    if status == 429 or status >= 500:
+    if retryable(status):
         return CallStatus("failed", error_code=code, message=message, retryable=True)
     return CallStatus("failed", error_code=code, message=message, retryable=False, terminal=True)
 

@@ -289,7 +289,6 @@ class Pages:
         if verb not in VERBS:
             raise BadRequest(f"unknown action {verb!r} (one of {', '.join(VERBS)})")
         reason = form.get("reason", "").strip()[:MAX_REASON]
-        assert gateway.runtime_ops is not None
         stored = await gateway.runtime_ops.set_state(runtime, VERBS[verb], reason, who.actor)
         return _done(form, f"Runtime {runtime} is {stored.state}.")
 
@@ -324,7 +323,6 @@ class Pages:
     ) -> Response:
         form: dict[str, str] = request.state.form
         text = form.get("document", "")
-        assert gateway.config_versions is not None
         try:
             result = await gateway.config_versions.import_text(
                 text, media=media_of(text), actor=who.actor
@@ -340,7 +338,6 @@ class Pages:
     ) -> Response:
         form: dict[str, str] = request.state.form
         target: int = request.path_params["version"]
-        assert gateway.config_versions is not None
         try:
             result = await gateway.config_versions.rollback(target, actor=who.actor)
         except GpugateError as exc:

@@ -42,7 +42,6 @@ GAP_SAMPLES = 2.5  # a line breaks where more than this many sample intervals ar
 
 
 def _ops(gateway: Gateway) -> RuntimeOps:
-    assert gateway.runtime_ops is not None
     return gateway.runtime_ops
 
 
@@ -136,8 +135,6 @@ def fleet_charts(gateway: Gateway) -> list[Chart]:
     """The incident at a glance: requests by code, latency, TTFB, queues, GPU util and
     temperature per GPU, every chart with the GPU faults shaded."""
     ring = gateway.samples
-    if ring is None:
-        return []
     faults = fault_bands(ring)
     codes = ring.window("requests")
     shown = [
@@ -162,38 +159,36 @@ def runtime_charts(gateway: Gateway, runtime_id: str, spend: dict[str, Any]) -> 
     spend per day from the ledger."""
     shown = []
     ring = gateway.samples
-    if ring is not None:
-        jobs = {
-            "queued": ring.window("jobs_queued", [runtime_id]).get(runtime_id, []),
-            "in flight": ring.window("jobs_in_flight", [runtime_id]).get(runtime_id, []),
-        }
-        shown.append(
-            charts.line_chart(
-                "chart-jobs",
-                "Jobs queued and calls in flight",
-                "jobs",
-                jobs,
-                span=ring.span,
-                gap_s=GAP_SAMPLES * ring.every_s,
-            )
+    jobs = {
+        "queued": ring.window("jobs_queued", [runtime_id]).get(runtime_id, []),
+        "in flight": ring.window("jobs_in_flight", [runtime_id]).get(runtime_id, []),
+    }
+    shown.append(
+        charts.line_chart(
+            "chart-jobs",
+            "Jobs queued and calls in flight",
+            "jobs",
+            jobs,
+            span=ring.span,
+            gap_s=GAP_SAMPLES * ring.every_s,
         )
-        if spend.get("daily_cents"):
-            rules = _budget_rules(spend["daily_cents"])
-            today = _line(
-                ring,
-                "spend_today",
-                [runtime_id],
-                labels={runtime_id: "spent today"},
-                rules=rules,
-                min_top=0.01,
-            )
-            shown.append(today)
+    )
+    if spend.get("daily_cents"):
+        rules = _budget_rules(spend["daily_cents"])
+        today = _line(
+            ring,
+            "spend_today",
+            [runtime_id],
+            labels={runtime_id: "spent today"},
+            rules=rules,
+            min_top=0.01,
+        )
+        shown.append(today)
     shown.append(spend_chart(spend))
     return shown
 
 
 async def runtime(gateway: Gateway, runtime_id: str) -> dict[str, Any]:
-    assert gateway.jobs is not None
     view = runtime_view(await _ops(gateway).detail(runtime_id))
     recent = await gateway.jobs.list(state=None, runner=runtime_id, limit=RECENT_JOBS, cursor=None)
     return {
@@ -206,7 +201,6 @@ async def runtime(gateway: Gateway, runtime_id: str) -> dict[str, Any]:
 async def jobs(
     gateway: Gateway, *, state: str | None, runner: str | None, cursor: str | None
 ) -> dict[str, Any]:
-    assert gateway.jobs is not None
     page = await gateway.jobs.list(state=state, runner=runner, limit=PAGE, cursor=cursor)
     return {
         "jobs": [job_view(j) for j in page.jobs],
@@ -218,7 +212,6 @@ async def jobs(
 
 
 async def job(gateway: Gateway, slug: str) -> dict[str, Any]:
-    assert gateway.jobs is not None
     record = await gateway.jobs.get(slug)
     events = await gateway.jobs.events(slug)
     return {"job": job_view(record, with_input=True), "events": [event_view(e) for e in events]}
@@ -249,7 +242,6 @@ async def audit(gateway: Gateway, filters: dict[str, str], cursor: str | None) -
 
 
 async def config(gateway: Gateway) -> dict[str, Any]:
-    assert gateway.config_versions is not None
     versions = await gateway.config_versions.versions()
     return {
         "current_version": gateway.config_version,

@@ -1,21 +1,20 @@
 """The worker routes' bodies (DESIGN §3), for :mod:`gpugate.web.worker`.
 
 ``PATCH /v1/jobs/{slug}`` takes a :class:`ReportBody`, ``POST /v1/jobs/{slug}/fail`` a
-:class:`FailureBody`; ``report()`` and ``failure()`` give what
-:class:`~gpugate.services.runtimes.push_reports.PushReports` takes. (The routes module belongs to
-the push-protocol work; :data:`OPERATIONS` documents its routes in ``GET /openapi.json``
-until the routes declare themselves with :func:`gpugate.web.api.operation`.)
+:class:`FailureBody` (both refuse unknown keys); ``report()`` and ``failure()`` give what
+:class:`~gpugate.services.runtimes.push_reports.PushReports` takes. Every route answers a
+:class:`WorkerAnswer`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 from pydantic import Field, model_validator
 
 from gpugate.services.runtimes.push_reports import Failure, Report
 from gpugate.web.schemas.common import MAX_KEY_LENGTH, Key, Query, RequestBody, View
-from gpugate.web.schemas.operation import Answer, Operation, Security, Spec
+from gpugate.web.schemas.jobs import JobState
 
 MESSAGE_LIMIT = 2000
 
@@ -78,73 +77,16 @@ class FailureBody(RequestBody):
 
 class WorkerAnswer(View):
     slug: str
-    state: Literal["queued", "dispatching", "running", "completed", "failed", "cancelled"]
+    state: JobState
     lease_s: float | None = Field(None, description="claimed, lease: extend every third of it")
     lease_expires_at: str | None = Field(None, json_schema_extra={"format": "date-time"})
     cost_cents: float | None = Field(None, description="a report with a result: what it cost")
 
 
-_WORKER_ERRORS = {
+WORKER_ERRORS = {
     400: "BAD_REQUEST: no X-Lease-Token, or a malformed body",
-    401: "UNAUTHORIZED: no secret, or not that of any push runtime",
+    401: "UNAUTHORIZED: no push runtime's signature (or secret), or a replay",
     403: "WRONG_RUNTIME: the job is leased to another runtime",
     404: "JOB_NOT_FOUND",
     409: "LEASE_TOKEN_STALE: the token is not the lease's; drop the call",
 }
-
-
-def _worker(summary: str, description: str, body: type[RequestBody] | None = None) -> Spec:
-    return Spec(
-        summary=summary,
-        description=description,
-        security=Security.WORKER,
-        tags=("worker",),
-        responses={200: Answer("the job's state now", WorkerAnswer)},
-        errors=_WORKER_ERRORS,
-        body=body,
-        path=WorkerPath,
-        headers=WorkerHeaders,
-    )
-
-
-OPERATIONS = (
-    Operation(
-        "post",
-        "/v1/jobs/{slug}/claimed",
-        _worker(
-            "A push worker started the call; the job is running",
-            "Authorization is Bearer <the secret of the runtime holding the lease>, "
-            "X-Lease-Token the lease_token the call was pushed with. Repeating it changes "
-            "nothing. The answer's lease_s is how long the lease lasts from each extension: "
-            "extend every third of it.",
-        ),
-    ),
-    Operation(
-        "post",
-        "/v1/jobs/{slug}/lease",
-        _worker(
-            "Extend the call's lease by jobs.quiet_s from now",
-            "A call whose lease runs out is asked about by the reaper (GET push.url/{call_id}).",
-        ),
-    ),
-    Operation(
-        "patch",
-        "/v1/jobs/{slug}",
-        _worker(
-            "Report progress, or the result (the job completes)",
-            "progress appends a progress event; result completes the job, its cost being "
-            "cost_cents, else duration_s times the runtime's budget.cents_per_second.",
-            ReportBody,
-        ),
-    ),
-    Operation(
-        "post",
-        "/v1/jobs/{slug}/fail",
-        _worker(
-            "The call failed",
-            "Retryable: the attempt is counted and the job goes back to the queue, to walk on "
-            "along its chain; otherwise the job fails for good with error_code.",
-            FailureBody,
-        ),
-    ),
-)

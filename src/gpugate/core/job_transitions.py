@@ -1,9 +1,10 @@
-"""What each job operation does to a job row, decided by pure functions both backends share.
+"""What each job operation does to a job, decided by pure functions (the job domain's rules).
 
-A backend reads the row under its lock (SQLite: inside ``BEGIN IMMEDIATE``; PostgreSQL:
+The store reads the row under its lock (SQLite: inside ``BEGIN IMMEDIATE``; PostgreSQL:
 ``SELECT ... FOR UPDATE``, which a concurrent writer waits on and re-checks), asks a function here
 for the :class:`Change`, and writes the change and its event in the same transaction. So the
-rules of the lifecycle live in one place, and the two backends differ only in SQL.
+rules of the lifecycle live in one place, outside the store; every move of state is one that
+:data:`~gpugate.core.job_states.TRANSITIONS` allows.
 
 The one exception is the PostgreSQL batch claim, a single statement (lessons §2-3): it writes
 what :func:`claim` decides, in SQL, and the contract suite checks that both agree.
@@ -17,13 +18,15 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from gpugate.store.jobs_base import (
+from gpugate.core.job_states import (
     JOB_EVENT_STATUSES,
     LEASE_LOST,
     JobRecord,
     check_actor,
     check_runtime,
+    check_transition,
 )
+from gpugate.core.lease import NO_LEASE_COLUMNS, Lease
 
 CLAIM_ACTOR = "dispatcher"
 """The actor of the ``dispatching`` event of a claim."""
@@ -47,6 +50,10 @@ WRITABLE_FIELDS = frozenset(
         "submit_count",
         "rescue_count",
         "leased_by",
+        "lease_kind",
+        "lease_runtime",
+        "lease_call_id",
+        "lease_replica",
         "lease_token",
         "lease_expires_at",
         "not_before",
@@ -70,6 +77,7 @@ TIME_FIELDS = frozenset(
 )
 
 _NO_LEASE: dict[str, Any] = {"leased_by": None, "lease_token": None, "lease_expires_at": None}
+_NO_LEASE |= NO_LEASE_COLUMNS
 
 
 def new_slug() -> str:
@@ -124,6 +132,12 @@ class Change:
         if self.event is not None and "updated_at" not in self.values:
             raise ValueError("a job change with an event is a change: it sets updated_at")
 
+    def of(self, job: JobRecord) -> Change:
+        """This change, checked to be a move :data:`TRANSITIONS` allows from ``job``'s state."""
+        if "state" in self.values:
+            check_transition(job.state, self.values["state"])
+        return self
+
 
 UNCHANGED = Change({})
 """The operation applies but there is nothing to write (e.g. a repeated ``claimed``)."""
@@ -133,17 +147,18 @@ def created_event(runner: str) -> EventDraft:
     return EventDraft("queued", CREATE_ACTOR, runtime=runner)
 
 
-def claim(job: JobRecord, *, now: datetime, lease_s: float, token: str, holder: str) -> Change:
-    """``queued -> dispatching`` under a fresh dispatcher lease; ``leased_by`` is the slug and
-    ``holder`` (``-dispatcher@<replica>``: :data:`gpugate.store.replicas.CLAIM_MARK`)."""
+def claim(job: JobRecord, *, now: datetime, lease_s: float, token: str, replica: str) -> Change:
+    """``queued -> dispatching`` under a fresh claim of ``replica``'s dispatcher."""
+    lease = Lease.claim(replica)
     values = {
         "state": "dispatching",
-        "leased_by": job.slug + holder,
+        "leased_by": lease.text(job.slug),
         "lease_token": token,
         "lease_expires_at": now + timedelta(seconds=lease_s),
         "updated_at": now,
-    }
-    return Change(values, EventDraft("dispatching", CLAIM_ACTOR, runtime=job.runner))
+    } | lease.columns()
+    event = EventDraft("dispatching", CLAIM_ACTOR, runtime=job.runner)
+    return Change(values, event).of(job)
 
 
 def promote(job: JobRecord, *, now: datetime, runtime: str, actor: str, why: str = "") -> Change:
@@ -165,8 +180,9 @@ def submit(
     actor: str,
 ) -> Change:
     submit_count = job.submit_count + 1
-    values = {
-        "leased_by": f"{check_runtime(runtime)}:{call_id}",
+    lease = Lease.of_call(check_runtime(runtime), call_id)
+    values = lease.columns() | {
+        "leased_by": lease.text(job.slug),
         "submit_count": submit_count,
         "attempts": _count_attempt(job.attempts, runtime),
         "lease_expires_at": now + timedelta(seconds=check_lease_s(lease_s)),
@@ -174,7 +190,7 @@ def submit(
         "updated_at": now,
     }
     detail = {"submit_count": submit_count, "running": running}
-    return Change(values, EventDraft("submitted", actor, runtime, call_id, detail=detail))
+    return Change(values, EventDraft("submitted", actor, runtime, call_id, detail=detail)).of(job)
 
 
 def attempt_failure(
@@ -206,7 +222,7 @@ def release(
         raise ValueError(f"release status must be released or deferred, got {status!r}")
     values = {"state": "queued", "not_before": not_before, "updated_at": now} | _NO_LEASE
     detail = {} if not_before is None else {"not_before": not_before.isoformat()}
-    return Change(values, _lease_event(job, status, actor, error_code, detail))
+    return Change(values, _lease_event(job, status, actor, error_code, detail)).of(job)
 
 
 def extend(*, now: datetime, lease_s: float) -> Change:
@@ -217,7 +233,8 @@ def extend(*, now: datetime, lease_s: float) -> Change:
 def mark_running(job: JobRecord, *, now: datetime, actor: str) -> Change:
     if job.state == "running":
         return UNCHANGED
-    return Change({"state": "running", "updated_at": now}, _lease_event(job, "running", actor))
+    event = _lease_event(job, "running", actor)
+    return Change({"state": "running", "updated_at": now}, event).of(job)
 
 
 def progress(job: JobRecord, *, now: datetime, detail: dict[str, Any], actor: str | None) -> Change:
@@ -241,20 +258,21 @@ def complete(
         "cost_cents": cost_cents,
     }
     detail = {} if cost_cents is None else {"cost_cents": cost_cents}
-    return Change(values, _lease_event(job, "completed", actor, detail=detail))
+    return Change(values, _lease_event(job, "completed", actor, detail=detail)).of(job)
 
 
 def fail(job: JobRecord, *, now: datetime, error_code: str, message: str, actor: str) -> Change:
     values = _finished(now, "failed") | {"error_code": error_code, "error_message": message}
     detail = {"message": message, "terminal": True}
-    return Change(values, _lease_event(job, "failed", actor, error_code, detail))
+    return Change(values, _lease_event(job, "failed", actor, error_code, detail)).of(job)
 
 
 def cancel(job: JobRecord, *, now: datetime, actor: str) -> Change:
     if job.terminal:
         return UNCHANGED
     detail = {"from": job.state}
-    return Change(_finished(now, "cancelled"), _lease_event(job, "cancelled", actor, None, detail))
+    event = _lease_event(job, "cancelled", actor, None, detail)
+    return Change(_finished(now, "cancelled"), event).of(job)
 
 
 def retry(job: JobRecord, *, now: datetime, actor: str) -> Change:
@@ -272,7 +290,7 @@ def retry(job: JobRecord, *, now: datetime, actor: str) -> Change:
         "updated_at": now,
     } | _NO_LEASE
     detail = {"previous_error": job.error_code}
-    return Change(values, EventDraft("retried", actor, runtime=job.runner, detail=detail))
+    return Change(values, EventDraft("retried", actor, runtime=job.runner, detail=detail)).of(job)
 
 
 def rescue(job: JobRecord, *, now: datetime, max_rescues: int, actor: str) -> Change:
@@ -282,10 +300,10 @@ def rescue(job: JobRecord, *, now: datetime, max_rescues: int, actor: str) -> Ch
         message = f"lease lost {rescues} times (max_rescues={max_rescues})"
         values = _finished(now, "failed") | {"error_code": LEASE_LOST, "error_message": message}
         detail = {"message": message, "terminal": True, "from": job.state}
-        return Change(values, _lease_event(job, "failed", actor, LEASE_LOST, detail))
+        return Change(values, _lease_event(job, "failed", actor, LEASE_LOST, detail)).of(job)
     values = {"state": "queued", "rescue_count": rescues, "not_before": None, "updated_at": now}
     detail = {"rescue_count": rescues, "from": job.state}
-    return Change(values | _NO_LEASE, _lease_event(job, "rescued", actor, None, detail))
+    return Change(values | _NO_LEASE, _lease_event(job, "rescued", actor, None, detail)).of(job)
 
 
 def _finished(now: datetime, state: str) -> dict[str, Any]:

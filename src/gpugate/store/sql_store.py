@@ -1,0 +1,177 @@
+"""The store's statements and transactions, once for both backends: the config versions and
+the idempotency keys here, every other area in its mixin (audit, jobs, runtime states, façades,
+replicas, ledger, retention, keys). :class:`SqliteStore` and :class:`PostgresStore` add only a
+driver: how to connect, migrate and run a transaction (:mod:`gpugate.store.tx`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from gpugate.errors import StoreError
+from gpugate.store.audit import AuditSql, insert_audit
+from gpugate.store.base import (
+    CONFIG_SAVED,
+    CONFIG_SEEDED,
+    CONFIG_SUBJECT,
+    AuditEvent,
+    ConfigVersion,
+    IdemBegin,
+    IdemRecord,
+    Started,
+    check_limit,
+    idem_verdict,
+)
+from gpugate.store.dialect import Json, only_postgres, sql
+from gpugate.store.facade_sql import FacadeSql
+from gpugate.store.jobs_sql import JobsSql
+from gpugate.store.keys_sql import KeysSql
+from gpugate.store.ledger_sql import LedgerSql
+from gpugate.store.replicas_sql import ReplicasSql
+from gpugate.store.retention_sql import RetentionSql
+from gpugate.store.runtime_state_sql import RuntimeStateSql
+from gpugate.store.tx import count, first, one, rows
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from gpugate.store.tx import Codec, Row, Tx
+
+_LOCK_CONFIG = only_postgres("LOCK TABLE config_versions IN EXCLUSIVE MODE")
+_CURRENT_CONFIG = sql("""
+SELECT version, document, created_at, actor, note FROM config_versions
+ORDER BY version DESC LIMIT 1""")
+_GET_CONFIG = sql("""
+SELECT version, document, created_at, actor, note FROM config_versions WHERE version = :version""")
+_LIST_CONFIGS = sql("""
+SELECT version, document, created_at, actor, note FROM config_versions
+ORDER BY version DESC LIMIT :limit""")
+_SAVE_CONFIG = sql("""
+INSERT INTO config_versions (version, document, created_at, actor, note)
+SELECT coalesce(max(version), 0) + 1, :document, :now, :actor, :note FROM config_versions
+RETURNING version, document, created_at, actor, note""")
+
+_IDEM_BEGIN = sql("""
+INSERT INTO idempotency AS held (key, fingerprint, state, created_at, expires_at, owner)
+VALUES (:key, :fingerprint, 'in_flight', :now, :expires_at, :owner)
+ON CONFLICT (key) DO UPDATE SET
+    fingerprint = excluded.fingerprint, state = 'in_flight', status = NULL, headers = NULL,
+    body = NULL, created_at = excluded.created_at, expires_at = excluded.expires_at,
+    owner = excluded.owner
+WHERE held.expires_at <= excluded.created_at
+RETURNING key""")
+_IDEM_HELD = sql("""
+SELECT key, fingerprint, state, status, headers, body, created_at, expires_at
+FROM idempotency WHERE key = :key""")
+_IDEM_COMPLETE = sql("""
+UPDATE idempotency
+SET state = 'completed', status = :status, headers = :headers, body = :body,
+    expires_at = coalesce(:expires_at, expires_at)
+WHERE key = :key AND owner = :owner AND state = 'in_flight' AND expires_at > :now""")
+_IDEM_ABANDON = sql("""
+DELETE FROM idempotency
+WHERE key = :key AND owner = :owner AND state = 'in_flight' AND expires_at > :now""")
+_IDEM_PURGE = sql("DELETE FROM idempotency WHERE expires_at <= :now")
+
+
+def _config(c: Codec, row: Row) -> ConfigVersion:
+    version, document, created_at, actor, note = row
+    return ConfigVersion(version, c.json(document), c.time(created_at), actor, note)
+
+
+def _save_config(c: Codec, params: dict[str, Any]) -> Tx[ConfigVersion]:
+    yield from rows(_LOCK_CONFIG)
+    saved = _config(c, (yield from one(_SAVE_CONFIG, params)))
+    detail = {"version": saved.version, "note": params["note"]}
+    event = AuditEvent(params["actor"], CONFIG_SAVED, CONFIG_SUBJECT, detail)
+    yield from insert_audit(c, params["now"], event)
+    return saved
+
+
+def _seed_config(c: Codec, params: dict[str, Any]) -> Tx[tuple[ConfigVersion, bool]]:
+    yield from rows(_LOCK_CONFIG)
+    current = yield from first(_CURRENT_CONFIG)
+    if current is not None:
+        return _config(c, current), False
+    seeded = _config(c, (yield from one(_SAVE_CONFIG, params | {"note": "seeded"})))
+    detail = {"version": seeded.version}
+    event = AuditEvent(params["actor"], CONFIG_SEEDED, CONFIG_SUBJECT, detail)
+    yield from insert_audit(c, params["now"], event)
+    return seeded, True
+
+
+def _idem_begin(c: Codec, params: dict[str, Any]) -> Tx[IdemBegin]:
+    if (yield from first(_IDEM_BEGIN, params)) is not None:
+        return Started()
+    # On PostgreSQL the conflicting row is locked by the upsert above, so it is still there.
+    row = yield from first(_IDEM_HELD, params)
+    if row is None:
+        raise StoreError(f"idempotency key {params['key']!r} vanished inside its transaction")
+    key, fingerprint, state, status, headers, body, created_at, expires_at = row
+    completed = None
+    if state == "completed":
+        pairs = tuple((str(name), str(value)) for name, value in c.json(headers))
+        times = c.time(created_at), c.time(expires_at)
+        completed = IdemRecord(key, fingerprint, status, pairs, bytes(body), *times)
+    return idem_verdict(params["fingerprint"], fingerprint, completed)
+
+
+class SqlStore(
+    JobsSql, AuditSql, RuntimeStateSql, ReplicasSql, RetentionSql, LedgerSql, KeysSql, FacadeSql
+):
+    """Config versions and idempotency keys; with the mixins, every :class:`Store` method."""
+
+    async def current_config(self) -> ConfigVersion | None:
+        row = await self._query(first(_CURRENT_CONFIG))
+        return None if row is None else _config(self._codec, row)
+
+    async def get_config(self, version: int) -> ConfigVersion | None:
+        row = await self._query(first(_GET_CONFIG, {"version": version}))
+        return None if row is None else _config(self._codec, row)
+
+    async def list_configs(self, limit: int = 50) -> list[ConfigVersion]:
+        found = await self._query(rows(_LIST_CONFIGS, {"limit": check_limit(limit)}))
+        return [_config(self._codec, row) for row in found]
+
+    async def save_config(
+        self, document: dict[str, Any], *, actor: str, note: str
+    ) -> ConfigVersion:
+        params = {"document": Json(document), "now": self._clock.now(), "actor": actor}
+        return await self._transact(_save_config(self._codec, params | {"note": note}))
+
+    async def seed_config(
+        self, document: dict[str, Any], *, actor: str
+    ) -> tuple[ConfigVersion, bool]:
+        params = {"document": Json(document), "now": self._clock.now(), "actor": actor}
+        return await self._transact(_seed_config(self._codec, params))
+
+    async def idem_begin(
+        self, key: str, fingerprint: str, *, ttl_s: float, owner: str
+    ) -> IdemBegin:
+        now = self._clock.now()
+        params = {"key": key, "fingerprint": fingerprint, "owner": owner, "now": now}
+        params["expires_at"] = now + timedelta(seconds=ttl_s)
+        return await self._transact(_idem_begin(self._codec, params))
+
+    async def idem_complete(
+        self,
+        key: str,
+        owner: str,
+        status: int,
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+        *,
+        ttl_s: float | None = None,
+    ) -> bool:
+        now = self._clock.now()
+        expires_at = None if ttl_s is None else now + timedelta(seconds=ttl_s)
+        params = {"key": key, "owner": owner, "status": status, "body": body, "now": now}
+        params |= {"headers": Json([list(pair) for pair in headers]), "expires_at": expires_at}
+        return await self._transact(count(_IDEM_COMPLETE, params), single=True) == 1
+
+    async def idem_abandon(self, key: str, owner: str) -> bool:
+        params = {"key": key, "owner": owner, "now": self._clock.now()}
+        return await self._transact(count(_IDEM_ABANDON, params), single=True) == 1
+
+    async def idem_purge_expired(self) -> int:
+        return await self._transact(count(_IDEM_PURGE, {"now": self._clock.now()}), single=True)

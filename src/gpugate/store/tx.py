@@ -1,0 +1,161 @@
+"""Each transaction written once, as a generator, and run by a thin driver per backend.
+
+A transaction is a generator (sans-IO): it yields ``(query, params)`` steps and receives each
+step's :class:`Result`; what it returns is the transaction's answer. The SQLite driver runs the
+whole generator on the store's one thread (one hop per transaction, under ``BEGIN IMMEDIATE``
+for a write); the PostgreSQL driver awaits each step on a pooled connection. So the logic of a
+transaction — read, decide, write — exists once; the drivers only move statements and rows.
+
+Values go in as Python values (times aware, days as :class:`~datetime.date`, JSON wrapped in
+:class:`~gpugate.store.dialect.Json`); the driver encodes them. What comes back is read with the
+backend's :class:`Codec` (``store._codec``): SQLite hands back text where PostgreSQL has types.
+A transaction that must undo what it wrote raises :class:`Rollback` with its answer.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from gpugate.errors import StoreError
+from gpugate.store.dialect import POSTGRES, SQLITE
+
+if TYPE_CHECKING:
+    from collections.abc import Generator, Mapping, Sequence
+
+    from gpugate.clock import Clock
+    from gpugate.store.dialect import Query
+
+T = TypeVar("T")
+
+Row = tuple[Any, ...]
+
+
+@dataclass(slots=True)
+class Result:
+    """What a step returned: its rows (none for a statement without any) and the row count."""
+
+    rows: list[Row]
+    rowcount: int
+
+    def first(self) -> Row | None:
+        return self.rows[0] if self.rows else None
+
+
+SKIPPED = Result([], 0)
+"""The result of a step its dialect skips (``None`` text)."""
+
+if TYPE_CHECKING:
+    Step = tuple[Query, Mapping[str, Any] | Sequence[Mapping[str, Any]]]
+    Tx = Generator[Step, Result, T]
+
+
+class Rollback(Exception):
+    """Raised by a transaction to roll back everything it wrote and answer ``value``."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__(value)
+        self.value = value
+
+
+class Codec(ABC):
+    """How a backend hands values back."""
+
+    dialect: str
+
+    @abstractmethod
+    def time(self, value: Any) -> datetime: ...
+
+    @abstractmethod
+    def json(self, value: Any) -> Any: ...
+
+    @abstractmethod
+    def day(self, value: Any) -> date: ...
+
+    def opt_time(self, value: Any) -> datetime | None:
+        return None if value is None else self.time(value)
+
+    def opt_json(self, value: Any) -> Any:
+        return None if value is None else self.json(value)
+
+
+class SqliteCodec(Codec):
+    dialect = SQLITE
+
+    def time(self, value: Any) -> datetime:
+        return datetime.fromisoformat(value)
+
+    def json(self, value: Any) -> Any:
+        return json.loads(value)
+
+    def day(self, value: Any) -> date:
+        return date.fromisoformat(value)
+
+
+class PostgresCodec(Codec):
+    dialect = POSTGRES
+
+    def time(self, value: Any) -> datetime:
+        moment: datetime = value
+        return moment.astimezone(UTC)
+
+    def json(self, value: Any) -> Any:
+        return value
+
+    def day(self, value: Any) -> date:
+        day: date = value
+        return day
+
+
+def run(
+    query: Query, params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
+) -> Tx[Result]:
+    """One step: its :class:`Result` (a sequence of params: the statement once for each)."""
+    return (yield query, {} if params is None else params)
+
+
+def rows(query: Query, params: Mapping[str, Any] | None = None) -> Tx[list[Row]]:
+    """One step: its rows."""
+    return (yield from run(query, params)).rows
+
+
+def first(query: Query, params: Mapping[str, Any] | None = None) -> Tx[Row | None]:
+    """One step: its first row, None when it returned none."""
+    return (yield from run(query, params)).first()
+
+
+def one(query: Query, params: Mapping[str, Any] | None = None) -> Tx[Row]:
+    """One step that returns a row (an INSERT ... RETURNING): that row."""
+    row = (yield from run(query, params)).first()
+    if row is None:
+        raise StoreError("the statement returned no row")
+    return row
+
+
+def count(query: Query, params: Mapping[str, Any] | None = None) -> Tx[int]:
+    """One step: its row count."""
+    return (yield from run(query, params)).rowcount
+
+
+class Driven(ABC):
+    """What the store's parts (one mixin per area) ask of the backend's driver."""
+
+    _clock: Clock
+    _codec: Codec
+    _replica: str
+
+    @property
+    def _holder(self) -> str:
+        """The ``leased_by`` tail of this store's claims (:class:`NamedReplica`)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    async def _transact(self, tx: Tx[T], *, single: bool = False) -> T:
+        """Run a writing transaction (``single``: one statement, atomic alone)."""
+
+    @abstractmethod
+    async def _query(self, tx: Tx[T], *, single: bool = True) -> T:
+        """Run a reading transaction (``single`` False: several statements, one snapshot)."""
