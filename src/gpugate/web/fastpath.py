@@ -48,7 +48,8 @@ from gpugate.web import access_log
 from gpugate.web.access_log import AccessLog
 from gpugate.web.auth import ClientKeys
 from gpugate.web.connections import ConnectionLimits, guarded_protocol
-from gpugate.web.dataplane import BrokenStream, ClientGone, DataPlane, Handler, check_length
+from gpugate.web.dataplane import DataPlane, Handler
+from gpugate.web.exchange import BrokenStream, ClientGone, check_length
 from gpugate.web.listeners import ListenerSplit
 from gpugate.web.response_headers import SecurityHeaders, headers_for
 from gpugate.web.shutdown import Progress, ShutdownGuard, answer
@@ -195,7 +196,7 @@ class FastPathProtocol(HttpToolsProtocol):
 
 
 class FastCycle:
-    """One fast-path request and its response: the :class:`~gpugate.web.dataplane.Exchange`
+    """One fast-path request and its response: the :class:`~gpugate.web.exchange.Exchange`
     the data plane serves, written straight to the transport.
 
     It has the attributes uvicorn's protocol and the connection limits read of a cycle
