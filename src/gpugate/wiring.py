@@ -336,7 +336,7 @@ def open_tracer(config: TelemetryConfig, *, line: int | None = None) -> Tracer:
 
 
 @asynccontextmanager
-async def build_gateway(
+async def build_gateway(  # noqa: PLR0913 - the config, then keyword-only settings
     file_config: GatewayConfig,
     *,
     environ: Mapping[str, str] | None = None,
@@ -344,6 +344,8 @@ async def build_gateway(
     probe_interval_s: float = 5.0,
     run_job_loops: bool = True,
     present_error: ErrorBody | None = None,
+    processes: int = 1,
+    takes_over: bool = True,
 ) -> AsyncIterator[Gateway]:
     """Build, start and finally stop a whole gateway (loops stop before the store closes).
 
@@ -351,7 +353,10 @@ async def build_gateway(
     loops, for tests that step them by hand. ``present_error``: how a gateway error looks as an
     HTTP answer (the web layer's table, :func:`gpugate.web.batches.present`), for the batch
     lines that record one; the caller above the web layer passes it, as this module may not
-    import the web layer.
+    import the web layer. ``processes``: this gateway is one of that many workers of
+    ``serve --workers`` (each upstream's ``max_inflight`` is shared out among them);
+    ``takes_over=False``: a SQLite store's leases are not all this process's to take back at
+    start (a worker started beside live siblings: only lapsed leases are reaped).
     """
     clock = clock or SystemClock()
     environ = os.environ if environ is None else environ
@@ -375,7 +380,7 @@ async def build_gateway(
         stack.push_async_callback(client.close)
         monitor, gate = _gpu_health(config, client, clock, metrics)
         guard = monitor.guard if monitor is not None and monitor.cfg.couple_faults else None
-        registry = Registry(config.upstreams, clock, guard=guard)
+        registry = Registry(config.upstreams, clock, guard=guard, processes=processes)
         proxy = Proxy(
             registry,
             client,
@@ -395,6 +400,7 @@ async def build_gateway(
             _Parts(live, store, clock, metrics, environ, registry, proxy, blobs, push_keys),
             stack,
             tracer=tracer,
+            takes_over=takes_over,
         )
         reconfigurer = Reconfigurer(
             live, environ, metrics, registry, proxy, monitor, engine_monitor, engine.runtimes
@@ -606,7 +612,9 @@ class _JobEngine:
     sync_front: SyncFront
 
 
-async def _jobs_engine(parts: _Parts, stack: AsyncExitStack, *, tracer: Tracer) -> _JobEngine:
+async def _jobs_engine(
+    parts: _Parts, stack: AsyncExitStack, *, tracer: Tracer, takes_over: bool = True
+) -> _JobEngine:
     """Runtimes, dispatcher, reaper and the jobs API service, wired to the live config.
 
     Every kind is built here, also when a new config version adds a runtime; a push runtime
@@ -614,7 +622,8 @@ async def _jobs_engine(parts: _Parts, stack: AsyncExitStack, *, tracer: Tracer) 
     Runtimes an operator disabled or drained are skipped too (``disabled``), as
     :class:`RuntimeOps` last read their states. With SQLite one process owns the store, so
     every lease left over from a previous run is taken back at start-up (the reaper asks the
-    runtime first).
+    runtime first) — unless ``takes_over`` is False (a worker of ``serve --workers`` started
+    beside its running siblings, whose leases are live).
 
     The one cycle of the graph — the dispatcher walks the runtimes, and a runtime whose call
     ended frees a slot of the dispatcher — is closed by ``call_ended``, a function that names
@@ -672,7 +681,7 @@ async def _jobs_engine(parts: _Parts, stack: AsyncExitStack, *, tracer: Tracer) 
         on_drained=lambda runtime: drained.labels(runtime).inc(),
         results=results,
     )
-    if store.backend == "sqlite":
+    if store.backend == "sqlite" and takes_over:
         await reaper.recover()
 
     async def cancel_call(job: JobRecord) -> None:
