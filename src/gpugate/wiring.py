@@ -381,6 +381,7 @@ async def build_gateway(  # noqa: PLR0913 - the config, then keyword-only settin
         monitor, gate = _gpu_health(config, client, clock, metrics)
         guard = monitor.guard if monitor is not None and monitor.cfg.couple_faults else None
         registry = Registry(config.upstreams, clock, guard=guard, processes=processes)
+        engine_monitor, router = _routing(config, registry, monitor, client, clock, metrics)
         proxy = Proxy(
             registry,
             client,
@@ -389,8 +390,8 @@ async def build_gateway(  # noqa: PLR0913 - the config, then keyword-only settin
             secrets=_secrets(config, environ),
             gate=gate,
             models=config.models,
+            router=router,
         )
-        engine_monitor = _routing(config, registry, proxy, monitor, client, clock, metrics)
         blobs = open_blobs(config.blobs, environ)
         stack.push_async_callback(blobs.close)
         keys = Keys(store, live.get, clock)
@@ -830,16 +831,13 @@ def _push_tls(config: GatewayConfig, entry: PushRuntimeConfig) -> ssl.SSLContext
 def _routing(
     config: GatewayConfig,
     registry: Registry,
-    proxy: Proxy,
     monitor: GpuMonitor | None,
     client: UpstreamClient,
     clock: Clock,
     metrics: Metrics,
-) -> EngineMonitor:
-    """The engine monitor and the router the proxy calls where it picks (docs/routing.md).
-
-    The router is the one part still set after construction (``proxy.router``): ``Proxy``
-    takes no router in its constructor yet (services/proxy.py is being reworked elsewhere)."""
+) -> tuple[EngineMonitor, scoring.Router]:
+    """The engine monitor and the router the proxy calls where it picks (docs/routing.md),
+    built before the proxy, which gets the router in its constructor."""
 
     def outstanding(upstream_id: str, url: str) -> int:
         for upstream in registry.upstreams():  # a scrape's lookup, not the hot path
@@ -850,12 +848,12 @@ def _routing(
         return 0
 
     engines = EngineMonitor(config.upstreams, client, clock, metrics, outstanding=outstanding)
-    proxy.router = scoring.Router(
+    router = scoring.Router(
         scoring.policy_table(config.upstreams, config.models),
         signal=engines.signal,
         saturated=monitor.saturated if monitor is not None else None,
     )
-    return engines
+    return engines, router
 
 
 def _gpu_health(
