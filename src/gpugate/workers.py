@@ -104,7 +104,8 @@ class Supervisor:
     _failed: bool = False
 
     def __post_init__(self) -> None:
-        self._dir = Path(tempfile.mkdtemp(prefix="gpugate-workers-"))  # mode 0700
+        _remove_stale_dirs()
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-"))  # mode 0700
         self._peers = tuple(str(self._dir / f"worker-{i}.sock") for i in range(self.workers))
         self._restarts_path = str(self._dir / "restarts")
 
@@ -299,6 +300,24 @@ class Supervisor:
         first = index == 0 and not self._all_ready and not self._restarts
         peers = self.peers(index, takes_over=first)
         return main(self.config, sock, admin_sock, peers, ready_w)
+
+
+_DIR_PREFIX = "gpugate-workers-"
+
+
+def _remove_stale_dirs() -> None:
+    """The private directories of supervisors that were killed (``kill -9`` leaves them): each
+    is named after its supervisor's pid, removed once no such process exists."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_DIR_PREFIX}*-*"):
+        pid = path.name.removeprefix(_DIR_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and path.owner() == _user() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
 
 
 def reserve(host: str, port: int) -> socket.socket:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,7 +73,7 @@ async def serve_process(
 ) -> AsyncIterator[tuple[str, subprocess.Popen[bytes], Path]]:
     """``gpugate serve --workers N`` on 127.0.0.1:<port> until the block ends (SIGTERM, then
     a bounded wait): its URL, its process and its log file."""
-    directory = Path(tempfile.mkdtemp(prefix="gpugate-workers-test-"))
+    directory = Path(tempfile.mkdtemp(prefix="gpugate-serve-test-"))
     path = write_config(config, directory)
     log_path = directory / "serve.log"
     env = {**os.environ, **(environ or {})}
@@ -86,6 +87,7 @@ async def serve_process(
         yield url, proc, log_path
     finally:
         await stop(proc)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 async def stop(proc: subprocess.Popen[bytes]) -> int | None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +27,18 @@ def test_the_default_is_the_cores_this_process_may_run_on() -> None:
     args = build_parser().parse_args(["serve", "--config", "gw.yaml"])
     assert args.workers is None  # resolved at serve time
     assert len(os.sched_getaffinity(0)) == default_workers()
+
+
+def test_a_killed_supervisors_private_directory_is_removed_by_the_next_one() -> None:
+    from gpugate.workers import _remove_stale_dirs
+
+    gone = Path(tempfile.mkdtemp(prefix="gpugate-workers-999999999-"))  # no such process
+    (gone / "worker-0.sock").touch()
+    alive = Path(tempfile.mkdtemp(prefix=f"gpugate-workers-{os.getpid()}-"))
+    try:
+        _remove_stale_dirs()
+        assert not gone.exists()
+        assert alive.exists()
+    finally:
+        shutil.rmtree(gone, ignore_errors=True)
+        shutil.rmtree(alive, ignore_errors=True)

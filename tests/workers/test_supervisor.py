@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -127,7 +128,7 @@ async def test_workers_1_is_one_process_without_a_supervisor(sqlite_dsn: str) ->
 
 async def test_sigterm_while_the_workers_are_still_starting_exits_0(sqlite_dsn: str) -> None:
     config = make_config(sqlite_dsn, [upstream("up", ["http://127.0.0.1:9"], ["m"])])
-    directory = Path(tempfile.mkdtemp(prefix="gpugate-workers-test-"))
+    directory = Path(tempfile.mkdtemp(prefix="gpugate-serve-test-"))
     path = write_config(config, directory)
     command = [sys.executable, "-m", "gpugate", "serve", "--config", str(path)]
     command += ["--listen", "127.0.0.1:0", "--workers", "2"]
@@ -140,3 +141,4 @@ async def test_sigterm_while_the_workers_are_still_starting_exits_0(sqlite_dsn: 
         assert 0 == await stop(proc), log.read_text()[-2000:]
     finally:
         await stop(proc)
+        shutil.rmtree(directory, ignore_errors=True)
