@@ -53,7 +53,7 @@ def _print_problems(error: ConfigError, stream: TextIO) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from gpugate.logs import configure_logging
     from gpugate.server import bind, serve_gateway
-    from gpugate.workers import Supervisor, default_workers, port_of, reserve
+    from gpugate.workers import Supervisor, port_of, reserve
 
     config = load_config(args.config, environ=os.environ, require_env=True)
     if args.no_access_log:
@@ -62,7 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     configure_logging(args.log_format or config.server.log_format, args.log_level)
     host, port = (config.host, config.port) if args.listen is None else _split_listen(args.listen)
-    workers = args.workers if args.workers is not None else default_workers()
+    workers = args.workers if args.workers is not None else 1
     many = workers > 1  # the supervisor holds the ports, each worker binds them again
     sock = reserve(host, port) if many else bind(host, port)
     admin = config.admin_address
@@ -409,6 +409,10 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def _workers(value: str) -> int:
+    if value == "auto":
+        from gpugate.workers import default_workers
+
+        return default_workers()
     try:
         count = int(value)
     except ValueError:
@@ -438,10 +442,11 @@ def _add_process_commands(sub: Any) -> None:
     p.add_argument(
         "--workers",
         type=_workers,
-        metavar="N",
+        metavar="N|auto",
         help="worker processes sharing the listen address (SO_REUSEPORT), each a whole gateway "
-        "on the same store, restarted if one dies; /metrics merges them (default: the cores "
-        "this process may use; 1: one process, no supervisor)",
+        "on the same store, restarted if one dies; /metrics merges them; `auto`: the cores this "
+        "process may use (default 1: one process, no supervisor — with N, passive health, "
+        "ejections and the console's view are each worker's own: docs/operations.md)",
     )
     p.add_argument(
         "--no-access-log",

@@ -66,24 +66,27 @@ def write_config(config: GatewayConfig, directory: Path) -> Path:
 async def serve_process(
     config: GatewayConfig,
     *,
-    workers: int,
+    workers: int | None,
     environ: Mapping[str, str] | None = None,
     port: int = 0,
     extra_args: tuple[str, ...] = (),
 ) -> AsyncIterator[tuple[str, subprocess.Popen[bytes], Path]]:
-    """``gpugate serve --workers N`` on 127.0.0.1:<port> until the block ends (SIGTERM, then
-    a bounded wait): its URL, its process and its log file."""
+    """``gpugate serve --workers N`` (``None``: no ``--workers``, the default) on
+    127.0.0.1:<port> until the block ends (SIGTERM, then a bounded wait): its URL, its process
+    and its log file."""
     directory = Path(tempfile.mkdtemp(prefix="gpugate-serve-test-"))
     path = write_config(config, directory)
     log_path = directory / "serve.log"
     env = {**os.environ, **(environ or {})}
     env.pop(WORKERS_ENV, None)
     command = [sys.executable, "-m", "gpugate", "serve", "--config", str(path)]
-    command += ["--listen", f"127.0.0.1:{port}", "--workers", str(workers), *extra_args]
+    command += ["--listen", f"127.0.0.1:{port}", *extra_args]
+    if workers is not None:
+        command += ["--workers", str(workers)]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        url = await _wait_serving(proc, log_path, workers)
+        url = await _wait_serving(proc, log_path, workers or 1)
         yield url, proc, log_path
     finally:
         await stop(proc)

@@ -23,10 +23,11 @@ def test_workers_outside_1_to_256_is_a_usage_error(
     assert "--workers" in capsys.readouterr().err
 
 
-def test_the_default_is_the_cores_this_process_may_run_on() -> None:
-    args = build_parser().parse_args(["serve", "--config", "gw.yaml"])
-    assert args.workers is None  # resolved at serve time
-    assert len(os.sched_getaffinity(0)) == default_workers()
+def test_auto_is_the_cores_this_process_may_run_on_and_the_default_is_unset() -> None:
+    auto = build_parser().parse_args(["serve", "--config", "gw.yaml", "--workers", "auto"])
+    default = build_parser().parse_args(["serve", "--config", "gw.yaml"])
+    assert len(os.sched_getaffinity(0)) == default_workers() == auto.workers
+    assert default.workers is None  # serve runs one process (test_supervisor pins it)
 
 
 def test_a_killed_supervisors_private_directory_is_removed_by_the_next_one() -> None:

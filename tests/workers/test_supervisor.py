@@ -115,10 +115,13 @@ async def test_readyz_answers_503_on_every_worker_while_they_drain(sqlite_dsn: s
             assert {503} == statuses
 
 
-async def test_workers_1_is_one_process_without_a_supervisor(sqlite_dsn: str) -> None:
+@pytest.mark.parametrize("workers", [1, None], ids=["workers-1", "the-default"])
+async def test_workers_1_and_the_default_are_one_process_without_a_supervisor(
+    sqlite_dsn: str, workers: int | None
+) -> None:
     async with ModelServer(["m"], name="up") as up:
         config = make_config(sqlite_dsn, [upstream("up", [up.url], ["m"])])
-        async with serve_process(config, workers=1) as (url, proc, log):
+        async with serve_process(config, workers=workers) as (url, proc, log):
             assert [] == children(proc.pid)
             assert 200 == await _ready(url)
             async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as response:
