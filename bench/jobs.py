@@ -176,7 +176,8 @@ def machine(nginx: str) -> dict[str, str]:
 def start_upstream(procs: Processes, nginx: str) -> int:
     """The proxy bench's fake upstream: nginx answering a canned chat completion from memory."""
     json_port, sse_port = free_port(), free_port()
-    _start_nginx(procs, nginx, "upstream", fake_upstream_http(json_port, sse_port))
+    spare = fake_upstream_http(json_port, sse_port, free_port(), free_port())  # second ports unused
+    _start_nginx(procs, nginx, "upstream", spare)
     wait_http(procs, f"http://127.0.0.1:{json_port}/health")
     return json_port
 

@@ -15,7 +15,9 @@ and its event loop, not the server.
     python bench/upstream_client.py [--duration 3] [--rounds 3]
 
 Phases: non-streaming chat at 64 concurrent requests (the hot path under load), one at a time
-(latency: µs per round trip, server included), SSE of 23 events at 16 concurrent.
+(latency: µs per round trip, server included), SSE of 23 events at 16 concurrent, and 256 slow
+streams (23 events 50 ms apart: the time to the first event, p50 and p99, as ``bench/proxy.py``'s
+slow-streams phase asks of the whole gateway).
 """
 
 from __future__ import annotations
@@ -95,7 +97,15 @@ def _serve(port_out: Any, cpu: int | None) -> None:
             self.url = url
 
         def on_message_complete(self) -> None:
-            self.transport.write(sse if self.url.startswith(b"/stream") else chat)  # type: ignore[attr-defined]
+            write = self.transport.write  # type: ignore[attr-defined]
+            if self.url.startswith(b"/slow"):  # the first event now, then one per 50 ms
+                write(sse[: sse.index(piece) + len(piece)])
+                loop = asyncio.get_running_loop()
+                for i in range(1, 23):
+                    loop.call_later(0.05 * i, write, piece)
+                loop.call_later(0.05 * 23, write, b"0\r\n\r\n")
+            else:
+                write(sse if self.url.startswith(b"/stream") else chat)
 
     async def main() -> None:
         server = await asyncio.get_running_loop().create_server(Upstream, "127.0.0.1", 0)
@@ -133,9 +143,14 @@ def aiohttp_client_module() -> ModuleType:
     return module
 
 
-async def one_request(client: Any, timeouts: Any, url: str) -> int:
+async def one_request(client: Any, timeouts: Any, url: str, ttfb: list[float] | None = None) -> int:
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
     response = await client.send("POST", url, HEADERS, BODY, timeouts)
     try:
+        if ttfb is not None:  # the time to the first piece of the body
+            await response.read_chunk()
+            ttfb.append(loop.time() - sent)
         await response.read()
     finally:
         response.release()
@@ -143,13 +158,19 @@ async def one_request(client: Any, timeouts: Any, url: str) -> int:
 
 
 async def phase(
-    make: Callable[[], Any], timeouts: Any, url: str, concurrency: int, seconds: float
+    make: Callable[[], Any],
+    timeouts: Any,
+    url: str,
+    concurrency: int,
+    seconds: float,
+    ttfb: list[float] | None = None,
 ) -> tuple[float, float]:
-    """(requests per second, CPU µs of this process per request) for ``seconds``."""
+    """(requests per second, CPU µs of this process per request) for ``seconds``; each time to
+    the first piece of the body added to ``ttfb`` when given."""
     client = make()
     await client.start()
     try:
-        for _ in range(200):  # warm: connections open, caches filled
+        for _ in range(200 if ttfb is None else 0):  # warm: connections open, caches filled
             await one_request(client, timeouts, url)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
@@ -158,7 +179,7 @@ async def phase(
         async def worker() -> None:
             nonlocal count
             while loop.time() < deadline:
-                done = await one_request(client, timeouts, url)
+                done = await one_request(client, timeouts, url, ttfb)
                 count += done  # after the await: ``count += await ...`` would read it before
 
         cpu, wall = time.process_time(), time.perf_counter()
@@ -183,6 +204,7 @@ async def run(args: argparse.Namespace, port: int) -> int:
         ("chat, one at a time", base + "/v1/chat/completions", 1),
         ("SSE 23 events, 16 concurrent", base + "/stream/v1/chat/completions", 16),
     ]
+    slow = ("slow SSE: 256 streams, 23 events 50 ms apart", base + "/slow/v1/chat/completions")
     print(
         f"{args.duration:g} s per run, {args.rounds} rounds alternated;"
         f" client on CPU {args.client_cpu}, upstream on CPU {args.server_cpu}"
@@ -201,6 +223,20 @@ async def run(args: argparse.Namespace, port: int) -> int:
             rps = " / ".join(f"{r[0]:,.0f}" for r in rows)
             cpu = " / ".join(f"{r[1]:.0f}" for r in rows)
             print(f"| {name} | {label} | {rps} | {cpu} | {statistics.median(ratios):.2f} |")
+    print(f"\n| {slow[0]} | client | TTFB p50 / p99 ms per round | CPU µs/stream per round |")
+    print("|---|---|---|---|")
+    cells: dict[str, list[str]] = {label: [] for label in clients}
+    cpus: dict[str, list[str]] = {label: [] for label in clients}
+    for _ in range(args.rounds):
+        for label, (make, timeouts) in clients.items():
+            ttfb: list[float] = []
+            _, cpu = await phase(make, timeouts, slow[1], 256, max(args.duration, 2.0), ttfb)
+            ttfb.sort()
+            p50, p99 = ttfb[len(ttfb) // 2] * 1e3, ttfb[int(len(ttfb) * 0.99)] * 1e3
+            cells[label].append(f"{p50:.1f} / {p99:.1f}")
+            cpus[label].append(f"{cpu:.0f}")
+    for label in clients:
+        print(f"| | {label} | {' · '.join(cells[label])} | {' / '.join(cpus[label])} |")
     print(f"\nload average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return 0
 

@@ -134,7 +134,9 @@ def main() -> int:
     ):
         workdir = Path(tmp)
         json_port, sse_port = free_port(), free_port()
-        http = fake_upstream_http(json_port, sse_port)
+        http = fake_upstream_http(
+            json_port, sse_port, free_port(), free_port()
+        )  # one endpoint used
         _start_nginx(procs, "/usr/sbin/nginx", "direct", http, Cores.split(pin=False))
         wait_http(procs, f"http://127.0.0.1:{json_port}/health")
         direct = f"http://127.0.0.1:{json_port}"

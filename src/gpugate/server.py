@@ -292,7 +292,13 @@ async def serve_gateway(
     tls = server_tls(config.tls)  # before anything starts: a wrong file is one clear error
     raise_fd_limit()
     async with (
-        build_gateway(config, environ=environ, present_error=present) as gateway,
+        build_gateway(
+            config,
+            environ=environ,
+            present_error=present,
+            processes=1 if peers is None else len(peers.paths),  # admission shared out
+            takes_over=peers is None or peers.takes_over,
+        ) as gateway,
         sibling_metrics(gateway.metrics, peers),
     ):
         app = gateway_app(create_app(gateway), admin_sock)

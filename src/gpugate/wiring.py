@@ -336,7 +336,7 @@ def open_tracer(config: TelemetryConfig, *, line: int | None = None) -> Tracer:
 
 
 @asynccontextmanager
-async def build_gateway(
+async def build_gateway(  # noqa: PLR0913 - the config, then keyword-only settings
     file_config: GatewayConfig,
     *,
     environ: Mapping[str, str] | None = None,
@@ -344,6 +344,8 @@ async def build_gateway(
     probe_interval_s: float = 5.0,
     run_job_loops: bool = True,
     present_error: ErrorBody | None = None,
+    processes: int = 1,
+    takes_over: bool = True,
 ) -> AsyncIterator[Gateway]:
     """Build, start and finally stop a whole gateway (loops stop before the store closes).
 
@@ -351,7 +353,10 @@ async def build_gateway(
     loops, for tests that step them by hand. ``present_error``: how a gateway error looks as an
     HTTP answer (the web layer's table, :func:`gpugate.web.batches.present`), for the batch
     lines that record one; the caller above the web layer passes it, as this module may not
-    import the web layer.
+    import the web layer. ``processes``: this gateway is one of that many workers of
+    ``serve --workers`` (each upstream's ``max_inflight`` is shared out among them);
+    ``takes_over=False``: a SQLite store's leases are not all this process's to take back at
+    start (a worker started beside live siblings: only lapsed leases are reaped).
     """
     clock = clock or SystemClock()
     environ = os.environ if environ is None else environ
@@ -375,7 +380,8 @@ async def build_gateway(
         stack.push_async_callback(client.close)
         monitor, gate = _gpu_health(config, client, clock, metrics)
         guard = monitor.guard if monitor is not None and monitor.cfg.couple_faults else None
-        registry = Registry(config.upstreams, clock, guard=guard)
+        registry = Registry(config.upstreams, clock, guard=guard, processes=processes)
+        engine_monitor, router = _routing(config, registry, monitor, client, clock, metrics)
         proxy = Proxy(
             registry,
             client,
@@ -384,8 +390,8 @@ async def build_gateway(
             secrets=_secrets(config, environ),
             gate=gate,
             models=config.models,
+            router=router,
         )
-        engine_monitor = _routing(config, registry, proxy, monitor, client, clock, metrics)
         blobs = open_blobs(config.blobs, environ)
         stack.push_async_callback(blobs.close)
         keys = Keys(store, live.get, clock)
@@ -395,6 +401,7 @@ async def build_gateway(
             _Parts(live, store, clock, metrics, environ, registry, proxy, blobs, push_keys),
             stack,
             tracer=tracer,
+            takes_over=takes_over,
         )
         reconfigurer = Reconfigurer(
             live, environ, metrics, registry, proxy, monitor, engine_monitor, engine.runtimes
@@ -606,7 +613,9 @@ class _JobEngine:
     sync_front: SyncFront
 
 
-async def _jobs_engine(parts: _Parts, stack: AsyncExitStack, *, tracer: Tracer) -> _JobEngine:
+async def _jobs_engine(
+    parts: _Parts, stack: AsyncExitStack, *, tracer: Tracer, takes_over: bool = True
+) -> _JobEngine:
     """Runtimes, dispatcher, reaper and the jobs API service, wired to the live config.
 
     Every kind is built here, also when a new config version adds a runtime; a push runtime
@@ -614,7 +623,8 @@ async def _jobs_engine(parts: _Parts, stack: AsyncExitStack, *, tracer: Tracer) 
     Runtimes an operator disabled or drained are skipped too (``disabled``), as
     :class:`RuntimeOps` last read their states. With SQLite one process owns the store, so
     every lease left over from a previous run is taken back at start-up (the reaper asks the
-    runtime first).
+    runtime first) — unless ``takes_over`` is False (a worker of ``serve --workers`` started
+    beside its running siblings, whose leases are live).
 
     The one cycle of the graph — the dispatcher walks the runtimes, and a runtime whose call
     ended frees a slot of the dispatcher — is closed by ``call_ended``, a function that names
@@ -672,7 +682,7 @@ async def _jobs_engine(parts: _Parts, stack: AsyncExitStack, *, tracer: Tracer) 
         on_drained=lambda runtime: drained.labels(runtime).inc(),
         results=results,
     )
-    if store.backend == "sqlite":
+    if store.backend == "sqlite" and takes_over:
         await reaper.recover()
 
     async def cancel_call(job: JobRecord) -> None:
@@ -821,16 +831,13 @@ def _push_tls(config: GatewayConfig, entry: PushRuntimeConfig) -> ssl.SSLContext
 def _routing(
     config: GatewayConfig,
     registry: Registry,
-    proxy: Proxy,
     monitor: GpuMonitor | None,
     client: UpstreamClient,
     clock: Clock,
     metrics: Metrics,
-) -> EngineMonitor:
-    """The engine monitor and the router the proxy calls where it picks (docs/routing.md).
-
-    The router is the one part still set after construction (``proxy.router``): ``Proxy``
-    takes no router in its constructor yet (services/proxy.py is being reworked elsewhere)."""
+) -> tuple[EngineMonitor, scoring.Router]:
+    """The engine monitor and the router the proxy calls where it picks (docs/routing.md),
+    built before the proxy, which gets the router in its constructor."""
 
     def outstanding(upstream_id: str, url: str) -> int:
         for upstream in registry.upstreams():  # a scrape's lookup, not the hot path
@@ -841,12 +848,12 @@ def _routing(
         return 0
 
     engines = EngineMonitor(config.upstreams, client, clock, metrics, outstanding=outstanding)
-    proxy.router = scoring.Router(
+    router = scoring.Router(
         scoring.policy_table(config.upstreams, config.models),
         signal=engines.signal,
         saturated=monitor.saturated if monitor is not None else None,
     )
-    return engines
+    return engines, router
 
 
 def _gpu_health(

@@ -10,7 +10,9 @@ connection before it can serve it.
 
 - The first worker starts alone, the others once it serves: it applies the store's migrations
   and seeds the config version, which N processes racing on a new SQLite file would fail
-  ("database is locked" while switching it to WAL).
+  ("database is locked" while switching it to WAL), and on SQLite it alone takes back the
+  leases a previous run left (every later worker, restarts included, starts beside live
+  siblings and leaves their leases alone: only lapsed ones are reaped, as between replicas).
 - A worker that dies is restarted (its index, so its private metrics socket stays the same)
   after a backoff that doubles from 0.5 s to 30 s while it keeps dying within 30 s of its start;
   each restart is logged and counted (``gateway_worker_restarts_total``). A worker that dies
@@ -106,8 +108,8 @@ class Supervisor:
         self._peers = tuple(str(self._dir / f"worker-{i}.sock") for i in range(self.workers))
         self._restarts_path = str(self._dir / "restarts")
 
-    def peers(self, index: int) -> Peers:
-        return Peers(index, self._peers, self._restarts_path)
+    def peers(self, index: int, *, takes_over: bool = False) -> Peers:
+        return Peers(index, self._peers, self._restarts_path, takes_over)
 
     def run(self) -> int:
         """Fork the workers, keep them running until a signal, then wait for every one: the
@@ -294,7 +296,9 @@ class Supervisor:
         sock = bind(self.host, self.port, reuse_port=True, listen=False)
         admin_sock = bind(*self.admin, reuse_port=True, listen=False) if self.admin else None
         main = self.run_worker or run_worker
-        return main(self.config, sock, admin_sock, self.peers(index), ready_w)
+        first = index == 0 and not self._all_ready and not self._restarts
+        peers = self.peers(index, takes_over=first)
+        return main(self.config, sock, admin_sock, peers, ready_w)
 
 
 def reserve(host: str, port: int) -> socket.socket:

@@ -305,6 +305,9 @@ async def test_kill_9_with_100_jobs_in_flight_loses_none_and_executes_none_twice
             "runtimes: [{id: local, kind: upstream, max_concurrency: 40}]\n",
         )
         gateway = GatewayProcess(config, port, tmp_path / "gw.log")
+        # one process: "4 at the upstream" is one admission pool's (with workers each leases
+        # jobs behind its share of max_inflight: docs/decisions.md §21)
+        gateway.args += ["--workers", "1"]
         try:
             await gateway.start(http)
             await create_jobs(http, [gateway.url], slugs, concurrency=16)

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from keyed import ADMIN, ENVIRON, bearer, create_key, keyed_config
 
-from harness import model_servers, serving
+from harness import make_config, model_servers, serving, upstream
 
 JOB = {"model": "m", "input": {"messages": [{"role": "user", "content": "hi"}]}}
 
@@ -126,3 +126,27 @@ async def test_a_sync_idempotency_key_of_one_tenant_never_replays_another_tenant
         (None, "u answers: from b"),
         ("true", "u answers: from a"),
     ] == answers
+
+
+async def test_the_sync_result_cache_is_per_tenant_a_tenant_never_gets_another_s_cached_job(
+    dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """The same input from two tenants is two jobs: tenant B's first call is a miss (its own
+    job, its own slug), never tenant A's cached result; each tenant's repeat is its own hit."""
+    async with model_servers(("u", ["m"])) as (server,):
+        cached = upstream("u", [server.url], ["m"], cache={"ttl_s": 60})
+        config = make_config(dsn, [cached], auth={"mode": "keys"})
+        async with serving(config, environ=ENVIRON) as gw:
+            a = (await create_key(http, gw.url, tenant="team-a"))["key"]
+            b = (await create_key(http, gw.url, tenant="team-b"))["key"]
+            seen = []
+            for secret in (a, b, a, b):
+                async with http.post(
+                    gw.url + "/v1/jobs?wait=10", json=JOB, headers=bearer(secret)
+                ) as resp:
+                    body = await resp.json()
+                    seen.append((resp.status, resp.headers.get("x-gateway-cache"), body["slug"]))
+    (a1, b1, a2, b2) = seen
+    assert [s[:2] for s in seen] == [(200, "miss"), (200, "miss"), (200, "hit"), (200, "hit")]
+    assert a1[2] != b1[2]  # B ran a job of its own
+    assert (a2[2], b2[2]) == (a1[2], b1[2])  # each hit is the tenant's own job

@@ -3,6 +3,7 @@ the real command, whichever worker answers the scrape."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import aiohttp
@@ -10,9 +11,9 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpugate.fleet import ModelServer
+from gpugate.fleet import ModelServer, ServerBehaviour
 from gpugate.metrics import Metrics, merge
-from harness import make_config, upstream
+from harness import eventually, make_config, upstream
 from workers.processes import children, established_on, serve_process
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -132,3 +133,33 @@ async def test_n_requests_are_counted_n_times_whichever_of_two_workers_answers_t
                 if all(counted.values()):
                     break
             assert {pid: {requests} for pid in workers} == counted
+
+
+async def test_two_workers_share_out_max_inflight_so_the_upstream_sees_what_is_configured(
+    sqlite_dsn: str,
+) -> None:
+    """max_inflight 4 with two workers: each admits 2, so 12 slow requests over both reach the
+    upstream 4 at a time, as with one process (the rest wait in the workers' queues)."""
+    async with ModelServer(["m"], name="slow", behaviour=ServerBehaviour(delay_s=1.0)) as slow:
+        config = make_config(sqlite_dsn, [upstream("slow", [slow.url], ["m"], max_inflight=4)])
+        async with serve_process(config, workers=2) as (url, proc, _log):
+            workers, port = children(proc.pid), int(url.rsplit(":", 1)[1])
+            sessions = [aiohttp.ClientSession() for _ in range(12)]
+            peak = 0
+            try:
+                requests = [
+                    asyncio.ensure_future(s.post(url + "/v1/chat/completions", json=CHAT))
+                    for s in sessions
+                ]
+                await eventually(lambda: slow.stats.open_requests > 0, what="a request upstream")
+                held = [established_on(pid, port) for pid in workers]
+                assert all(count > 0 for count in held), f"connections per worker: {held}"
+                async with asyncio.timeout(30):  # 3 s of work; a hang fails here
+                    while not all(r.done() for r in requests):  # sample the upstream's count
+                        peak = max(peak, slow.stats.open_requests)
+                        await asyncio.sleep(0.005)
+                assert [200] * 12 == [r.result().status for r in requests]
+            finally:
+                for session in sessions:
+                    await session.close()
+            assert 4 == peak

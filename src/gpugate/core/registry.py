@@ -52,8 +52,12 @@ class Registry:
         *,
         policy: EjectionPolicy | None = None,
         guard: Guard | None = None,
+        processes: int = 1,
     ) -> None:
+        """``processes``: the workers of ``serve --workers`` sharing each upstream, so each
+        admits ``ceil(max_inflight / processes)`` and the upstream still sees ~``max_inflight``."""
         self._clock = clock
+        self._processes = processes
         self._policy = policy or EjectionPolicy()
         self._by_id: dict[str, UpstreamState] = {}
         self._by_model: dict[str, list[UpstreamState]] = {}
@@ -71,7 +75,7 @@ class Registry:
                 state = UpstreamState(
                     cfg,
                     [EndpointState(cfg.id, url, self._policy) for url in cfg.endpoints],
-                    AdmissionPool(cfg.max_inflight, cfg.max_queue, self._clock),
+                    AdmissionPool(self._share(cfg.max_inflight), cfg.max_queue, self._clock),
                 )
             else:
                 by_url = {ep.url: ep for ep in kept.endpoints}
@@ -79,7 +83,7 @@ class Registry:
                     by_url.get(url) or EndpointState(cfg.id, url, self._policy)
                     for url in cfg.endpoints
                 ]
-                kept.pool.resize(cfg.max_inflight)
+                kept.pool.resize(self._share(cfg.max_inflight))
                 state = UpstreamState(cfg, endpoints, kept.pool, kept.budget)
             by_id[cfg.id] = state
         by_model: dict[str, list[UpstreamState]] = {}
@@ -91,6 +95,9 @@ class Registry:
         owner = {ep: state for state in by_id.values() for ep in state.endpoints}
         self._by_id, self._by_model, self._owner = by_id, by_model, owner
         self._configured = frozenset(m for state in by_id.values() for m in state.config.models)
+
+    def _share(self, max_inflight: int) -> int:
+        return -(-max_inflight // self._processes)  # ceil: never 0
 
     def upstream(self, upstream_id: str) -> UpstreamState:
         try:

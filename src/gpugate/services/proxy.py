@@ -235,11 +235,12 @@ class Proxy:
         rng: random.Random | None = None,
         gate: ShedGate | None = None,
         models: Sequence[ModelConfig] = (),
+        router: Router | None = None,
     ) -> None:
         self.registry = registry
         self.gate = gate
-        #: Set by the composition root; None: wave 1's power of two choices (docs/routing.md).
-        self.router: Router | None = None
+        #: The engine-aware picker; None: wave 1's power of two choices (docs/routing.md).
+        self.router = router
         self.clock = clock
         self._client = client
         self._metrics = metrics

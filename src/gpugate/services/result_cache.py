@@ -3,6 +3,7 @@ and a canonical hash of the input.
 
 Opt in per model: a ``cache: {ttl_s, max_entries}`` block on the job's runner runtime, else on
 the first OpenAI-compatible upstream serving the model (:func:`cache_policy`). The key is the
+tenant (``auth.mode: keys``: a tenant never gets another's job, its slug or its result), the
 model, the operation and the sha256 of the input as canonical JSON (sorted keys, no
 whitespace), so ``{"a": 1, "b": 2}`` and ``{"b":2,"a":1}`` are one entry. Each model has its own
 least-recently-used table of at most ``max_entries``; an entry lives ``ttl_s`` on the gateway's
@@ -21,11 +22,13 @@ from gpugate.clock import Clock
 from gpugate.config import CacheConfig, GatewayConfig
 
 
-def cache_key(model: str, operation: str, payload: dict[str, Any]) -> str:
-    """``model`` + ``operation`` + the sha256 of ``payload`` as canonical JSON."""
+def cache_key(
+    model: str, operation: str, payload: dict[str, Any], tenant: str | None = None
+) -> str:
+    """``tenant`` + ``model`` + ``operation`` + the sha256 of ``payload`` as canonical JSON."""
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     digest = hashlib.sha256(canonical.encode()).hexdigest()
-    return f"{model}\n{operation}\n{digest}"
+    return f"{tenant or ''}\n{model}\n{operation}\n{digest}"
 
 
 def cache_policy(config: GatewayConfig, model: str, runner: str) -> CacheConfig | None:

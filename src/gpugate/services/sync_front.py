@@ -83,7 +83,11 @@ class SyncFront:
                 return self._answer(await self._waiter.wait(existing, wait_s), None)
         config = self._config()
         policy = cache_policy(config, request.model, request.runner or config.default_runtime)
-        key = None if policy is None else cache_key(request.model, request.operation, request.input)
+        key = (
+            None
+            if policy is None
+            else cache_key(request.model, request.operation, request.input, request.tenant)
+        )
         if key is not None and use_cache:
             cached = self._cache.get(request.model, key)
             if cached is not None:

@@ -56,14 +56,16 @@ _BY_KEY = sql("SELECT {job} FROM jobs WHERE idempotency_key = :key", job=_JOB)
 _LOCK_ONE = sql("SELECT {job} FROM jobs WHERE slug = :slug FOR UPDATE", job=_JOB)
 _LOCK = sql(
     "SELECT {job} FROM jobs WHERE slug IN (SELECT value FROM json_each(:slugs)) ORDER BY id",
-    postgres="SELECT {job} FROM jobs WHERE slug IN (SELECT jsonb_array_elements_text(:slugs))"
-    " ORDER BY id FOR UPDATE",
+    # = ANY of an array built once: the unique index per slug (an IN (subquery) let the planner
+    # hash-join a scan of the whole table).
+    postgres="SELECT {job} FROM jobs WHERE slug = ANY(ARRAY(SELECT jsonb_array_elements_text("
+    ":slugs))) ORDER BY id FOR UPDATE",
     job=_JOB,
 )
 _BY_KEYS = sql(
     "SELECT {job} FROM jobs WHERE idempotency_key IN (SELECT value FROM json_each(:keys))",
     postgres="SELECT {job} FROM jobs"
-    " WHERE idempotency_key IN (SELECT jsonb_array_elements_text(:keys))",
+    " WHERE idempotency_key = ANY(ARRAY(SELECT jsonb_array_elements_text(:keys)))",
     job=_JOB,
 )
 _LIST = sql(

@@ -88,6 +88,9 @@ class Peers:
     index: int
     paths: tuple[str, ...]
     restarts_path: str
+    takes_over: bool = False
+    """The first worker of a fresh start: the leases a SQLite store holds are a previous run's,
+    its to take back (every other worker starts beside live siblings)."""
 
     @property
     def own(self) -> str:
