@@ -4,20 +4,27 @@ power of two choices and for each routing policy over 4 endpoints with fresh eng
 prefix hashing alone; and the memory of the prefix index and the session table per 10,000
 conversations.
 
-    python bench/routing_cost.py
+    python bench/routing_cost.py [--against REV]
+
+``--against REV`` (e.g. ``main~1``) also times the prefix index of that git revision in the same
+process (its ``prefix_index.py`` loaded from git, patched into the Router) and prints the ratio.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import random
+import subprocess
+import sys
 import time
 import tracemalloc
+import types
 from collections.abc import Callable
 from typing import Any
 
 from gpugate.config import RoutingConfig
-from gpugate.core import picking
+from gpugate.core import picking, scoring
 from gpugate.core.engine_metrics import EngineReading, EngineSignal
 from gpugate.core.picking import EndpointState
 from gpugate.core.prefix_index import PrefixIndex
@@ -102,10 +109,43 @@ def memory_per_10k() -> list[tuple[str, int, float]]:
     return out
 
 
+def old_prefix_index(rev: str) -> types.ModuleType:
+    """``gpugate/core/prefix_index.py`` as of git ``rev``, as a module (for an in-process A/B)."""
+    source = subprocess.run(
+        ["git", "show", f"{rev}:src/gpugate/core/prefix_index.py"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    module = types.ModuleType(f"prefix_index_{rev}")
+    sys.modules[module.__name__] = module  # dataclasses and typing look the module up
+    exec(compile(source, f"{rev}:prefix_index.py", "exec"), module.__dict__)
+    return module
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", metavar="REV", help="also time this revision's prefix index")
+    args = parser.parse_args()
     print("== Routing cost per request (CPU, best of 5) ==")
-    for what, us in picker_costs():
-        print(f"  {what:<50} {us:8.1f} us")
+    rows = picker_costs()
+    if args.against:
+        current = scoring.PrefixIndex
+        old = old_prefix_index(args.against)
+        scoring.PrefixIndex = old.PrefixIndex  # type: ignore[misc]
+        try:
+            baseline = dict(picker_costs())
+        finally:
+            scoring.PrefixIndex = current  # type: ignore[misc]
+        index = old.PrefixIndex()
+        rng = random.Random(1)
+        doc = chat(rng, " ".join(f"s{i}" for i in range(SYSTEM_WORDS)), turns=3)
+        baseline["of which prefix hashing (~12 KB chat)"] = per_call_us(lambda: index.hashes(doc))
+        print(f"  {'':<50} {'now':>8}    {args.against:>8}    ratio")
+        for what, us in rows:
+            was = baseline[what]
+            print(f"  {what:<50} {us:8.1f} us {was:8.1f} us {us / was:6.2f}x")
+    else:
+        for what, us in rows:
+            print(f"  {what:<50} {us:8.1f} us")
     print("== Prefix index and sessions per 10,000 conversations (4 turns each) ==")
     for label, blocks, mb in memory_per_10k():
         print(f"  {label:<40} {blocks:>9,} blocks {mb:8.1f} MB")
