@@ -16,8 +16,10 @@ restart forgets it (the engines' caches outlive it, the index relearns in a few 
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 #: Endpoints remembered per block: the newest few (a prefix on more endpoints than this is common
@@ -57,14 +59,18 @@ def block_hashes(text: str, block_chars: int) -> list[int]:
 
 
 def _chain(text: str, block_chars: int, hashes: list[int]) -> list[int]:
-    """:func:`block_hashes` of ``text`` continued after ``hashes`` (its leading blocks)."""
+    """:func:`block_hashes` continued after ``hashes``, the leading blocks of a prompt whose
+    text after them is ``text``."""
     previous = hashes[-1] if hashes else 0
     append = hashes.append
-    for start in range(len(hashes) * block_chars, len(text) - block_chars + 1, block_chars):
+    for start in range(0, len(text) - block_chars + 1, block_chars):
         previous = hash((previous, text[start : start + block_chars]))
         append(previous)
     return hashes
 
+
+_NOBODY = (None,)  # what a block nobody received holds, for the C-speed fast path of record
+_LAST = itemgetter(-1)
 
 #: Leading messages (a shared system prompt) whose block hashes are kept, and the longest kept:
 #: at most 64 x 64 Ki characters per index.
@@ -108,19 +114,25 @@ class PrefixIndex:
                 heads.popitem(last=False)
         else:
             heads.move_to_end(head)
+        hashes = list(known)
         if len(parts) == 1:
-            return list(known)
-        return _chain("".join(parts), size, list(known))
+            return hashes
+        parts[0] = head[len(known) * size :]  # the rest of its last, partial block
+        return _chain("".join(parts), size, hashes)
 
     def match(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
         """Per endpoint url, how many leading blocks of ``hashes`` it received (absent: 0)."""
         blocks = self._models.get(model)
         if not blocks or not hashes:
             return {}
+        held = list(map(blocks.get, hashes))
+        first = held[0]
+        if first is not None and held.count(first) == len(held):  # the usual case, in C
+            return dict.fromkeys(first, len(held))
         runs: dict[str, int] = {}
         alive: tuple[str, ...] = ()
         depth = 0
-        for depth, holders in enumerate(map(blocks.get, hashes)):
+        for depth, holders in enumerate(held):
             if holders is None:
                 break
             if holders == alive:  # the usual case: the same endpoints hold the next block
@@ -146,6 +158,10 @@ class PrefixIndex:
         if blocks is None:
             blocks = self._models[model] = OrderedDict()
         get, move = blocks.get, blocks.move_to_end
+        lasts = list(map(_LAST, map(get, hashes, repeat(_NOBODY))))
+        if lasts.count(url) == len(lasts):  # every block was last sent there: only the LRU moves
+            deque(map(move, hashes), maxlen=0)
+            return
         alone = (url,)  # one tuple shared by every block only ``url`` holds
         for h in hashes:
             holders = get(h)

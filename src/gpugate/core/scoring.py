@@ -253,20 +253,28 @@ class Router:
             if len(available) == 1:
                 return available[0], Reason.LOAD
         affinity = cfg.policy == "prefix_affinity"
-        runs = self._index(route.model, cfg).match(route.model, route.hashes) if affinity else {}
-        sessions = self._sessions.get(route.model)
+        model = route.model
+        runs = self._index(model, cfg).match(model, route.hashes) if affinity else {}
+        sessions = self._sessions.get(model)
         last = sessions.get(route.session) if sessions is not None and route.session else None
+        signal_of, saturated = self.signal, (self.saturated if route.batch else None)
         facts = []
         for ep in available:
-            signal = self.signal(ep.upstream_id, ep.url, now)
-            loras = signal.reading.loras if signal is not None else frozenset()
+            url = ep.url
+            signal = signal_of(ep.upstream_id, url, now)
+            if signal is None:
+                load, lora = float(ep.outstanding), False
+            else:
+                reading = signal.reading  # its ``loras`` without building the union
+                load = load_of(ep.outstanding, signal, cfg)
+                lora = model in reading.lora_running or model in reading.lora_waiting
             facts.append(
                 Facts(
-                    load=load_of(ep.outstanding, signal, cfg),
-                    prefix_blocks=runs.get(ep.url, 0),
-                    session=ep.url == last,
-                    lora=route.model in loras,
-                    saturated=route.batch and self.saturated(ep.upstream_id),
+                    load,
+                    runs.get(url, 0),
+                    url == last,
+                    lora,
+                    saturated is not None and saturated(ep.upstream_id),
                 )
             )
         choice = choose(
