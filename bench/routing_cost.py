@@ -6,8 +6,8 @@ conversations.
 
     python bench/routing_cost.py [--against REV]
 
-``--against REV`` (e.g. ``main~1``) also times the prefix index of that git revision in the same
-process (its ``prefix_index.py`` loaded from git, patched into the Router) and prints the ratio.
+``--against REV`` (e.g. ``main~1``) also times the picker of that git revision in the same process
+(its ``core/scoring.py`` and ``core/prefix_index.py`` loaded from git) and prints the ratios.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpugate.config import RoutingConfig
-from gpugate.core import picking, scoring
+from gpugate.core import picking
 from gpugate.core.engine_metrics import EngineReading, EngineSignal
 from gpugate.core.picking import EndpointState
 from gpugate.core.prefix_index import PrefixIndex
@@ -57,7 +57,9 @@ def per_call_us(fn: Callable[[], object], repeat: int = REPEAT) -> float:
     return best / repeat * 1e6
 
 
-def picker_costs() -> list[tuple[str, float]]:
+def picker_costs(
+    router_class: type[Router] = Router, index_class: type[PrefixIndex] = PrefixIndex
+) -> list[tuple[str, float]]:
     """(what, microseconds per request) for each picker on one 2,000-token chat request."""
     rng = random.Random(1)
     endpoints = [EndpointState("u", f"http://10.0.0.{i}:8000") for i in range(ENDPOINTS)]
@@ -68,7 +70,7 @@ def picker_costs() -> list[tuple[str, float]]:
              per_call_us(lambda: picking.pick(endpoints, rng, 0.0)))]  # fmt: skip
     for policy in ("least_outstanding", "engine_load", "prefix_affinity"):
         cfg = RoutingConfig(policy=policy)  # type: ignore[arg-type]
-        router = Router(lambda _m, _u, c=cfg: c, signal=lambda _u, url, _n: signals[url])
+        router = router_class(lambda _m, _u, c=cfg: c, signal=lambda _u, url, _n: signals[url])
 
         def one(router: Router = router) -> None:
             route = router.route("m", None, doc, ())
@@ -76,7 +78,7 @@ def picker_costs() -> list[tuple[str, float]]:
             router.sent(route, chosen)
 
         rows.append((f"Router, {policy} (route + pick + sent)", per_call_us(one, REPEAT // 4)))
-    index = PrefixIndex()
+    index = index_class()
     rows.append(("of which prefix hashing (~12 KB chat)", per_call_us(lambda: index.hashes(doc))))
     return rows
 
@@ -109,15 +111,16 @@ def memory_per_10k() -> list[tuple[str, int, float]]:
     return out
 
 
-def old_prefix_index(rev: str) -> types.ModuleType:
-    """``gpugate/core/prefix_index.py`` as of git ``rev``, as a module (for an in-process A/B)."""
+def old_module(rev: str, name: str, **names: Any) -> types.ModuleType:
+    """``gpugate/core/<name>.py`` as of git ``rev``, as a module, with ``names`` set in it."""
     source = subprocess.run(
-        ["git", "show", f"{rev}:src/gpugate/core/prefix_index.py"],
+        ["git", "show", f"{rev}:src/gpugate/core/{name}.py"],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
-    module = types.ModuleType(f"prefix_index_{rev}")
+    module = types.ModuleType(f"{name}_at_{rev}")
     sys.modules[module.__name__] = module  # dataclasses and typing look the module up
-    exec(compile(source, f"{rev}:prefix_index.py", "exec"), module.__dict__)
+    exec(compile(source, f"{rev}:{name}.py", "exec"), module.__dict__)
+    module.__dict__.update(names)
     return module
 
 
@@ -128,17 +131,9 @@ def main() -> None:
     print("== Routing cost per request (CPU, best of 5) ==")
     rows = picker_costs()
     if args.against:
-        current = scoring.PrefixIndex
-        old = old_prefix_index(args.against)
-        scoring.PrefixIndex = old.PrefixIndex  # type: ignore[misc]
-        try:
-            baseline = dict(picker_costs())
-        finally:
-            scoring.PrefixIndex = current  # type: ignore[misc]
-        index = old.PrefixIndex()
-        rng = random.Random(1)
-        doc = chat(rng, " ".join(f"s{i}" for i in range(SYSTEM_WORDS)), turns=3)
-        baseline["of which prefix hashing (~12 KB chat)"] = per_call_us(lambda: index.hashes(doc))
+        index_then = old_module(args.against, "prefix_index").PrefixIndex
+        router_then = old_module(args.against, "scoring", PrefixIndex=index_then).Router
+        baseline = dict(picker_costs(router_then, index_then))
         print(f"  {'':<50} {'now':>8}    {args.against:>8}    ratio")
         for what, us in rows:
             was = baseline[what]
