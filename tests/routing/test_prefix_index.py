@@ -112,6 +112,8 @@ def test_cached_system_prompt_hashes_equal_hashing_the_whole_rendered_prompt() -
         chat("h" * HEAD_CACHE_CHARS, "tail"),  # too long to cache: hashed as a whole
         {"prompt": "p" * 70},
         {"prompt": "p" * 70},
+        chat("s" * 40 + "t" * 8, "q"),  # the same first block and length as the next one
+        chat("s" * 40 + "u" * 8, "q"),
     ]
     for doc in docs * 2:
         text = prompt_text(doc)
@@ -122,6 +124,6 @@ def test_cached_system_prompt_hashes_equal_hashing_the_whole_rendered_prompt() -
 def test_the_system_prompt_cache_is_bounded() -> None:
     idx = index()
     for n in range(HEAD_CACHE * 3):
-        idx.hashes(chat(f"system prompt number {n:06d}", "q"))
+        idx.hashes(chat(f"{n:06d} is this system prompt's number", "q"))
 
     assert len(idx._heads) == HEAD_CACHE
