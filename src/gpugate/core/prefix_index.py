@@ -12,6 +12,9 @@ Bounded: at most ``max_blocks`` hashes per model, least recently used first out,
 at most :data:`MAX_ENDPOINTS_PER_BLOCK` endpoints. The hash is Python's own (SipHash, keyed per
 process), so a client cannot aim collisions at it; the index lives in one replica's memory and a
 restart forgets it (the engines' caches outlive it, the index relearns in a few requests).
+The chained hashes of a recent first message (a shared system prompt) are kept, at most
+:data:`HEAD_CACHE` of up to :data:`HEAD_CACHE_CHARS` characters, so that most requests do not
+hash it block by block again.
 """
 
 from __future__ import annotations
