@@ -4,15 +4,22 @@ power of two choices and for each routing policy over 4 endpoints with fresh eng
 prefix hashing alone; and the memory of the prefix index and the session table per 10,000
 conversations.
 
-    python bench/routing_cost.py
+    python bench/routing_cost.py [--against REV]
+
+``--against REV`` (e.g. ``main~1``) also times the picker of that git revision in the same process
+(its ``core/scoring.py`` and ``core/prefix_index.py`` loaded from git) and prints the ratios.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import random
+import subprocess
+import sys
 import time
 import tracemalloc
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +57,9 @@ def per_call_us(fn: Callable[[], object], repeat: int = REPEAT) -> float:
     return best / repeat * 1e6
 
 
-def picker_costs() -> list[tuple[str, float]]:
+def picker_costs(
+    router_class: type[Router] = Router, index_class: type[PrefixIndex] = PrefixIndex
+) -> list[tuple[str, float]]:
     """(what, microseconds per request) for each picker on one 2,000-token chat request."""
     rng = random.Random(1)
     endpoints = [EndpointState("u", f"http://10.0.0.{i}:8000") for i in range(ENDPOINTS)]
@@ -61,7 +70,7 @@ def picker_costs() -> list[tuple[str, float]]:
              per_call_us(lambda: picking.pick(endpoints, rng, 0.0)))]  # fmt: skip
     for policy in ("least_outstanding", "engine_load", "prefix_affinity"):
         cfg = RoutingConfig(policy=policy)  # type: ignore[arg-type]
-        router = Router(lambda _m, _u, c=cfg: c, signal=lambda _u, url, _n: signals[url])
+        router = router_class(lambda _m, _u, c=cfg: c, signal=lambda _u, url, _n: signals[url])
 
         def one(router: Router = router) -> None:
             route = router.route("m", None, doc, ())
@@ -69,7 +78,7 @@ def picker_costs() -> list[tuple[str, float]]:
             router.sent(route, chosen)
 
         rows.append((f"Router, {policy} (route + pick + sent)", per_call_us(one, REPEAT // 4)))
-    index = PrefixIndex()
+    index = index_class()
     rows.append(("of which prefix hashing (~12 KB chat)", per_call_us(lambda: index.hashes(doc))))
     return rows
 
@@ -102,10 +111,36 @@ def memory_per_10k() -> list[tuple[str, int, float]]:
     return out
 
 
+def old_module(rev: str, name: str, **names: Any) -> types.ModuleType:
+    """``gpugate/core/<name>.py`` as of git ``rev``, as a module, with ``names`` set in it."""
+    source = subprocess.run(
+        ["git", "show", f"{rev}:src/gpugate/core/{name}.py"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    module = types.ModuleType(f"{name}_at_{rev}")
+    sys.modules[module.__name__] = module  # dataclasses and typing look the module up
+    exec(compile(source, f"{rev}:{name}.py", "exec"), module.__dict__)
+    module.__dict__.update(names)
+    return module
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", metavar="REV", help="also time this revision's prefix index")
+    args = parser.parse_args()
     print("== Routing cost per request (CPU, best of 5) ==")
-    for what, us in picker_costs():
-        print(f"  {what:<50} {us:8.1f} us")
+    rows = picker_costs()
+    if args.against:
+        index_then = old_module(args.against, "prefix_index").PrefixIndex
+        router_then = old_module(args.against, "scoring", PrefixIndex=index_then).Router
+        baseline = dict(picker_costs(router_then, index_then))
+        print(f"  {'':<50} {'now':>8}    {args.against:>8}    ratio")
+        for what, us in rows:
+            was = baseline[what]
+            print(f"  {what:<50} {us:8.1f} us {was:8.1f} us {us / was:6.2f}x")
+    else:
+        for what, us in rows:
+            print(f"  {what:<50} {us:8.1f} us")
     print("== Prefix index and sessions per 10,000 conversations (4 turns each) ==")
     for label, blocks, mb in memory_per_10k():
         print(f"  {label:<40} {blocks:>9,} blocks {mb:8.1f} MB")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpugate.core.prefix_index import (
+    HEAD_CACHE,
+    HEAD_CACHE_CHARS,
     MAX_ENDPOINTS_PER_BLOCK,
     PrefixIndex,
     block_hashes,
@@ -96,3 +98,32 @@ def test_only_chat_messages_and_string_prompts_are_rendered() -> None:
     assert prompt_text(None) is None
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
     assert "user\x00hi\x1e" == prompt_text(parts)
+
+
+def test_cached_system_prompt_hashes_equal_hashing_the_whole_rendered_prompt() -> None:
+    idx = index()
+    docs = [
+        chat("s" * 40, "question one"),
+        chat("s" * 40, "question two, a longer one than the first"),  # the head from the cache
+        chat("s" * 40),
+        chat("s" * 56, "q"),  # the head renders to 64 chars: whole blocks only
+        chat("s" * 55, "qq" * 30),  # 63 chars: its last block runs into the next message
+        chat("short", "a user turn that spans blocks " * 3),  # the head is under one block
+        chat("h" * HEAD_CACHE_CHARS, "tail"),  # too long to cache: hashed as a whole
+        {"prompt": "p" * 70},
+        {"prompt": "p" * 70},
+        chat("s" * 40 + "t" * 8, "q"),  # the same first block and length as the next one
+        chat("s" * 40 + "u" * 8, "q"),
+    ]
+    for doc in docs * 2:
+        text = prompt_text(doc)
+        assert text is not None
+        assert block_hashes(text, 16) == idx.hashes(doc)
+
+
+def test_the_system_prompt_cache_is_bounded() -> None:
+    idx = index()
+    for n in range(HEAD_CACHE * 3):
+        idx.hashes(chat(f"{n:06d} is this system prompt's number", "q"))
+
+    assert len(idx._heads) == HEAD_CACHE

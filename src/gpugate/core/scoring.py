@@ -115,14 +115,16 @@ def choose(
     """The cheapest candidate (see the module docstring); ``blocks``: the prompt's block count.
     ``affinity`` False: load and LoRA only (``engine_load``). Ties go to the lower of
     ``latencies`` when given and known, else at random. ``facts`` must not be empty."""
-    penalty = cfg.saturated_penalty if batch else 0.0
-    loads = [f.load + penalty if f.saturated else f.load for f in facts] if batch else None
-    least = min(loads) if loads is not None else min(f.load for f in facts)
+    if batch:
+        penalty = cfg.saturated_penalty
+        loads = [f.load + penalty if f.saturated else f.load for f in facts]
+    else:
+        loads = [f.load for f in facts]
+    least = min(loads)
     best_prefix = max([f.prefix_blocks for f in facts]) if affinity and blocks else 0
     overridden = False
-    costs: list[float] = []
+    costs = loads.copy()  # less each candidate's credit, below
     for i, f in enumerate(facts):
-        load = loads[i] if loads is not None else f.load
         if best_prefix or f.lora or (affinity and f.session):  # else no credit: the load
             credit = 0.0
             if best_prefix:
@@ -131,10 +133,9 @@ def choose(
                 credit += cfg.session_weight
             if f.lora:
                 credit += cfg.lora_weight
-            if credit and _too_busy(load, least, cfg):
+            if credit and _too_busy(loads[i], least, cfg):
                 credit, overridden = 0.0, True
-            load -= credit
-        costs.append(load)
+            costs[i] = loads[i] - credit
     cheapest = min(costs) + _EPSILON
     ties = [i for i, cost in enumerate(costs) if cost <= cheapest]
     if len(ties) > 1 and latencies:
@@ -143,8 +144,7 @@ def choose(
             fastest = min(known)
             ties = [i for i in ties if latencies[i] is None or latencies[i] == fastest]
     index = ties[0] if len(ties) == 1 else ties[rng.randrange(len(ties))]
-    load = loads[index] if loads is not None else facts[index].load
-    return Choice(index, _reason(facts[index], load, least, overridden, blocks))
+    return Choice(index, _reason(facts[index], loads[index], least, overridden, blocks))
 
 
 def _too_busy(load: float, least: float, cfg: RoutingConfig) -> bool:
@@ -253,20 +253,28 @@ class Router:
             if len(available) == 1:
                 return available[0], Reason.LOAD
         affinity = cfg.policy == "prefix_affinity"
-        runs = self._index(route.model, cfg).match(route.model, route.hashes) if affinity else {}
-        sessions = self._sessions.get(route.model)
+        model = route.model
+        runs = self._index(model, cfg).match(model, route.hashes) if affinity else {}
+        sessions = self._sessions.get(model)
         last = sessions.get(route.session) if sessions is not None and route.session else None
+        signal_of, saturated = self.signal, (self.saturated if route.batch else None)
         facts = []
         for ep in available:
-            signal = self.signal(ep.upstream_id, ep.url, now)
-            loras = signal.reading.loras if signal is not None else frozenset()
+            url = ep.url
+            signal = signal_of(ep.upstream_id, url, now)
+            if signal is None:
+                load, lora = float(ep.outstanding), False
+            else:
+                reading = signal.reading  # its ``loras`` without building the union
+                load = load_of(ep.outstanding, signal, cfg)
+                lora = model in reading.lora_running or model in reading.lora_waiting
             facts.append(
                 Facts(
-                    load=load_of(ep.outstanding, signal, cfg),
-                    prefix_blocks=runs.get(ep.url, 0),
-                    session=ep.url == last,
-                    lora=route.model in loras,
-                    saturated=route.batch and self.saturated(ep.upstream_id),
+                    load,
+                    runs.get(url, 0),
+                    url == last,
+                    lora,
+                    saturated is not None and saturated(ep.upstream_id),
                 )
             )
         choice = choose(
