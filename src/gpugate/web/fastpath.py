@@ -350,8 +350,7 @@ class FastCycle:
     async def _serve(self, routes: FastRoutes) -> None:
         keys = routes.handler.gateway.keys
         if routes.keys is not None and keys is not None and keys.enforced:
-            self._cancel_on_loss = False  # the data plane's ASGI watcher sees the client leave
-            await routes.keys(self._scope(), self.receive, self.send)
+            await routes.keys.serve(self, routes.handler)  # the keys' checks, no ASGI
         else:
             await routes.handler.serve(self, openai=True)
 
