@@ -16,6 +16,11 @@ every request through untouched. With ``keys``, on the data-plane routes it
 6. when the response ends, settles the reservation with the real usage and records it (per key,
    model, upstream); an error response or a replay gives the reservation back.
 
+The fast path (:mod:`gpugate.web.fastpath`) serves the OpenAI routes without ASGI: it calls
+:meth:`ClientKeys.serve` with its exchange, which does the same through the same code
+(:meth:`ClientKeys.admit` for 1 to 5, :class:`_Watch`'s ``started``/``piece`` hooks and the shielded
+settle for 6) and hands the data plane a :class:`WatchedExchange`. ``/u/`` stays on ASGI.
+
 The job routes and ``/v1/models`` check keys in :func:`authorize_client`, called by
 :class:`gpugate.web.api.Endpoint` for every ``Security.CLIENT`` operation.
 """
