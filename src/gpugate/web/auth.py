@@ -16,6 +16,11 @@ every request through untouched. With ``keys``, on the data-plane routes it
 6. when the response ends, settles the reservation with the real usage and records it (per key,
    model, upstream); an error response or a replay gives the reservation back.
 
+The fast path (:mod:`gpugate.web.fastpath`) serves the OpenAI routes without ASGI: it calls
+:meth:`ClientKeys.serve` with its exchange, which does the same through the same code
+(:meth:`ClientKeys.admit` for 1 to 5, :class:`_Watch`'s ``started``/``piece`` hooks and the shielded
+settle for 6) and hands the data plane a :class:`WatchedExchange`. ``/u/`` stays on ASGI.
+
 The job routes and ``/v1/models`` check keys in :func:`authorize_client`, called by
 :class:`gpugate.web.api.Endpoint` for every ``Security.CLIENT`` operation.
 """
@@ -25,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections.abc import Coroutine
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -53,6 +59,7 @@ from gpugate.services.jobs import JobRequest
 from gpugate.services.limits import Reservation
 from gpugate.web.bodies import json_document, parsed_body
 from gpugate.web.errors import error_body, error_headers, status_of
+from gpugate.web.exchange import Exchange, check_length
 from gpugate.web.requestid import HEADER as REQUEST_ID
 from gpugate.web.requestid import RequestIds
 from gpugate.wiring import Gateway
@@ -152,6 +159,12 @@ def di_allowed(principal: Principal) -> None:
         raise ModelNotAllowed(f"client key {key.prefix}… is limited to models, not Azure DI")
 
 
+class _Plane(Protocol):
+    """What :meth:`ClientKeys.serve` hands an admitted request to (the data plane's handler)."""
+
+    async def serve(self, ex: Exchange, *, openai: bool) -> None: ...
+
+
 class ClientKeys:
     """The middleware of the module docstring."""
 
@@ -181,19 +194,41 @@ class ClientKeys:
         try:
             await self.app(scope, receive, watch.send(send))
         finally:
-            try:
-                if watch.needs_store:  # the store's settle must not be cut off by a cancel
-                    await asyncio.shield(watch.end())
-                else:
-                    await watch.end()
-            except GpugateError as exc:  # the answer is out already; the counts are late
-                log.warning("usage of key %s not settled: %s", principal.key.prefix, exc.message)
+            await _settle(watch)
+
+    async def serve(self, ex: Exchange, plane: _Plane) -> None:
+        """A keyed request to an OpenAI route, as :meth:`__call__` does it, over an
+        :class:`~gpugate.web.exchange.Exchange` instead of ASGI (the fast path): the data plane
+        (``plane``) sees the admitted headers and body, and its response goes through the
+        request's :class:`_Watch` on its way to ``ex``."""
+        keys = self.gateway.keys
+        assert keys is not None
+        try:
+            principal = await keys.authenticate(offered_secret(ex.headers))
+            body = await ex.read_body(None, self.gateway.config.server.max_body_bytes)
+            headers, body, watch = await self.admit(principal, ex.headers, body)
+        except GpugateError as exc:
+            await ex.answer(*self._refusal(ex.headers, exc))
+            return
+        try:
+            await plane.serve(WatchedExchange(ex, headers, body, watch), openai=True)
+        finally:
+            await _settle(watch)
 
     async def _openai(
         self, principal: Principal, scope: Scope, receive: Receive
     ) -> tuple[Scope, Receive, _Watch]:
+        body = await _read_body(receive, self.gateway.config.server.max_body_bytes)
+        headers, body, watch = await self.admit(principal, scope["headers"], body)
+        return {**scope, "headers": headers}, _replay(body, receive), watch
+
+    async def admit(
+        self, principal: Principal, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> tuple[list[tuple[bytes, bytes]], bytes, _Watch]:
+        """An authenticated request to an OpenAI route, let in or refused (a
+        :class:`GpugateError`): the headers and body the data plane gets, and the watch its
+        response goes through. Shared by the ASGI path and :meth:`serve`."""
         gw = self.gateway
-        body = await _read_body(receive, gw.config.server.max_body_bytes)
         doc = _json_object(body)
         model = doc.get("model") if doc is not None else None
         stream = doc is not None and doc.get("stream") is True
@@ -215,9 +250,9 @@ class ClientKeys:
         held = await gw.quota.reserve(
             principal, model if isinstance(model, str) else None, doc, len(body)
         )
-        headers = _client_headers(scope["headers"], principal, body_length=len(body))
+        admitted = _client_headers(headers, principal, body_length=len(body))
         watch = _Watch(gw, principal, held, model if isinstance(model, str) else None, hide=hide)
-        return {**scope, "headers": headers}, _replay(body, receive), watch
+        return admitted, body, watch
 
     async def _raw(
         self, principal: Principal, scope: Scope, receive: Receive
@@ -241,12 +276,19 @@ class ClientKeys:
         return {**scope, "headers": headers}, receive, _Watch(gw, principal, held, None, hide=False)
 
     async def _refuse(self, scope: Scope, send: Send, exc: GpugateError) -> None:
-        offered = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
+        status, headers, body = self._refusal(scope["headers"], exc)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _refusal(
+        self, request_headers: list[tuple[bytes, bytes]], exc: GpugateError
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """The JSON error answer for a refused request: status, headers, body."""
+        offered = next((v for k, v in request_headers if k == b"x-request-id"), None)
         rid = self.ids.choose(offered)
         headers = [(b"content-type", b"application/json"), (REQUEST_ID, rid)]
         headers += [(k.encode(), v.encode()) for k, v in error_headers(exc).items()]
-        await send({"type": "http.response.start", "status": status_of(exc), "headers": headers})
-        await send({"type": "http.response.body", "body": error_body(exc), "more_body": False})
+        return status_of(exc), headers, error_body(exc)
 
     def _external_models(self, config: GatewayConfig) -> frozenset[str]:
         """The models an ``external`` upstream serves, found once per config version (not a
@@ -285,26 +327,25 @@ class _Watch:
         self.kept_size = 0
 
     def send(self, send: Send) -> Send:
+        """``send`` with the response going through :meth:`started` and :meth:`piece`."""
+
         async def watched(message: Message) -> None:
             if message["type"] == "http.response.body":
-                stream = self.stream
-                if stream is not None:  # an SSE event (or a few) at a time: kept lean
-                    chunk: bytes = message.get("body", b"")
-                    more = message.get("more_body", False)
-                    if more and stream.passes(chunk):
-                        await send(message)
-                        return
-                message = self._body(message)
+                chunk: bytes = message.get("body", b"")
+                out = self.piece(chunk, more=message.get("more_body", False))
+                if out is not chunk:
+                    message = {**message, "body": out}
             elif message["type"] == "http.response.start":
-                self._start(message)
+                self.started(message["status"], message.get("headers", []))
             await send(message)
 
         return watched
 
-    def _start(self, message: Message) -> None:
-        self.status = message["status"]
+    def started(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """The response's status and headers: who answered, and how its usage will come."""
+        self.status = status
         content_type = b""
-        for name, value in message.get("headers", []):
+        for name, value in headers:
             if name == b"x-gateway-upstream":
                 self.upstream = value.decode("latin-1")
             elif name == b"x-gateway-model" and self.model is not None:
@@ -319,24 +360,27 @@ class _Watch:
             else:
                 self.kept = []
 
-    def _body(self, message: Message) -> Message:
-        chunk: bytes = message.get("body", b"")
-        more = message.get("more_body", False)
+    def piece(self, chunk: bytes, *, more: bool) -> bytes:
+        """A piece of the response body, as the client gets it (``chunk`` itself unless the
+        gateway's own usage chunk is taken out); its usage counted."""
+        stream = self.stream
+        if stream is not None:  # an SSE event (or a few) at a time: kept lean
+            if more and stream.passes(chunk):
+                return chunk
+            out = stream.feed(chunk)
+            if not more:
+                self.complete = True
+                out += stream.flush()
+            return out
         if not more:
             self.complete = True
-        if self.stream is not None:
-            out = self.stream.feed(chunk)
-            if not more:
-                out += self.stream.flush()
-            if out is not chunk:
-                message = {**message, "body": out}
-        elif self.kept is not None:
+        if self.kept is not None:
             self.kept_size += len(chunk)
             if self.kept_size > _MAX_KEPT:
                 self.kept = None
             else:
                 self.kept.append(chunk)
-        return message
+        return chunk
 
     @property
     def needs_store(self) -> bool:
@@ -368,6 +412,63 @@ class _Watch:
         gw.usage.record(
             self.principal, self.model or "", self.upstream or "", prompt, completion, cents
         )
+
+
+async def _settle(watch: _Watch) -> None:
+    """The end of a keyed request, however it ended: its reservation settled or given back."""
+    try:
+        if watch.needs_store:  # the store's settle must not be cut off by a cancel
+            await asyncio.shield(watch.end())
+        else:
+            await watch.end()
+    except GpugateError as exc:  # the answer is out already; the counts are late
+        log.warning("usage of key %s not settled: %s", watch.principal.key.prefix, exc.message)
+
+
+class WatchedExchange:
+    """An :class:`~gpugate.web.exchange.Exchange` as :meth:`ClientKeys.serve` hands it to the
+    data plane: the admitted headers and body in place of the client's, the response through
+    the request's :class:`_Watch` on its way to the client's exchange."""
+
+    __slots__ = ("_body", "_ex", "_watch", "headers", "method", "path", "query", "server")
+
+    def __init__(
+        self, ex: Exchange, headers: list[tuple[bytes, bytes]], body: bytes, watch: _Watch
+    ) -> None:
+        self._ex = ex
+        self._body = body
+        self._watch = watch
+        self.method = ex.method
+        self.path = ex.path
+        self.query = ex.query
+        self.headers = headers
+        self.server = ex.server
+
+    def raw_target(self) -> bytes:
+        return self._ex.raw_target()
+
+    async def read_body(self, declared: int | None, limit: int) -> bytes:
+        check_length(declared, limit)
+        if len(self._body) > limit:
+            raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
+        return self._body
+
+    async def start(
+        self, status: int, headers: list[tuple[bytes, bytes]], *, hold: bool = False
+    ) -> None:
+        self._watch.started(status, headers)
+        await self._ex.start(status, headers, hold=hold)
+
+    async def body(self, chunk: bytes, *, more: bool) -> None:
+        await self._ex.body(self._watch.piece(chunk, more=more), more=more)
+
+    async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        watch = self._watch
+        watch.started(status, headers)
+        await self._ex.answer(status, headers, watch.piece(body, more=False))
+
+    async def while_connected(self, work: Coroutine[Any, Any, None]) -> None:
+        await self._ex.while_connected(work)
 
 
 def _served_externally(config: GatewayConfig) -> frozenset[str]:

@@ -20,8 +20,8 @@ the app's middleware chain (:meth:`FastRoutes.find`): the access-log line
 (:func:`~gpugate.web.response_headers.headers_for`), the shutdown guard's answer at the cut
 (:meth:`~gpugate.web.shutdown.ShutdownGuard.track`), ``admin_listen``'s split (the admin
 listener's requests all go to the app). With ``auth.mode: keys`` the request goes through
-:class:`~gpugate.web.auth.ClientKeys` as ASGI messages over this cycle (no uvicorn cycle, no
-Starlette), as that middleware speaks only ASGI.
+:meth:`ClientKeys.serve <gpugate.web.auth.ClientKeys.serve>` over this cycle (no ASGI messages):
+the key's checks, then the data plane over an exchange that counts the key's usage.
 
 Per request: one task (the data plane awaits the admission queue, the upstream, the store), no
 disconnect watcher — :meth:`connection_lost` cancels the request, which closes the upstream
@@ -350,8 +350,7 @@ class FastCycle:
     async def _serve(self, routes: FastRoutes) -> None:
         keys = routes.handler.gateway.keys
         if routes.keys is not None and keys is not None and keys.enforced:
-            self._cancel_on_loss = False  # the data plane's ASGI watcher sees the client leave
-            await routes.keys(self._scope(), self.receive, self.send)
+            await routes.keys.serve(self, routes.handler)  # the keys' checks, no ASGI
         else:
             await routes.handler.serve(self, openai=True)
 
