@@ -39,7 +39,7 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Scope
+from starlette.types import ASGIApp, Message
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
@@ -206,7 +206,6 @@ class FastCycle:
 
     __slots__ = (
         "_body_read",
-        "_cancel_on_loss",
         "_chunked",
         "_finished",
         "_held",
@@ -267,7 +266,6 @@ class FastCycle:
         self._task: asyncio.Task[object] | None = None
         self._finished = False
         self._body_read = False
-        self._cancel_on_loss = True
 
     # --- from the protocol ----------------------------------------------------------------
 
@@ -285,14 +283,9 @@ class FastCycle:
         """The connection is gone: a request still running is cancelled (the upstream request
         closed, the slot freed)."""
         self.disconnected = True
-        self.message_event.set()  # a receive() waiting (keys mode's watcher) sees it too
+        self.message_event.set()  # a body read waiting sees it too
         task = self._task
-        if (
-            task is not None
-            and self._cancel_on_loss
-            and not self._finished
-            and not self.response_complete
-        ):
+        if task is not None and not self._finished and not self.response_complete:
             task.cancel()
 
     # --- the request's task ---------------------------------------------------------------
@@ -453,17 +446,7 @@ class FastCycle:
     async def while_connected(self, work: Coroutine[Any, Any, None]) -> None:
         await work  # connection_lost cancels this task: no watcher needed
 
-    # --- ASGI, for the client-key middleware and the shutdown guard's answer --------------
-
-    async def receive(self) -> Message:
-        """ASGI's ``receive``: the whole body once, then ``http.disconnect`` at the end."""
-        if not self._body_read:
-            body = await self.read_body(None, self._limit)
-            return {"type": "http.request", "body": body, "more_body": False}
-        while not (self.disconnected or self.response_complete):
-            await self.message_event.wait()
-            self.message_event.clear()
-        return {"type": "http.disconnect"}
+    # --- ASGI's send, for the shutdown guard's answer ----------------------------------------
 
     async def send(self, message: Message) -> None:
         """ASGI's ``send``, onto :meth:`start` and :meth:`body`."""
@@ -471,23 +454,6 @@ class FastCycle:
             await self.start(message["status"], list(message.get("headers", ())))
         elif message["type"] == "http.response.body":
             await self.body(message.get("body", b""), more=message.get("more_body", False))
-
-    def _scope(self) -> Scope:
-        protocol = self.protocol
-        return {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": self.http_version,
-            "method": self.method,
-            "path": self.path,
-            "raw_path": self.path.encode("ascii"),
-            "query_string": self.query,
-            "root_path": "",
-            "headers": self.headers,
-            "server": protocol.server,
-            "client": protocol.client,
-            "scheme": protocol.scheme,
-        }
 
     # --- the response ---------------------------------------------------------------------
 
