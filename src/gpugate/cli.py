@@ -434,7 +434,12 @@ def _split_listen(value: str) -> tuple[str, int]:
 
 def _add_process_commands(sub: Any) -> None:
     """serve, check-config, db, fleet, demo."""
-    p = sub.add_parser("serve", help="run the gateway (the production entry point)")
+    p = sub.add_parser(
+        "serve",
+        help="run the gateway (the production entry point)",
+        epilog="environment: GPUGATE_FASTPATH=0 serves the OpenAI routes through ASGI as before "
+        "the fast path (A/B benchmarks, or a suspected fast-path bug; docs/dataplane.md)",
+    )
     p.add_argument("--config", required=True, type=Path, help="the YAML config file")
     p.add_argument("--listen", help="HOST:PORT, overrides `listen` in the file")
     p.add_argument("--log-format", choices=["text", "json"], help="overrides server.log_format")
