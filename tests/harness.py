@@ -111,6 +111,21 @@ async def model_servers(
         yield servers
 
 
+@contextlib.asynccontextmanager
+async def connection(
+    gw: RunningGateway,
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A raw TCP connection to the gateway, for tests that speak HTTP/1.1 by hand."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        yield reader, writer
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
 async def eventually(
     condition: Callable[[], bool], *, within_s: float = 5.0, what: str = "condition"
 ) -> None:

@@ -19,7 +19,15 @@ import pytest
 from raw_rig import Answer, parse_answer, recording_upstream, send_raw
 
 from gpugate.fleet import ServerBehaviour
-from harness import RunningGateway, eventually, make_config, model_servers, serving, upstream
+from harness import (
+    RunningGateway,
+    connection,
+    eventually,
+    make_config,
+    model_servers,
+    serving,
+    upstream,
+)
 
 QUICK = {"header_timeout_s": 0.5, "body_timeout_s": 0.5}
 
@@ -34,20 +42,6 @@ async def gateway(sqlite_dsn: str, **server: object) -> AsyncIterator[RunningGat
         )
         async with serving(config) as gw:
             yield gw
-
-
-@contextlib.asynccontextmanager
-async def connection(
-    gw: RunningGateway,
-) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-    host, port = gw.url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    try:
-        yield reader, writer
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
 
 
 async def answer_of(reader: asyncio.StreamReader, *, within_s: float = 10.0) -> Answer:

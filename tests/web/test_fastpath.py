@@ -22,7 +22,15 @@ import pytest
 from gpugate.fleet import ModelServer, ServerBehaviour
 from gpugate.web import fastpath
 from gpugate.web.fastpath import FastCycle
-from harness import RunningGateway, eventually, make_config, model_servers, serving, upstream
+from harness import (
+    RunningGateway,
+    connection,
+    eventually,
+    make_config,
+    model_servers,
+    serving,
+    upstream,
+)
 
 
 @dataclass(frozen=True)
@@ -60,20 +68,6 @@ async def gateway(
         config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"], **upstream_extra)])
         async with serving(config) as gw:
             yield gw, server
-
-
-@contextlib.asynccontextmanager
-async def connection(
-    gw: RunningGateway,
-) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-    host, port = gw.url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    try:
-        yield reader, writer
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
 
 
 def post(path: str, doc: object, *, extra: bytes = b"") -> bytes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -253,33 +253,3 @@ def event_view(event: JobEvent) -> dict[str, Any]:
 
 def _iso(value: Any) -> str | None:
     return None if value is None else value.isoformat()
-
-
-def parse_job_request(body: Mapping[str, Any]) -> JobRequest:
-    """Validate a ``POST /v1/jobs`` body into a :class:`JobRequest` (BadRequest naming the key)."""
-    allowed = {"model", "input", "operation", "class", "runner", "slug", "allow_external"}
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise BadRequest(f"unknown keys {unknown} (allowed: {', '.join(sorted(allowed))})")
-    model, payload = body.get("model"), body.get("input")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("`model` must be a non-empty string")
-    if not isinstance(payload, dict):
-        raise BadRequest("`input` must be a JSON object (the body of the upstream request)")
-    operation = body.get("operation", "chat/completions")
-    if operation not in OPERATIONS:
-        raise BadRequest(f"`operation` must be one of {', '.join(OPERATIONS)}")
-    raw_class = body.get("class", "batch")
-    try:
-        cls = RequestClass(raw_class)
-    except ValueError as exc:
-        valid = ", ".join(c.value for c in RequestClass)
-        raise BadRequest(f"`class` must be one of {valid}; got {raw_class!r}") from exc
-    runner, slug, external = body.get("runner"), body.get("slug"), body.get("allow_external", True)
-    if runner is not None and not isinstance(runner, str):
-        raise BadRequest("`runner` must be a runtime id")
-    if slug is not None and not isinstance(slug, str):
-        raise BadRequest("`slug` must be a string")
-    if not isinstance(external, bool):
-        raise BadRequest("`allow_external` must be true or false")
-    return JobRequest(model, payload, operation, cls, runner, slug, external)

@@ -21,8 +21,7 @@ is counted and the job goes back to the queue to walk on; else the job fails for
 from __future__ import annotations
 
 import hmac
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +36,6 @@ from gpugate.services.results import Results
 from gpugate.services.runtimes.push import call_cost
 from gpugate.store import JobRecord, JobStore
 
-_ERROR_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
-_MESSAGE_LIMIT = 2000
-
 
 @dataclass(frozen=True, slots=True)
 class Report:
@@ -51,24 +47,6 @@ class Report:
     cost_cents: float | None = None
     duration_s: float | None = None
 
-    @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> Report:
-        unknown = set(body) - {"progress", "result", "cost_cents", "duration_s"}
-        if unknown:
-            raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
-        progress = body.get("progress")
-        if progress is not None and not isinstance(progress, dict):
-            raise BadRequest("progress must be a JSON object")
-        if progress is None and "result" not in body:
-            raise BadRequest("a report needs a result or a progress object")
-        return cls(
-            progress=progress,
-            has_result="result" in body,
-            result=body.get("result"),
-            cost_cents=_amount(body, "cost_cents"),
-            duration_s=_amount(body, "duration_s"),
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class Failure:
@@ -77,21 +55,6 @@ class Failure:
     error_code: str
     message: str
     retryable: bool
-
-    @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> Failure:
-        code, message, retryable = (
-            body.get("error_code"),
-            body.get("message", ""),
-            body.get("retryable", True),
-        )
-        if not isinstance(code, str) or not _ERROR_CODE.fullmatch(code):
-            raise BadRequest("error_code must be 1-64 of A-Z, 0-9 and _, starting with a letter")
-        if not isinstance(message, str):
-            raise BadRequest("message must be a string")
-        if not isinstance(retryable, bool):
-            raise BadRequest("retryable must be true or false")
-        return cls(code, message[:_MESSAGE_LIMIT], retryable)
 
 
 class PushReports:
@@ -270,12 +233,3 @@ def _token(token: str | None) -> str:
 
 def _actor(runtime: str) -> str:
     return f"worker:{runtime}"
-
-
-def _amount(body: Mapping[str, Any], key: str) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise BadRequest(f"{key} must be a number >= 0")
-    return float(value)
