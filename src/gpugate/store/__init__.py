@@ -1,9 +1,10 @@
 """The durable state of a gateway, behind one interface with a SQLite and a PostgreSQL backend.
 
-This package's top level holds the interface and its values only; the services import it without
-loading a driver. ``gpugate.store.factory.open_store(dsn, clock=...)`` (used by the composition
-root) picks the backend from the DSN and returns the store unopened: ``await store.open()``
-connects, ``await store.migrate()`` brings the schema up to date.
+Its top level holds the interface (:class:`Store`, written once for both backends) and its
+values; the services import it without loading a driver.
+``gpugate.store.factory.open_store(dsn, clock=...)`` (used by the composition root) picks the
+backend from the DSN and returns the store unopened: ``await store.open()`` connects,
+``await store.migrate()`` brings the schema up to date.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from gpugate.store.base import (
     Mismatch,
     Replay,
     Started,
-    Store,
     request_fingerprint,
 )
 from gpugate.store.jobs_base import (
@@ -39,6 +39,7 @@ from gpugate.store.jobs_base import (
     NewJob,
     check_slug,
 )
+from gpugate.store.sql_store import Store
 
 __all__ = [
     "CONFIG_SAVED",

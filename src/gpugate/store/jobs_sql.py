@@ -36,7 +36,7 @@ from gpugate.store.jobs_base import (
     parse_job_cursor,
 )
 from gpugate.store.jobs_writes import Created, Creation, JobWrites, LeasedWrite, fenced, written
-from gpugate.store.ledger_sql import COUNT_LEASED
+from gpugate.store.ledger import COUNT_LEASED
 from gpugate.store.tx import Driven, first, rows, run
 
 if TYPE_CHECKING:
