@@ -35,8 +35,7 @@ def insert_audit(c: Codec, at: datetime, event: AuditEvent) -> Tx[AuditRecord]:
 
 
 class AuditStore(Driven, Protocol):
-    """The audit trail of :class:`gpugate.store.Store`: listed newest first, ``before_id`` the
-    cursor of the next page."""
+    """The audit trail of :class:`gpugate.store.Store`."""
 
     async def append_audit(self, event: AuditEvent) -> AuditRecord:
         """Store one audit event."""

@@ -124,17 +124,6 @@ def request_fingerprint(method: str, path: str, body: bytes) -> str:
     return digest.hexdigest()
 
 
-def idem_verdict(
-    fingerprint: str, held_fingerprint: str, completed: IdemRecord | None
-) -> IdemBegin:
-    """What ``Store.idem_begin`` answers for a key another request already holds."""
-    if held_fingerprint != fingerprint:
-        return Mismatch()
-    if completed is None:
-        return InFlight()
-    return Replay(completed)
-
-
 def check_limit(limit: int) -> int:
     """A page size must be positive; backends differ on what a negative LIMIT means."""
     if limit < 1:

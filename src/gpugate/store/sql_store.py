@@ -24,9 +24,11 @@ from gpugate.store.base import (
     ConfigVersion,
     IdemBegin,
     IdemRecord,
+    InFlight,
+    Mismatch,
+    Replay,
     Started,
     check_limit,
-    idem_verdict,
 )
 from gpugate.store.dialect import Json, only_postgres, sql
 from gpugate.store.facade_base import FacadeStore
@@ -45,18 +47,17 @@ if TYPE_CHECKING:
     from gpugate.store.tx import Codec, Tx
 
 _LOCK_CONFIG = only_postgres("LOCK TABLE config_versions IN EXCLUSIVE MODE")
-_CURRENT_CONFIG = sql("""
-SELECT version, document, created_at, actor, note FROM config_versions
-ORDER BY version DESC LIMIT 1""")
-_GET_CONFIG = sql("""
-SELECT version, document, created_at, actor, note FROM config_versions WHERE version = :version""")
-_LIST_CONFIGS = sql("""
-SELECT version, document, created_at, actor, note FROM config_versions
-ORDER BY version DESC LIMIT :limit""")
-_SAVE_CONFIG = sql("""
-INSERT INTO config_versions (version, document, created_at, actor, note)
+_CONFIG = "version, document, created_at, actor, note"
+_CURRENT_CONFIG = sql("SELECT {c} FROM config_versions ORDER BY version DESC LIMIT 1", c=_CONFIG)
+_GET_CONFIG = sql("SELECT {c} FROM config_versions WHERE version = :version", c=_CONFIG)
+_LIST_CONFIGS = sql("SELECT {c} FROM config_versions ORDER BY version DESC LIMIT :limit", c=_CONFIG)
+_SAVE_CONFIG = sql(
+    """
+INSERT INTO config_versions ({c})
 SELECT coalesce(max(version), 0) + 1, :document, :now, :actor, :note FROM config_versions
-RETURNING version, document, created_at, actor, note""")
+RETURNING {c}""",
+    c=_CONFIG,
+)
 
 _IDEM_BEGIN = sql("""
 INSERT INTO idempotency AS held (key, fingerprint, state, created_at, expires_at, owner)
@@ -110,12 +111,13 @@ def _idem_begin(c: Codec, params: dict[str, Any]) -> Tx[IdemBegin]:
     if row is None:
         raise StoreError(f"idempotency key {params['key']!r} vanished inside its transaction")
     key, fingerprint, state, status, headers, body, created_at, expires_at = row
-    completed = None
-    if state == "completed":
-        pairs = tuple((str(name), str(value)) for name, value in c.json(headers))
-        times = c.time(created_at), c.time(expires_at)
-        completed = IdemRecord(key, fingerprint, status, pairs, bytes(body), *times)
-    return idem_verdict(params["fingerprint"], fingerprint, completed)
+    if fingerprint != params["fingerprint"]:
+        return Mismatch()
+    if state != "completed":
+        return InFlight()
+    pairs = tuple((str(name), str(value)) for name, value in c.json(headers))
+    times = c.time(created_at), c.time(expires_at)
+    return Replay(IdemRecord(key, fingerprint, status, pairs, bytes(body), *times))
 
 
 class Store(

@@ -26,11 +26,13 @@ from gpugate.store.dialect import POSTGRES, SQLITE
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Mapping, Sequence
 
+    from _typeshed import DataclassInstance
+
     from gpugate.clock import Clock
     from gpugate.store.dialect import Query
 
 T = TypeVar("T")
-R = TypeVar("R")
+R = TypeVar("R", bound="DataclassInstance")
 
 Row = tuple[Any, ...]
 
@@ -75,12 +77,6 @@ class Codec(ABC):
 
     @abstractmethod
     def day(self, value: Any) -> date: ...
-
-    def opt_time(self, value: Any) -> datetime | None:
-        return None if value is None else self.time(value)
-
-    def opt_json(self, value: Any) -> Any:
-        return None if value is None else self.json(value)
 
 
 class SqliteCodec(Codec):
@@ -144,17 +140,18 @@ def count(query: Query, params: Mapping[str, Any] | None = None) -> Tx[int]:
 def read(c: Codec, kind: type[R], row: Row, **given: Reader) -> R:
     """A ``kind`` from ``row``: a dataclass whose fields are the row's columns, in order.
 
-    A field's value is read by its annotation — a time, a day, a JSON document (``dict``) with
-    the backend's codec — or by the reader ``given`` under its name; NULL stays None.
+    A field's value is read by its annotation (postponed, so text) — a time, a day, a JSON
+    document (``dict``) with the backend's codec — or by the reader ``given`` under its name;
+    NULL stays None.
     """
-    values = []
-    for column, value in zip(fields(kind), row, strict=True):  # type: ignore[arg-type]
+    found = []
+    for column, value in zip(fields(kind), row, strict=True):
         how = given.get(column.name) or _READERS.get(str(column.type))
-        values.append(value if how is None or value is None else how(c, value))
-    return kind(*values)
+        found.append(value if how is None or value is None else how(c, value))
+    return kind(*found)
 
 
-def values(record: Any) -> dict[str, Any]:
+def values(record: DataclassInstance) -> dict[str, Any]:
     """A dataclass's fields by name: the parameters of the statement that stores it."""
     return {column.name: getattr(record, column.name) for column in fields(record)}
 
