@@ -37,7 +37,7 @@ from gpugate.store.jobs_base import (
 )
 from gpugate.store.jobs_writes import Created, Creation, JobWrites, LeasedWrite, fenced, written
 from gpugate.store.ledger import COUNT_LEASED
-from gpugate.store.tx import Driven, first, rows, run
+from gpugate.store.tx import Driven, first, last, rows, run
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -281,7 +281,7 @@ def _write(
         return
     if c.dialect == POSTGRES:
         written_rows = [_job_row(c, job, ()) for job, _ in jobs.values()]
-        yield from run(_WRITE, {"rows": _doc(written_rows), "events": _doc(events)})
+        yield from last(_WRITE, {"rows": _doc(written_rows), "events": _doc(events)})
         return
     shapes: dict[frozenset[str], list[dict[str, Any]]] = {}
     for job, columns in jobs.values():

@@ -114,6 +114,19 @@ def run(
     return (yield query, {} if params is None else params)
 
 
+class Last(dict[str, Any]):
+    """The params of a transaction's last step, a write whose result it does not read (see
+    :func:`last`)."""
+
+    __slots__ = ()
+
+
+def last(query: Query, params: Mapping[str, Any]) -> Tx[None]:
+    """The transaction's last step, a write whose result is not read: the PostgreSQL driver
+    sends ``COMMIT`` with it instead of a round trip later (the SQLite driver runs it as any)."""
+    yield query, Last(params)
+
+
 def rows(query: Query, params: Mapping[str, Any] | None = None) -> Tx[list[Row]]:
     """One step: its rows."""
     return (yield from run(query, params)).rows
