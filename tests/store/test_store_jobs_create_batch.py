@@ -7,6 +7,7 @@ import asyncio
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from gpugate.errors import StoreError
 from gpugate.store import NewJob
 
 if TYPE_CHECKING:
@@ -77,3 +78,19 @@ async def test_each_queued_event_is_at_its_jobs_creation_time(store: Store) -> N
         [event] = await store.job_events(job.slug)
         assert ("queued", "api", "local") == (event.status, event.actor, event.runtime)
         assert job.created_at == event.at
+
+
+async def test_a_create_whose_input_json_cannot_hold_fails_alone(store: Store) -> None:
+    answers = await asyncio.gather(
+        store.create_job(NewJob(model="m", input={"x": float("nan")}, runner="local")),
+        store.create_job(NewJob(model="m", input={"x": object()}, runner="local")),
+        store.create_job(NewJob(model="m", input={"x": 1}, runner="local")),
+        return_exceptions=True,
+    )
+
+    assert isinstance(answers[0], StoreError)
+    assert isinstance(answers[1], StoreError)
+    assert not isinstance(answers[2], BaseException)
+    job, created = answers[2]
+    assert created
+    assert [job.slug] == [listed.slug for listed in (await store.list_jobs(limit=10)).jobs]
