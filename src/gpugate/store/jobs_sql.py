@@ -1,4 +1,12 @@
-"""The jobs (:class:`gpugate.store.jobs_base.JobStore`), once for both backends.
+"""The durable jobs (:class:`JobStore`), once for both backends; the values it hands back and
+takes are the job domain's (:mod:`gpugate.core.job_states`), its writes in
+:mod:`gpugate.store.jobs_writes`. Both backends pass the contract suite
+``tests/store/test_store_jobs*.py``.
+
+Errors: arguments only a caller's bug can get wrong (an unknown class, state, actor or runtime
+id, a non-positive lease, a naive datetime) raise ValueError; what only the store can judge
+about a client's input (a taken slug, a malformed cursor) raises
+:class:`gpugate.errors.BadRequest`.
 
 Every write reads the jobs it changes under a lock (SQLite: ``BEGIN IMMEDIATE``, the one write
 lock; PostgreSQL: ``FOR UPDATE`` in id order, so two batches never deadlock and a concurrent
@@ -19,22 +27,16 @@ runs the same decisions step by step on its thread, where a step costs no round 
 from __future__ import annotations
 
 import json
+from abc import abstractmethod
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.core import job_transitions as transitions
+from gpugate.core.job_states import JOB_STATES, JobEvent, JobRecord, check_runtime
 from gpugate.errors import BadRequest, StoreError
 from gpugate.store.base import check_limit
 from gpugate.store.dialect import POSTGRES, Json, only_postgres, sql
-from gpugate.store.jobs_base import (
-    JOB_STATES,
-    JobEvent,
-    JobPage,
-    JobRecord,
-    check_runtime,
-    job_cursor,
-    parse_job_cursor,
-)
 from gpugate.store.jobs_writes import Created, Creation, JobWrites, LeasedWrite, fenced, written
 from gpugate.store.ledger import COUNT_LEASED
 from gpugate.store.tx import Driven, first, last, rows, run
@@ -48,6 +50,28 @@ if TYPE_CHECKING:
 
 JOBS_CHANNEL = "gpugate_jobs"
 """The ``NOTIFY`` channel of new jobs (PostgreSQL; ``watch_jobs`` listens)."""
+_MAX_ID = 2**63 - 1
+
+
+def job_cursor(job_id: int) -> str:
+    """The cursor of :meth:`JobStore.list_jobs` that continues after (older than) ``job_id``."""
+    return str(job_id)
+
+
+def parse_job_cursor(cursor: str) -> int:
+    """The job id a cursor of :func:`job_cursor` holds; BadRequest for anything else."""
+    if not (cursor.isascii() and cursor.isdigit() and int(cursor[:20]) <= _MAX_ID):
+        raise BadRequest(f"invalid jobs cursor {cursor[:40]!r}")
+    return int(cursor)
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of :meth:`JobStore.list_jobs`, newest first; ``next_cursor`` None on the last."""
+
+    jobs: list[JobRecord]
+    next_cursor: str | None
+
 
 _JOB = ", ".join(transitions.JOB_COLUMNS)
 _WRITTEN = tuple(name for name in transitions.JOB_FIELDS if name in transitions.WRITABLE_FIELDS)
@@ -440,8 +464,25 @@ def _inserted_by_key(inserted: dict[str, JobRecord], key: str) -> JobRecord | No
     return next((job for job in inserted.values() if job.idempotency_key == key), None)
 
 
-class JobsSql(JobWrites, Driven):
-    """The :class:`gpugate.store.base.JobStore` methods."""
+class JobStore(JobWrites, Driven, Protocol):
+    """The durable jobs: creation, claims, fenced lease-holder writes, operator verbs, reaping.
+
+    Every method is atomic (creates and fenced writes in flight at the same moment may share one
+    transaction — group commit — but each succeeds, is refused or fails on its own) and takes
+    its time from the store's clock. Lifecycle: :meth:`create_job` (``queued``) ->
+    :meth:`claim_jobs` or :meth:`claim_job` (``dispatching``, a fresh lease and token) ->
+    :meth:`promote_runner`, :meth:`record_submit`, :meth:`record_attempt_failure` ->
+    :meth:`mark_running` (or ``record_submit(running=True)``) -> :meth:`complete` |
+    :meth:`fail`; :meth:`release` puts a job back in the queue, :meth:`rescue` takes back a
+    lost lease.
+
+    **Fencing.** Every method that takes ``token`` changes nothing and answers False / None
+    unless the job is ``dispatching`` or ``running`` and its current ``lease_token`` equals
+    ``token``. A token stays the same for the whole lease (the dispatcher's claim, the submit,
+    the runtime's call) and dies when the job is released, rescued, finished or cancelled, so a
+    late writer holding an old token changes nothing. An expired lease that nobody took back
+    yet is still honoured: only :meth:`rescue` ends it.
+    """
 
     async def _create_many(self, creations: Sequence[Creation]) -> list[Created | Exception]:
         # PostgreSQL: one statement each (the insert, then a read of the keys held): no BEGIN.
@@ -463,12 +504,15 @@ class JobsSql(JobWrites, Driven):
         return [job_of(self._codec, row) for row in await self._query(rows(query, params))]
 
     async def get_job(self, slug: str) -> JobRecord | None:
+        """The job, None when no job has this slug."""
         return await self._job(_BY_SLUG, {"slug": slug})
 
     async def job_by_idempotency_key(self, key: str) -> JobRecord | None:
+        """The job created with ``key``, None when there is none."""
         return await self._job(_BY_KEY, {"key": key})
 
     async def job_events(self, slug: str) -> list[JobEvent]:
+        """The job's events, oldest first; empty for an unknown slug."""
         c = self._codec
         return [
             JobEvent(id_, slug_, c.time(at), status, actor, runtime, call, code, c.json(detail))
@@ -486,6 +530,12 @@ class JobsSql(JobWrites, Driven):
         cursor: str | None = None,
         tenant: str | None = None,
     ) -> JobPage:
+        """Jobs newest first (by id), optionally of one state and/or runner (and of one
+        ``tenant``: the jobs it owns, :meth:`KeyStore.own`).
+
+        ``cursor`` is the ``next_cursor`` of the previous page (opaque); a malformed one raises
+        BadRequest, an unknown ``state`` or a ``limit`` below 1 ValueError.
+        """
         if state is not None and state not in JOB_STATES:
             raise ValueError(f"unknown job state {state!r}: expected one of {JOB_STATES}")
         params = {"state": state, "runner": runner, "limit": check_limit(limit) + 1}
@@ -503,11 +553,23 @@ class JobsSql(JobWrites, Driven):
         now: datetime | None = None,
         due_by: datetime | None = None,
     ) -> list[JobRecord]:
+        """Lease up to ``limit`` claimable jobs to the dispatcher, oldest (lowest id) first.
+
+        Claimable: ``queued``, ``not_before`` null or reached by ``due_by``, no live lease. Each
+        claimed job becomes ``dispatching`` with ``leased_by = "<slug>-dispatcher@<replica>"``,
+        a fresh ``lease_token`` and ``lease_expires_at = now + lease_s`` (event
+        ``dispatching`` at ``now``). Concurrent claimers (other replicas included) never get the
+        same job; a claimer may get fewer than ``limit`` while others hold rows. ``now``
+        defaults to the store's clock, ``due_by`` to ``now``: a claimer that looks ahead (a
+        slot freed, so jobs waiting for one are due early) still stamps the claim with the time
+        it happened.
+        """
         at = self._clock.now() if now is None else now
         params = {"due_by": at if due_by is None else due_by}
         return await self._claim(_CLAIM, at, check_limit(limit), lease_s, params)
 
     async def claim_job(self, slug: str, *, lease_s: float) -> JobRecord | None:
+        """:meth:`claim_jobs` for one job (the event-driven path); None unless claimable now."""
         now = self._clock.now()
         claimed = await self._claim(_CLAIM_ONE, now, 1, lease_s, {"slug": slug, "due_by": now})
         return claimed[0] if claimed else None
@@ -525,12 +587,25 @@ class JobsSql(JobWrites, Driven):
     async def expired_leases(
         self, *, now: datetime | None = None, limit: int = 100
     ) -> list[JobRecord]:
+        """``dispatching``/``running`` jobs whose lease expired (``lease_expires_at <= now``),
+        the longest expired first, tokens included so that :meth:`rescue` can be fenced.
+        """
         at = self._clock.now() if now is None else now
         return await self._jobs(_EXPIRED, {"now": at, "limit": check_limit(limit)})
 
     async def count_leased(self, runtime: str) -> int:
+        """Calls of ``runtime`` in flight: ``dispatching``/``running`` jobs whose ``leased_by``
+        is ``<runtime>:...`` (all replicas; what ``max_concurrency`` limits).
+        """
         check_runtime(runtime)
         return int((await self._query(rows(COUNT_LEASED, {"runtime": runtime})))[0][0])
 
     async def queue_depth(self, runtime: str) -> int:
+        """``queued`` jobs whose runner is ``runtime``."""
         return int((await self._query(rows(_QUEUED, {"runner": runtime})))[0][0])
+
+    @abstractmethod
+    async def watch_jobs(self, on_job: Callable[[str], None]) -> None:
+        """Call ``on_job(slug)`` whenever a process creates a job, until
+        cancelled (PostgreSQL: LISTEN/NOTIFY, so every replica wakes at once). Returns at once
+        where one process owns the store (SQLite): the dispatcher is woken in-process."""

@@ -32,8 +32,7 @@ from gpugate.store.base import (
 )
 from gpugate.store.dialect import Json, only_postgres, sql
 from gpugate.store.facade_base import FacadeStore
-from gpugate.store.jobs_base import JobStore
-from gpugate.store.jobs_sql import JobsSql
+from gpugate.store.jobs_sql import JobStore
 from gpugate.store.keys import KeyStore
 from gpugate.store.ledger import LedgerStore
 from gpugate.store.replicas import ReplicaStore
@@ -121,7 +120,6 @@ def _idem_begin(c: Codec, params: dict[str, Any]) -> Tx[IdemBegin]:
 
 
 class Store(
-    JobsSql,
     JobStore,
     AuditStore,
     RuntimeStateStore,
