@@ -267,22 +267,15 @@ def job_of(c: Codec, row: Row) -> JobRecord:
 
 
 def _event_row(c: Codec, job_id: int, at: datetime, event: transitions.EventDraft) -> Any:
-    """An event to store: by name for PostgreSQL's ``jsonb_to_recordset``, a list in the order
-    of :data:`EVENT_COLUMNS <gpugate.core.job_transitions.EVENT_COLUMNS>` for SQLite's
-    ``json_each`` (a time as the driver writes one)."""
-    if c.dialect == POSTGRES:
-        return {
-            "job_id": job_id,
-            "at": at.isoformat(),
-            "status": event.status,
-            "actor": event.actor,
-            "runtime": event.runtime,
-            "call_id": event.call_id,
-            "error_code": event.error_code,
-            "detail": event.detail,
-        }
+    """An event to store: a list in the order of :data:`EVENT_COLUMNS
+    <gpugate.core.job_transitions.EVENT_COLUMNS>` for SQLite's ``json_each`` (a time as the
+    driver writes one), by those names for PostgreSQL's ``jsonb_to_recordset``."""
     e = event
-    return [job_id, at, e.status, e.actor, e.runtime, e.call_id, e.error_code, e.detail]
+    row = [job_id, at, e.status, e.actor, e.runtime, e.call_id, e.error_code, e.detail]
+    if c.dialect == POSTGRES:
+        row[1] = at.isoformat()
+        return dict(zip(transitions.EVENT_COLUMNS, row, strict=True))
+    return row
 
 
 def _job_row(c: Codec, job: JobRecord, names: Iterable[str]) -> dict[str, Any]:
@@ -392,45 +385,39 @@ def _claim(c: Codec, query: Any, params: dict[str, Any], lease_s: float) -> Tx[l
     return [job for job, _ in claimed.values()]
 
 
-def _new_row(creation: Creation) -> dict[str, Any]:
-    new = creation.new
-    return {
-        "slug": creation.slug,
-        "idempotency_key": new.idempotency_key,
-        "model": new.model,
-        "class": new.job_class,
-        "operation": new.operation,
-        "input": new.input,
-        "input_ref": new.input_ref,
-        "runner": new.runner,
-        "not_before": _iso(new.not_before),
-        "allow_external": new.allow_external,
-        "at": _iso(creation.now),
-    }
+_NEW_COLUMNS = (
+    "slug", "idempotency_key", "model", "class", "operation", "input", "input_ref", "runner",
+    "not_before", "allow_external", "at",
+)  # fmt: skip
+"""A new job's values in the order of :data:`_INSERT_JOB`'s ``$[n]`` (SQLite) and names
+(PostgreSQL)."""
+
+
+def _new_row(creation: Creation) -> list[Any]:
+    """A new job's values in the order of :data:`_NEW_COLUMNS`."""
+    n, new = creation, creation.new
+    return [n.slug, new.idempotency_key, new.model, new.job_class, new.operation, new.input,
+            new.input_ref, new.runner, new.not_before, new.allow_external, n.now]  # fmt: skip
 
 
 def _create(c: Codec, creations: Sequence[Creation]) -> Tx[list[Created | Exception]]:
-    inserted: dict[str, JobRecord] = {}
-    if c.dialect == POSTGRES:
-        params = {"rows": _doc([_new_row(creation) for creation in creations])}
-        for row in (yield from rows(_INSERT_JOB, params)):
-            job = job_of(c, row[:-1])
-            inserted[job.slug] = job
-    else:  # the rows as lists in the order of the statement's columns, times as SQLite's
-        new_rows = [
-            [n.slug, n.new.idempotency_key, n.new.model, n.new.job_class, n.new.operation,
-             n.new.input, n.new.input_ref, n.new.runner, n.new.not_before, n.new.allow_external,
-             n.now]
-            for n in creations
-        ]  # fmt: skip
+    new_rows = [_new_row(creation) for creation in creations]
+    if c.dialect == POSTGRES:  # by name, times as text; the last column is pg_notify's
+        named = [dict(zip(_NEW_COLUMNS, row, strict=True)) for row in new_rows]
+        for row in named:
+            row["not_before"], row["at"] = _iso(row["not_before"]), _iso(row["at"])
+        added = [
+            job_of(c, row[:-1]) for row in (yield from rows(_INSERT_JOB, {"rows": _doc(named)}))
+        ]
+    else:  # lists, times as SQLite's (the driver's JSON encoder)
         added = [job_of(c, row) for row in (yield from rows(_INSERT_JOB, {"rows": Json(new_rows)}))]
-        inserted = {job.slug: job for job in added}
         events = [
             _event_row(c, job.id, job.created_at, transitions.created_event(job.runner))
             for job in sorted(added, key=lambda job: job.id)
         ]
         if events:
             yield from run(_INSERT_EVENT, {"events": Json(events)})
+    inserted = {job.slug: job for job in added}
     keys = [n.new.idempotency_key for n in creations if n.new.idempotency_key is not None]
     existing: dict[str | None, JobRecord] = {}
     if len(inserted) < len(creations) and keys:

@@ -135,6 +135,18 @@ class Store(
 
     backend: str
     """``"sqlite"`` or ``"postgresql"``."""
+    _schema: int | None
+    """The newest applied migration as last read, None before the first read."""
+
+    def __repr__(self) -> str:
+        where, is_open = self._describe()
+        schema = "?" if self._schema is None else str(self._schema)
+        return f"<{type(self).__name__} {where} schema={schema}{'' if is_open else ' closed'}>"
+
+    @abstractmethod
+    def _describe(self) -> tuple[str, bool]:
+        """Where the store is, as ``repr`` names it (``path=...``, ``dsn=...`` without a
+        password), and whether it is open."""
 
     @abstractmethod
     async def open(self) -> None:
