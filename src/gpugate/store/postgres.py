@@ -97,10 +97,8 @@ class PostgresStore(SqlStore):
         self._pool: AsyncConnectionPool[Connection] | None = None
         self._schema: int | None = None
 
-    def __repr__(self) -> str:
-        schema = "?" if self._schema is None else str(self._schema)
-        closed = "" if self._pool is not None else " closed"
-        return f"<PostgresStore dsn={self._shown} schema={schema}{closed}>"
+    def _describe(self) -> tuple[str, bool]:
+        return f"dsn={self._shown}", self._pool is not None
 
     async def open(self) -> None:
         if self._pool is not None:
