@@ -114,17 +114,27 @@ class Keys:
         """Whether requests need a key (``auth.mode: keys``)."""
         return self._config().auth.mode == "keys"
 
+    def known(self, secret: str | None) -> Principal | None:
+        """:meth:`authenticate`'s answer from this replica's cache alone, without an await;
+        None when the secret is not cached (then :meth:`authenticate` asks the store)."""
+        if not secret or not secret.startswith(SECRET_PREFIX):
+            raise Unauthorized("a client key is required (Authorization: Bearer <key>)")
+        found = self._cache.get(secret, self._clock.monotonic())
+        return None if found is None else self._let_in(found)
+
     async def authenticate(self, secret: str | None) -> Principal:
         """The principal of a request offering ``secret``; :class:`Unauthorized` for none, a
         wrong, a revoked or an expired key (the message never repeats the secret)."""
-        if not secret or not secret.startswith(SECRET_PREFIX):
-            raise Unauthorized("a client key is required (Authorization: Bearer <key>)")
-        now = self._clock.monotonic()
-        found = self._cache.get(secret, now)
-        if found is None:  # the digest and the store only on a miss
-            stored = await self._store.key_by_digest(digest(secret))
-            found = _UNKNOWN if stored is None else Principal(stored)
-            self._cache.put(secret, found, now)
+        cached = self.known(secret)
+        if cached is not None:
+            return cached
+        assert secret is not None  # known() refused it otherwise
+        stored = await self._store.key_by_digest(digest(secret))  # only on a miss
+        found = _UNKNOWN if stored is None else Principal(stored)
+        self._cache.put(secret, found, self._clock.monotonic())
+        return self._let_in(found)
+
+    def _let_in(self, found: object) -> Principal:
         if type(found) is not Principal:
             raise Unauthorized("unknown client key")
         if found.dated:  # else: no clock read

@@ -67,6 +67,9 @@ OPENAI_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embed
 RAW_PREFIX = "/u/"
 _KEY_HEADERS = frozenset({b"authorization", b"api-key", b"x-api-key"})
 _DROPPED = _KEY_HEADERS | {b"x-request-class", b"content-length"}  # what _Head reads or replaces
+_ANSWER_HEADERS = frozenset(
+    {b"x-gateway-upstream", b"x-gateway-model", b"idempotent-replayed", b"content-type"}
+)  # what _Watch.started reads
 _MAX_KEPT = 8 * 1024 * 1024  # a JSON response longer than this is not parsed for its usage
 log = logging.getLogger("gpugate.keys")
 
@@ -209,10 +212,13 @@ class ClientKeys:
         keys = self.gateway.keys
         assert keys is not None
         head = _Head(ex.headers)
-        try:
-            principal = await keys.authenticate(head.secret)
+        try:  # no await but the body's read for a cached key without limits
+            principal = keys.known(head.secret) or await keys.authenticate(head.secret)
             body = await ex.read_body(None, self.gateway.config.server.max_body_bytes)
-            headers, body, watch = await self.admit(principal, head, body)
+            if principal.limited:
+                headers, body, watch = await self.admit(principal, head, body)
+            else:
+                headers, body, watch, _ = self._checked(principal, head, body)
         except GpugateError as exc:
             await ex.answer(*self._refusal(ex.headers, exc))
             return
@@ -234,6 +240,16 @@ class ClientKeys:
         """An authenticated request to an OpenAI route, let in or refused (a
         :class:`GpugateError`): the headers and body the data plane gets, and the watch its
         response goes through. Shared by the ASGI path and :meth:`serve`."""
+        headers, body, watch, doc = self._checked(principal, head, body)
+        if principal.limited:
+            watch.held = await self.gateway.quota.reserve(principal, watch.model, doc, len(body))
+        return headers, body, watch
+
+    def _checked(
+        self, principal: Principal, head: _Head, body: bytes
+    ) -> tuple[list[tuple[bytes, bytes]], bytes, _Watch, dict[str, Any] | None]:
+        """:meth:`admit` but for the reservation: the checks, the class clamp, the usage option,
+        the header rewrite; the parsed body too (the reservation's estimate reads it)."""
         gw = self.gateway
         cls_header = principal.class_header(head.requested)  # a bad class: 400 before reserving
         doc = _json_object(body)
@@ -256,11 +272,8 @@ class ClientKeys:
                 body = parsed_body(body, doc)
         if not isinstance(model, str):
             model = None
-        held = None
-        if principal.limited:
-            held = await gw.quota.reserve(principal, model, doc, len(body))
-        watch = _Watch(gw, principal, held, model, hide=hide)
-        return head.admitted(principal, len(body), cls_header), body, watch
+        watch = _Watch(gw, principal, None, model, hide=hide)
+        return head.admitted(principal, len(body), cls_header), body, watch, doc
 
     async def _raw(
         self, principal: Principal, scope: Scope, receive: Receive
@@ -369,6 +382,8 @@ class _Watch:
         self.status = status
         content_type = b""
         for name, value in headers:
+            if name not in _ANSWER_HEADERS:  # most of them: one set lookup each
+                continue
             if name == b"x-gateway-upstream":
                 self.upstream = value.decode("latin-1")
             elif name == b"x-gateway-model" and self.model is not None:
