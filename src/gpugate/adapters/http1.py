@@ -268,6 +268,17 @@ class Response:
             self._waiter = waiter = self._loop.create_future()
             await waiter
 
+    async def read_chunk_by(self, deadline: float) -> bytes:
+        """:meth:`read_chunk`, failing with :class:`UpstreamTimeout` (the connection closed) when
+        nothing has come by ``deadline`` (loop time); no timer when a piece is there already."""
+        if self._chunks or self._eof or self._error is not None:
+            return await self.read_chunk()
+        timer = self._loop.call_at(deadline, self._timed_out)
+        try:
+            return await self.read_chunk()
+        finally:
+            timer.cancel()
+
     def at_eof(self) -> bool:
         """Whether the whole body has been read."""
         return self._eof and not self._chunks

@@ -717,25 +717,26 @@ class Proxy:
         stays silent or opens with an error event: a bad start, retried invisibly."""
         held: list[bytes] = []
         buffer = b""
-        try:
-            async with asyncio.timeout(max(0.0, timeout_s - spent_s)):
-                while True:
-                    chunk = await response.read_chunk()
-                    if not chunk:
-                        raise UpstreamError("the upstream's stream ended before its first event")
-                    held.append(chunk)
-                    buffer = buffer + chunk if buffer else chunk
-                    if b"\r" in buffer:  # CRLF framing: find the event as LF
-                        buffer = buffer.replace(b"\r\n", b"\n")
-                    end = first_data_end(buffer)
-                    if end >= 0:
-                        break
-                    if len(buffer) > KEEP_LIMIT:
-                        raise UpstreamError("the upstream's stream sent no data event")
-        except TimeoutError as exc:
-            raise UpstreamTimeout(
-                f"the upstream sent no first event within {timeout_s:g} s"
-            ) from exc
+        # the response's own timer, and none when the event came with the head (no Timeout)
+        deadline = asyncio.get_running_loop().time() + max(0.0, timeout_s - spent_s)
+        while True:
+            try:
+                chunk = await response.read_chunk_by(deadline)
+            except UpstreamTimeout as exc:
+                raise UpstreamTimeout(
+                    f"the upstream sent no first event within {timeout_s:g} s"
+                ) from exc
+            if not chunk:
+                raise UpstreamError("the upstream's stream ended before its first event")
+            held.append(chunk)
+            buffer = buffer + chunk if buffer else chunk
+            if b"\r" in buffer:  # CRLF framing: find the event as LF
+                buffer = buffer.replace(b"\r\n", b"\n")
+            end = first_data_end(buffer)
+            if end >= 0:
+                break
+            if len(buffer) > KEEP_LIMIT:
+                raise UpstreamError("the upstream's stream sent no data event")
         if first_event_error(buffer[:end]):
             raise UpstreamError("the upstream's stream opened with an error event")
         return held
