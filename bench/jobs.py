@@ -42,6 +42,7 @@ from jobs_load import (
     idle_latency,
     overlapping,
     start_gateway,
+    thread_cpu_s,
     wait_completed,
 )
 from jobs_profile import find_py_spy, recording, summarise
@@ -97,6 +98,7 @@ async def end_to_end(run: Run, base: str, pid: int, procs: Processes, conn: Conn
     await wait_completed(count, s.warmup, run.timeout_s(s.warmup), procs.check)
     total = s.warmup + s.jobs
     cpu, client_cpu = [cpu_s(pid)], time.process_time()
+    threads = thread_cpu_s(pid)
     out = None if run.profile is None else run.profile / f"gateway-{procs.workdir.name}.txt"
     with recording(run.py_spy, pid, out):
         created = await create_jobs(base, s.jobs, s.concurrency, run.timeout_s(s.jobs))
@@ -104,13 +106,14 @@ async def end_to_end(run: Run, base: str, pid: int, procs: Processes, conn: Conn
         await wait_completed(count, total, run.timeout_s(s.jobs), procs.check)
     cpu.append(cpu_s(pid))
     client_cpu = time.process_time() - client_cpu
+    store_thread_s = thread_cpu_s(pid)[0] - threads[0]
     when = await asyncio.to_thread(moments, conn, created.started)
     found = await asyncio.to_thread(problems, conn, total)
     found += [f"{len(v):,} jobs {k} in the run" for k, v in when.items() if len(v) != s.jobs]
     if out is not None:
         print(summarise(out), flush=True)
     gateway_cpu = (cpu[1] - cpu[0], cpu[2] - cpu[1])
-    return EndToEnd(s.jobs, created.seconds, when, gateway_cpu, client_cpu, found)
+    return EndToEnd(s.jobs, created.seconds, when, gateway_cpu, client_cpu, found, store_thread_s)
 
 
 async def measure_gateway(

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import aiohttp
 from proxy_targets import BenchError, Processes, free_port, wait_http
@@ -49,6 +51,24 @@ def start_gateway(procs: Processes, name: str, dsn: str, upstream_port: int) -> 
     base = f"http://127.0.0.1:{port}"
     wait_http(procs, f"{base}/readyz")
     return base, pid
+
+
+def thread_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of the gateway's threads other than the event loop's (on SQLite: mostly the
+    store's thread), and of the event loop's thread (the process's first)."""
+    others = loop = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except FileNotFoundError:  # a thread that just ended
+            continue
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime
+        if task.name == str(pid):
+            loop += ticks
+        else:
+            others += ticks
+    tick = os.sysconf("SC_CLK_TCK")
+    return others / tick, loop / tick
 
 
 def session(connections: int) -> aiohttp.ClientSession:

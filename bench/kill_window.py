@@ -27,6 +27,7 @@ from urllib.parse import quote
 import aiohttp
 import psycopg
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # e2e.children
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 from kill_window import KillRun, kill_run
 from test_replicas_kill_window import DOCUMENTED_WINDOW_MS

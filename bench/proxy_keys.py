@@ -8,17 +8,34 @@ limits (rpm, tpm and daily tokens: leased in slices from the store, SQLite here 
 gpugate, so a store transaction every slice rather than every request). Prints req/s and the
 gateway process's CPU per request (less sensitive to a loaded machine than req/s), and their
 ratios to open.
+
+Run alone (the open gpugate and the keyed one only, from the ``gpugate`` on ``PYTHONPATH``, so
+another tree's ``src`` gives that tree's figures with this script)::
+
+    python bench/proxy_keys.py [--duration 5] [--rounds 3]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import sys
+import tempfile
+from pathlib import Path
 
 from proxy_load import BODIES, MIXES, run_wrk
-from proxy_targets import Cores, Processes, Setup, free_port, gateway_yaml, wait_http
+from proxy_targets import (
+    BenchError,
+    Cores,
+    Processes,
+    Setup,
+    free_port,
+    gateway_yaml,
+    start_all,
+    wait_http,
+)
 
 KEY_FREE = "gk-bench-free-" + "x" * 32
 KEY_LIMITED = "gk-bench-limited-" + "y" * 32
@@ -54,7 +71,7 @@ def start_keyed(procs: Processes, setup: Setup, cores: Cores) -> tuple[int, int]
 
 
 def phase_keys(
-    setup: Setup, wrk: str, procs: Processes, cores: Cores, duration: int
+    setup: Setup, wrk: str, procs: Processes, cores: Cores, duration: int, rounds: int = ROUNDS
 ) -> tuple[list[str], dict[str, float]]:
     """Measure and print; the problems found (a non-2xx answer), and keys' req/s as a share of
     open's per mix and key (``"chat keys"``, ``"sse keys+limits"``, ...)."""
@@ -63,14 +80,14 @@ def phase_keys(
         return [], shares
     port, keyed_pid = start_keyed(procs, setup, cores)
     print(
-        f"\n== auth.mode keys vs open: wrk -t1 -c64 -d{duration}s, {ROUNDS} rounds, alternated =="
+        f"\n== auth.mode keys vs open: wrk -t1 -c64 -d{duration}s, {rounds} rounds, alternated =="
     )
     problems: list[str] = []
     for mix in ("chat", "sse"):
         lane, path = MIXES[mix]
         rates: dict[str, list[float]] = {"open": [], "keys": [], "keys+limits": []}
         cpu: dict[str, list[float]] = {name: [] for name in rates}
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             runs = (
                 ("open", setup.url("gpugate", lane, path), setup.pid("gpugate", lane), None),
                 ("keys", f"http://127.0.0.1:{port}{path}", keyed_pid, KEY_FREE),
@@ -95,3 +112,37 @@ def phase_keys(
                 f" CPU {used:6.0f} us/req ({used / base_cpu:6.1%})"
             )
     return problems, shares
+
+
+def main() -> int:
+    from proxy import ensure_tools, ensure_venvs, raise_fd_limit
+
+    parser = argparse.ArgumentParser(description="auth.mode keys against open, alone")
+    parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run (5)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"alternated rounds ({ROUNDS})")
+    args = parser.parse_args()
+    wrk, nginx = ensure_tools()
+    targets = ("direct", "gpugate")
+    tools = ensure_venvs(targets)
+    raise_fd_limit()
+    cores = Cores.split(pin=True)
+    os.sched_setaffinity(0, cores.load)
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="gpugate-keys-") as tmp,
+            Processes(Path(tmp)) as procs,
+        ):
+            setup = start_all(procs, nginx, targets, cores, tools)
+            problems, _ = phase_keys(setup, wrk, procs, cores, args.duration, args.rounds)
+            procs.check()
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    if problems:
+        print("\nFAILED:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

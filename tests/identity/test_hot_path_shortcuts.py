@@ -1,20 +1,29 @@
-"""The keyed hot path's shortcuts give the same answers as the long way (issue #21): the body
-parsed once for the key check and the data plane, the usage option's document built rather than
-parsed, the limit windows made once a minute."""
+"""The keyed hot path's shortcuts give the same answers as the long way (issues #21, #16 DW5): the
+body parsed once for the key check and the data plane, the usage option's document built rather
+than parsed, the limit windows made once a minute, the class header worked out once per key, the
+principal cached per offered secret."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+from gpugate.clock import ManualClock
 from gpugate.config import GatewayConfig
 from gpugate.config.loader import parse_config
+from gpugate.core.classes import RequestClass, parse_request_class
+from gpugate.core.keys import ClientKey, Principal, clamp
 from gpugate.core.limits import Price
 from gpugate.core.usage import with_include_usage, with_include_usage_doc
-from gpugate.errors import BadRequest
+from gpugate.errors import BadRequest, Unauthorized
+from gpugate.services.keys import KeyCache, Keys, KeySpec
 from gpugate.services.limits import Quota, prices_of
+from gpugate.store.factory import open_store
+from gpugate.store.keys import KEY_REVOKED
 from gpugate.web.auth import _served_externally
 from gpugate.web.bodies import json_document, parsed_body
 
@@ -86,3 +95,58 @@ def test_prices_are_read_once_per_config_version_and_follow_a_new_one() -> None:
 def test_the_models_of_external_upstreams_are_the_ones_a_key_without_allow_external_loses() -> None:
     assert _served_externally(_config(external=True)) == {"m", "n"}
     assert _served_externally(_config(external=False)) == frozenset()
+
+
+@pytest.mark.parametrize("highest", list(RequestClass))
+def test_a_principal_s_class_header_is_the_clamp_of_what_was_asked_in_any_spelling(
+    highest: RequestClass,
+) -> None:
+    """Worked out once per key, it says what :func:`clamp` says; none for the default class
+    (a request without the header is ``interactive``), 400 for a name of no class."""
+    principal = Principal(ClientKey(id="k", name="k", tenant="t", prefix="gk-x", max_class=highest))
+    for asked in [None, b"", *(c.value.encode() for c in RequestClass), b" System ", b"BATCH"]:
+        wanted = parse_request_class(
+            None if asked is None else asked.decode(), default=RequestClass.INTERACTIVE
+        )
+        clamped = clamp(wanted, highest)
+        expected = None if clamped is RequestClass.INTERACTIVE else clamped.value.encode()
+        header = principal.class_header(asked)
+        assert expected == (None if header is None else header[1]), asked
+    with pytest.raises(BadRequest):
+        principal.class_header(b"urgent")
+
+
+def test_the_key_cache_trusts_an_entry_for_its_ttl_and_drops_the_oldest_past_its_size() -> None:
+    cache = KeyCache(ttl_s=2.0, size=2)
+    cache.put("a", "A", 0.0)
+    cache.put("b", "B", 0.5)
+    assert ("A", "B") == (cache.get("a", 1.9), cache.get("b", 1.9))
+    assert cache.get("a", 2.0) is None  # its TTL is over
+    cache.put("a", "A2", 2.0)  # looked up again: the newest now
+    cache.put("c", "C", 2.1)
+    assert (None, "A2", "C") == (cache.get("b", 2.2), cache.get("a", 2.2), cache.get("c", 2.2))
+
+
+async def test_a_key_revoked_in_the_store_stops_working_here_once_its_cache_entry_is_over(
+    tmp_path: Path,
+) -> None:
+    """What another replica's revocation looks like from here: the cached principal is trusted
+    for ``auth.key_cache_s``, then the store is asked again."""
+    clock = ManualClock(start=datetime(2026, 12, 1, 13, 0, tzinfo=UTC))
+    config = _config()
+    store = open_store(f"sqlite:///{tmp_path}/keys.db", clock=clock)
+    await store.open()
+    try:
+        await store.migrate()
+        keys = Keys(store, lambda: config, clock)
+        issued = await keys.create(KeySpec(name="k", tenant="t"), actor="test")
+        first = await keys.authenticate(issued.secret)
+        revoked = replace(issued.key, revoked_at=clock.now())
+        await store.save_key(revoked, actor="elsewhere", action=KEY_REVOKED)  # not through keys
+        clock.advance(config.auth.key_cache_s / 2)
+        assert first is await keys.authenticate(issued.secret)  # the same principal, cached
+        clock.advance(config.auth.key_cache_s / 2)
+        with pytest.raises(Unauthorized, match="revoked"):
+            await keys.authenticate(issued.secret)
+    finally:
+        await store.close()

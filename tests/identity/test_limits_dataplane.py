@@ -118,3 +118,28 @@ async def test_an_upstream_failure_gives_the_reservation_back(
                 after = r.status
     assert 500 == failed
     assert 200 == after
+
+
+async def test_a_request_refused_for_its_class_header_takes_nothing_from_the_key_s_limits(
+    dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """The class is read before the reservation: a 400 for it holds no quota afterwards."""
+    async with model_servers(("u", ["m"])) as (server,):
+        config = keyed_config(dsn, [server.url], ["m"])
+        async with serving(config, environ=ENVIRON) as gw:
+            for _ in range(2):  # fixed UTC minutes: again if the five straddled a boundary
+                minute = gw.gateway.clock.now().minute
+                secret = (await create_key(http, gw.url, limits={"requests_per_min": 2}))["key"]
+                wrong = {**bearer(secret), "X-Request-Class": "urgent"}
+                refused = []
+                for _ in range(3):
+                    async with http.post(gw.url + CHAT, json=chat(), headers=wrong) as r:
+                        refused.append((r.status, (await r.json())["error"]["code"]))
+                served = []
+                for _ in range(2):
+                    async with http.post(gw.url + CHAT, json=chat(), headers=bearer(secret)) as r:
+                        served.append(r.status)
+                if gw.gateway.clock.now().minute == minute:
+                    break
+    assert [(400, "BAD_REQUEST")] * 3 == refused
+    assert [200, 200] == served

@@ -13,11 +13,11 @@ what :func:`claim` decides, in SQL, and the contract suite checks that both agre
 from __future__ import annotations
 
 import base64
-import secrets
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
+from gpugate.core import tokens
 from gpugate.core.job_states import (
     JOB_EVENT_STATUSES,
     LEASE_LOST,
@@ -82,13 +82,13 @@ _NO_LEASE |= NO_LEASE_COLUMNS
 
 def new_slug() -> str:
     """``job_`` and 20 url-safe random characters."""
-    return "job_" + secrets.token_urlsafe(15)
+    return "job_" + tokens.token_urlsafe(15)
 
 
 def new_lease_tokens(count: int) -> list[str]:
     """``count`` fresh fencing tokens (one per lease, 128 random bits each) from one read of
-    the system's randomness: a claim of many jobs asked it once per job, a system call each."""
-    raw = secrets.token_bytes(16 * count)
+    the system's randomness (:mod:`gpugate.core.tokens`)."""
+    raw = tokens.token_bytes(16 * count)
     return [
         base64.urlsafe_b64encode(raw[n : n + 16]).rstrip(b"=").decode()
         for n in range(0, len(raw), 16)

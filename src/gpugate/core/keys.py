@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gpugate.core.classes import RequestClass
+from gpugate.core.classes import RequestClass, parse_request_class
 
 SECRET_PREFIX = "gk-"  # noqa: S105 - how a secret starts, not a secret
 PREFIX_LENGTH = 11
@@ -113,15 +113,54 @@ def clamp(requested: RequestClass, highest: RequestClass) -> RequestClass:
     return requested if requested.priority <= highest.priority else highest
 
 
+CLASS_HEADER = b"x-request-class"
+DEFAULT_CLASS = RequestClass.INTERACTIVE  # the data plane's class for a request without one
+
+
+def _class_header(cls: RequestClass) -> tuple[bytes, bytes] | None:
+    return None if cls is DEFAULT_CLASS else (CLASS_HEADER, cls.value.encode())
+
+
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who sent a request: a client key (``auth.mode: keys``)."""
+    """Who sent a request: a client key (``auth.mode: keys``), with what every request of the
+    key needs worked out once (a principal lives as long as its cache entry and serves each
+    request of the key meanwhile): whether it has limits, the ``X-Request-Class`` header each
+    requested class becomes, the prefix of its tenant's idempotency keys."""
 
     key: ClientKey
+    limited: bool = field(init=False, compare=False, repr=False)  # any limit: the quota's
+    dated: bool = field(init=False, compare=False, repr=False)  # a revocation or an expiry
+    idempotency_prefix: bytes = field(init=False, compare=False, repr=False)
+    _classes: dict[bytes | None, tuple[bytes, bytes] | None] = field(
+        init=False, compare=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        key = self.key
+        classes: dict[bytes | None, tuple[bytes, bytes] | None] = {}
+        for cls in RequestClass:
+            classes[cls.value.encode()] = _class_header(key.clamp(cls))
+        classes[None] = classes[b""] = _class_header(key.clamp(DEFAULT_CLASS))
+        object.__setattr__(self, "limited", key.limits.any)
+        object.__setattr__(self, "dated", key.revoked_at is not None or key.expires_at is not None)
+        object.__setattr__(self, "idempotency_prefix", key.tenant.encode() + b":")
+        object.__setattr__(self, "_classes", classes)
 
     @property
     def tenant(self) -> str:
         return self.key.tenant
+
+    def class_header(self, requested: bytes | None) -> tuple[bytes, bytes] | None:
+        """The ``X-Request-Class`` header a request of this key goes on with: the class it asked
+        for (``requested``, the raw header value; None when absent) clamped to the key's highest,
+        or None for :data:`DEFAULT_CLASS` (what a request without the header is);
+        :class:`~gpugate.errors.BadRequest` for a value that names no class."""
+        try:
+            return self._classes[requested]
+        except KeyError:  # another spelling (case, spaces), or no class at all
+            text = None if requested is None else requested.decode("latin-1")
+            return _class_header(self.key.clamp(parse_request_class(text, default=DEFAULT_CLASS)))
 
     def __repr__(self) -> str:
         return f"<Principal key={self.key.prefix}… tenant={self.key.tenant}>"

@@ -1,10 +1,13 @@
 """Client keys as a service: create, update, rotate, revoke (audited), and authenticate requests.
 
-Authentication looks a secret's digest up in a small local cache before the store; an entry is
+Authentication looks the offered secret up in a small local cache before the store (one dict
+lookup on a hit: the digest is computed, and the store asked, only on a miss); an entry is
 trusted for ``auth.key_cache_s`` (default 2 s), so a key revoked or changed on one replica stops
 working on every other replica within that delay plus one lookup. Unknown secrets are cached
 too (so a flood of wrong keys costs one lookup per secret per TTL), and the cache is bounded
-(``auth.max_keys_cached``; the oldest entries go first).
+(``auth.max_keys_cached``; the oldest entries go first). A hit hands back the entry's
+:class:`~gpugate.core.keys.Principal`, built once per lookup with what each request of the key
+needs worked out.
 
 Bootstrap keys come from the environment variable named by ``auth.bootstrap_keys_env``: a JSON
 list of ``{"name", "tenant", "key", ...}`` objects, with the fields of ``POST /admin/keys``
@@ -16,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -69,24 +71,26 @@ class Issued:
 
 
 class KeyCache:
-    """Digest → (key or unknown, when it was looked up): bounded, oldest first out."""
+    """Offered secret → (principal or unknown, until when it is trusted): bounded, oldest
+    first out (a plain dict keeps its insertion order; an entry put again moves to the end)."""
 
     def __init__(self, ttl_s: float, size: int) -> None:
         self.ttl_s = ttl_s
         self.size = size
-        self._entries: OrderedDict[str, tuple[object, float]] = OrderedDict()
+        self._entries: dict[str, tuple[object, float]] = {}
 
     def get(self, key: str, now: float) -> object | None:
         entry = self._entries.get(key)
-        if entry is None or now - entry[1] >= self.ttl_s:
+        if entry is None or now >= entry[1]:
             return None
         return entry[0]
 
     def put(self, key: str, value: object, now: float) -> None:
-        self._entries[key] = (value, now)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        entries = self._entries
+        entries.pop(key, None)
+        entries[key] = (value, now + self.ttl_s)
+        while len(entries) > self.size:
+            del entries[next(iter(entries))]
 
     def drop(self, key: str) -> None:
         self._entries.pop(key, None)
@@ -115,21 +119,19 @@ class Keys:
         wrong, a revoked or an expired key (the message never repeats the secret)."""
         if not secret or not secret.startswith(SECRET_PREFIX):
             raise Unauthorized("a client key is required (Authorization: Bearer <key>)")
-        hashed = digest(secret)
         now = self._clock.monotonic()
-        found = self._cache.get(hashed, now)
-        if found is None:
-            stored = await self._store.key_by_digest(hashed)
-            found = _UNKNOWN if stored is None else stored
-            self._cache.put(hashed, found, now)
-        if not isinstance(found, ClientKey):
+        found = self._cache.get(secret, now)
+        if found is None:  # the digest and the store only on a miss
+            stored = await self._store.key_by_digest(digest(secret))
+            found = _UNKNOWN if stored is None else Principal(stored)
+            self._cache.put(secret, found, now)
+        if type(found) is not Principal:
             raise Unauthorized("unknown client key")
-        refusal = None
-        if found.revoked_at is not None or found.expires_at is not None:  # else: no clock read
-            refusal = found.refusal(self._clock.now())
-        if refusal is not None:
-            raise Unauthorized(f"{refusal} ({found.prefix}…)")
-        return Principal(found)
+        if found.dated:  # else: no clock read
+            refusal = found.key.refusal(self._clock.now())
+            if refusal is not None:
+                raise Unauthorized(f"{refusal} ({found.key.prefix}…)")
+        return found
 
     async def create(self, spec: KeySpec, *, actor: str) -> Issued:
         secret = new_secret()

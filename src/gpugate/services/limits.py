@@ -54,7 +54,7 @@ log = logging.getLogger("gpugate.keys")
 _MAX_SAMPLED = 10000  # (key, code) pairs remembered for sampling within one minute
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per limited request, and frozen costs a setattr per field
 class Reservation:
     """What one request holds of its key's limits until it ends (``leased``: from this
     replica's slice, else from the store itself)."""
@@ -164,6 +164,7 @@ class Quota:
         self._sampled_minute = ""
         self._leases: dict[str, _Lease] = {}  # bounded by the keys that sent this minute
         self._minute: tuple[tuple[object, ...], Windows | None] = ((), None)
+        self._minute_ends = -math.inf  # when _minute's windows stop being now (monotonic)
 
     async def reserve(
         self, principal: Principal, model: str | None, doc: object, body_size: int
@@ -171,12 +172,11 @@ class Quota:
         """Hold the request's estimate against its key's limits (None: the key has none), or
         raise the limit's error (429, Retry-After)."""
         key = principal.key
-        if not key.limits.any:
+        if not principal.limited:
             return None
         price = self._prices(model) if model is not None else None
         est = estimate(doc if isinstance(doc, dict) else None, body_size, price)
-        now = self._clock.now()
-        spans = self._windows(now)
+        spans = self._current_windows()
         if key.limits.concurrency is None:
             code = await self._lease(key.id, key.limits, est, spans)
             if code is None:
@@ -187,6 +187,7 @@ class Quota:
                 return Reservation(key.id, spans, est, price)
         self._metrics.key_refusals.labels(code).inc()
         await self._audit_sampled(principal, code, spans)
+        now = self._clock.now()
         if code in ("RATE_LIMITED", "TOKEN_LIMITED"):
             wait = seconds_to_next_minute(now)
         elif code == "BUDGET_EXCEEDED":
@@ -203,7 +204,7 @@ class Quota:
         """Take the estimate from this replica's slice, refilling it from the store when short;
         the code of the limit it does not fit, or None."""
         lease = self._leases.get(key_id)
-        if lease is None or lease.windows != spans:
+        if lease is None or (lease.windows is not spans and lease.windows != spans):
             if len(self._leases) > _MAX_SAMPLED:
                 self._leases = {k: v for k, v in self._leases.items() if v.windows == spans}
             lease = self._leases[key_id] = _empty_lease(limits, spans, lease)
@@ -222,7 +223,7 @@ class Quota:
         lease = self._leases.get(held.key_id)
         if lease is None or lease.windows.day != held.windows.day:
             return  # a new day: what the old one held is gone with it
-        if lease.windows == held.windows:
+        if lease.windows is held.windows or lease.windows == held.windows:
             lease.take(-requests, -tokens, -cents)
             return
         # a new minute: only the day's parts come back
@@ -230,6 +231,22 @@ class Quota:
             lease.day_tokens += tokens
         if lease.day_cents is not None:
             lease.day_cents += cents
+
+    def settle_local(
+        self,
+        held: Reservation | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        model: str | None,
+    ) -> float:
+        """:meth:`settle` of a request that holds nothing of the store (no limits, or leased:
+        the estimate's unused part goes back to this replica's slice); no await."""
+        price = held.price if held is not None else (self._prices(model) if model else None)
+        cents = 0.0 if price is None else price.cents(prompt_tokens, completion_tokens)
+        if held is not None:
+            used = prompt_tokens + completion_tokens
+            self._give_back(held, 0, held.estimate.tokens - used, held.estimate.cents - cents)
+        return cents
 
     async def settle(
         self,
@@ -239,27 +256,29 @@ class Quota:
         model: str | None,
     ) -> float:
         """The request ended with this usage: replace the estimate; the cost in cents."""
-        price = held.price if held is not None else (self._prices(model) if model else None)
-        cents = 0.0 if price is None else price.cents(prompt_tokens, completion_tokens)
-        if held is not None and held.leased:
-            used = prompt_tokens + completion_tokens
-            self._give_back(held, 0, held.estimate.tokens - used, held.estimate.cents - cents)
-        elif held is not None:
-            await self._store.settle_quota(
-                held.key_id,
-                held.windows,
-                held.estimate,
-                tokens=prompt_tokens + completion_tokens,
-                cents=cents,
-                requests=1,
-            )
+        if held is None or held.leased:
+            return self.settle_local(held, prompt_tokens, completion_tokens, model)
+        cents = 0.0 if held.price is None else held.price.cents(prompt_tokens, completion_tokens)
+        await self._store.settle_quota(
+            held.key_id,
+            held.windows,
+            held.estimate,
+            tokens=prompt_tokens + completion_tokens,
+            cents=cents,
+            requests=1,
+        )
         return cents
+
+    def release_local(self, held: Reservation | None) -> None:
+        """:meth:`release` of a request that holds nothing of the store; no await."""
+        if held is not None:
+            self._give_back(held, 1, held.estimate.tokens, held.estimate.cents)
 
     async def release(self, held: Reservation | None) -> None:
         """The request failed before the upstream answered: give everything back."""
-        if held is not None and held.leased:
-            self._give_back(held, 1, held.estimate.tokens, held.estimate.cents)
-        elif held is not None:
+        if held is None or held.leased:
+            self.release_local(held)
+        else:
             await self._store.settle_quota(
                 held.key_id, held.windows, held.estimate, tokens=0, cents=0.0, requests=0
             )
@@ -274,6 +293,18 @@ class Quota:
         key = principal.key
         detail = {"code": code, "prefix": key.prefix, "tenant": key.tenant, "sampled": "minute"}
         await self._store.append_audit(AuditEvent("gateway", KEY_LIMITED, f"key:{key.id}", detail))
+
+    def _current_windows(self) -> Windows:
+        """The windows of now: :meth:`_windows`, looked at again only once the minute they were
+        made in has passed on the monotonic clock (a clock read per request, not a datetime)."""
+        if self._clock.monotonic() < self._minute_ends:
+            made = self._minute[1]
+            assert made is not None
+            return made
+        now = self._clock.now()
+        made = self._windows(now)
+        self._minute_ends = self._clock.monotonic() + seconds_to_next_minute(now)
+        return made
 
     def _windows(self, now: datetime) -> Windows:
         """``windows(now)``, made once a minute (two ``strftime`` per keyed request else)."""

@@ -1,71 +1,29 @@
 """The durable state of a gateway, behind one interface with a SQLite and a PostgreSQL backend.
 
-This package's top level holds the interface and its values only; the services import it without
-loading a driver. ``gpugate.store.factory.open_store(dsn, clock=...)`` (used by the composition
-root) picks the backend from the DSN and returns the store unopened: ``await store.open()``
-connects, ``await store.migrate()`` brings the schema up to date.
+Its top level holds the interface (:class:`Store`, written once for both backends) and the
+values the services use most (each also in its module); the services import it without loading
+a driver. ``gpugate.store.factory.open_store(dsn, clock=...)`` (used by the composition root)
+picks the backend from the DSN and returns the store unopened: ``await store.open()`` connects,
+``await store.migrate()`` brings the schema up to date.
 """
 
 from __future__ import annotations
 
-from gpugate.store.base import (
-    CONFIG_SAVED,
-    CONFIG_SEEDED,
-    CONFIG_SUBJECT,
-    AuditEvent,
-    AuditRecord,
-    ConfigVersion,
-    IdemBegin,
-    IdemRecord,
-    InFlight,
-    Mismatch,
-    Replay,
-    Started,
-    Store,
-    request_fingerprint,
-)
-from gpugate.store.jobs_base import (
-    DEFAULT_OPERATION,
-    JOB_CLASSES,
-    JOB_EVENT_STATUSES,
-    JOB_STATES,
-    LEASE_LOST,
-    LEASED_STATES,
-    TERMINAL_STATES,
-    JobEvent,
-    JobPage,
-    JobRecord,
-    JobStore,
-    NewJob,
-    check_slug,
-)
-
-__all__ = [
-    "CONFIG_SAVED",
-    "CONFIG_SEEDED",
-    "CONFIG_SUBJECT",
-    "DEFAULT_OPERATION",
-    "JOB_CLASSES",
-    "JOB_EVENT_STATUSES",
-    "JOB_STATES",
-    "LEASED_STATES",
-    "LEASE_LOST",
-    "TERMINAL_STATES",
-    "AuditEvent",
-    "AuditRecord",
-    "ConfigVersion",
-    "IdemBegin",
-    "IdemRecord",
-    "InFlight",
-    "JobEvent",
-    "JobPage",
-    "JobRecord",
-    "JobStore",
-    "Mismatch",
-    "NewJob",
-    "Replay",
-    "Started",
-    "Store",
-    "check_slug",
-    "request_fingerprint",
-]
+from gpugate.store.base import CONFIG_SAVED as CONFIG_SAVED
+from gpugate.store.base import CONFIG_SEEDED as CONFIG_SEEDED
+from gpugate.store.base import AuditEvent as AuditEvent
+from gpugate.store.base import AuditRecord as AuditRecord
+from gpugate.store.base import ConfigVersion as ConfigVersion
+from gpugate.store.base import InFlight as InFlight
+from gpugate.store.base import Mismatch as Mismatch
+from gpugate.store.base import Replay as Replay
+from gpugate.store.base import Started as Started
+from gpugate.store.base import request_fingerprint as request_fingerprint
+from gpugate.store.jobs_base import JOB_STATES as JOB_STATES
+from gpugate.store.jobs_base import LEASE_LOST as LEASE_LOST
+from gpugate.store.jobs_base import JobEvent as JobEvent
+from gpugate.store.jobs_base import JobPage as JobPage
+from gpugate.store.jobs_base import JobRecord as JobRecord
+from gpugate.store.jobs_base import JobStore as JobStore
+from gpugate.store.jobs_base import NewJob as NewJob
+from gpugate.store.sql_store import Store as Store

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.store.base import AuditEvent, AuditRecord, check_limit
 from gpugate.store.dialect import Json, sql
-from gpugate.store.tx import Driven, one, rows
+from gpugate.store.tx import Driven, one, read, rows
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from gpugate.store.tx import Codec, Row, Tx
+    from gpugate.store.tx import Codec, Tx
 
 _INSERT = sql("""
 INSERT INTO audit_events (at, actor, action, subject, detail)
@@ -31,18 +31,14 @@ ORDER BY id DESC LIMIT :limit""")
 def insert_audit(c: Codec, at: datetime, event: AuditEvent) -> Tx[AuditRecord]:
     """Append ``event`` at ``at``, inside the caller's transaction."""
     params = {"at": at, "actor": event.actor, "action": event.action, "subject": event.subject}
-    return audit_record(c, (yield from one(_INSERT, params | {"detail": Json(event.detail)})))
+    return read(c, AuditRecord, (yield from one(_INSERT, params | {"detail": Json(event.detail)})))
 
 
-def audit_record(c: Codec, row: Row) -> AuditRecord:
-    id_, at, actor, action, subject, detail = row
-    return AuditRecord(id_, c.time(at), actor, action, subject, c.json(detail))
-
-
-class AuditSql(Driven):
-    """The audit methods of :class:`gpugate.store.base.Store`."""
+class AuditStore(Driven, Protocol):
+    """The audit trail of :class:`gpugate.store.Store`."""
 
     async def append_audit(self, event: AuditEvent) -> AuditRecord:
+        """Store one audit event."""
         return await self._transact(insert_audit(self._codec, self._clock.now(), event))
 
     async def list_audit(
@@ -55,7 +51,9 @@ class AuditSql(Driven):
         actor: str | None = None,
         since: datetime | None = None,
     ) -> list[AuditRecord]:
+        """Audit events, newest first, optionally filtered (every filter given must hold;
+        ``since`` keeps events at or after that time); ``before_id`` pages further back."""
         params: dict[str, Any] = {"action": action, "subject": subject, "actor": actor}
         params |= {"since": since, "before_id": before_id, "limit": check_limit(limit)}
         found = await self._query(rows(_LIST, params))
-        return [audit_record(self._codec, row) for row in found]
+        return [read(self._codec, AuditRecord, row) for row in found]

@@ -1,7 +1,8 @@
-"""What gpugate asks of a store, and the values a store hands back.
+"""The values a store hands back, and the semantics every backend of
+:class:`gpugate.store.Store` keeps.
 
-Two backends implement :class:`Store`: SQLite (one process, the embedded default) and PostgreSQL
-(many replicas on one database). Both pass the same contract suite (``tests/store``).
+Two backends drive it: SQLite (one process, the embedded default) and PostgreSQL (many replicas
+on one database). Both pass the same contract suite (``tests/store``).
 
 Semantics every backend keeps:
 
@@ -12,7 +13,7 @@ Semantics every backend keeps:
   together.
 * Spend and call slots (:mod:`gpugate.store.ledger`): a reservation checks ``max_concurrency``
   and today's budget and takes both in one atomic step, across replicas.
-* Idempotency keys: :meth:`Store.idem_begin` is one atomic step that either claims the key
+* Idempotency keys: ``Store.idem_begin`` is one atomic step that either claims the key
   (:class:`Started`) or reports what holds it. A row past its ``expires_at`` counts as absent.
   Only the owner that started a key may complete or abandon it.
 * Timestamps come from the injected clock, are stored as UTC and returned timezone-aware.
@@ -26,25 +27,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
-
-from gpugate.store.facade_base import FacadeStore
-from gpugate.store.jobs_base import JobStore
-from gpugate.store.keys import KeyStore
-from gpugate.store.ledger import LedgerStore
-from gpugate.store.replicas import ReplicaStore
-from gpugate.store.retention import RetentionStore
-from gpugate.store.runtime_state import RuntimeStateStore
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from datetime import datetime
 
 CONFIG_SAVED = "config.saved"
-"""Audit action written with every :meth:`Store.save_config`."""
+"""Audit action written with every ``Store.save_config``."""
 
 CONFIG_SEEDED = "config.seeded"
-"""Audit action written when :meth:`Store.seed_config` inserts version 1."""
+"""Audit action written when ``Store.seed_config`` inserts version 1."""
 
 CONFIG_SUBJECT = "config"
 """Audit subject of config events; the version is in the event's detail."""
@@ -132,131 +124,8 @@ def request_fingerprint(method: str, path: str, body: bytes) -> str:
     return digest.hexdigest()
 
 
-def idem_verdict(
-    fingerprint: str, held_fingerprint: str, completed: IdemRecord | None
-) -> IdemBegin:
-    """What :meth:`Store.idem_begin` answers for a key another request already holds."""
-    if held_fingerprint != fingerprint:
-        return Mismatch()
-    if completed is None:
-        return InFlight()
-    return Replay(completed)
-
-
 def check_limit(limit: int) -> int:
     """A page size must be positive; backends differ on what a negative LIMIT means."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     return limit
-
-
-class Store(
-    JobStore,
-    RuntimeStateStore,
-    FacadeStore,
-    ReplicaStore,
-    LedgerStore,
-    RetentionStore,
-    KeyStore,
-    Protocol,
-):
-    """The durable state of a gateway: config versions, audit trail, idempotency records, jobs,
-    runtime states, the façades' files and batches, the replicas sharing it, the spend ledger."""
-
-    @property
-    def backend(self) -> str:
-        """``"sqlite"`` or ``"postgresql"``."""
-        ...
-
-    async def open(self) -> None:
-        """Connect; raises StoreUnavailable (one line, no password) when unreachable."""
-        ...
-
-    async def close(self) -> None:
-        """Release every connection; calling it twice is harmless."""
-        ...
-
-    async def ping(self) -> None:
-        """Raises StoreUnavailable unless the store answers."""
-        ...
-
-    async def migrate(self) -> list[str]:
-        """Apply pending migrations in order; returns the names applied (none when current)."""
-        ...
-
-    async def schema_version(self) -> int:
-        """The newest applied migration, 0 on an empty database."""
-        ...
-
-    async def current_config(self) -> ConfigVersion | None:
-        """The newest config version, None before the first is stored."""
-        ...
-
-    async def get_config(self, version: int) -> ConfigVersion | None:
-        """One config version, None when there is no such version."""
-        ...
-
-    async def list_configs(self, limit: int = 50) -> list[ConfigVersion]:
-        """Config versions, newest first."""
-        ...
-
-    async def save_config(
-        self, document: dict[str, Any], *, actor: str, note: str
-    ) -> ConfigVersion:
-        """Store ``document`` as the next version and audit it, in one transaction."""
-        ...
-
-    async def seed_config(
-        self, document: dict[str, Any], *, actor: str
-    ) -> tuple[ConfigVersion, bool]:
-        """Store ``document`` as version 1 unless a version exists; returns (current, seeded)."""
-        ...
-
-    async def append_audit(self, event: AuditEvent) -> AuditRecord:
-        """Store one audit event."""
-        ...
-
-    async def list_audit(
-        self,
-        *,
-        action: str | None = None,
-        subject: str | None = None,
-        limit: int = 100,
-        before_id: int | None = None,
-        actor: str | None = None,
-        since: datetime | None = None,
-    ) -> list[AuditRecord]:
-        """Audit events, newest first, optionally filtered (every filter given must hold;
-        ``since`` keeps events at or after that time); ``before_id`` pages further back."""
-        ...
-
-    async def idem_begin(
-        self, key: str, fingerprint: str, *, ttl_s: float, owner: str
-    ) -> IdemBegin:
-        """Claim ``key`` for ``owner`` until now + ``ttl_s``, or say what holds it."""
-        ...
-
-    async def idem_complete(
-        self,
-        key: str,
-        owner: str,
-        status: int,
-        headers: Sequence[tuple[str, str]],
-        body: bytes,
-        *,
-        ttl_s: float | None = None,
-    ) -> bool:
-        """Store the response of the owner's in-flight key; False when it is not the owner's.
-
-        ``ttl_s`` (optional) keeps the completed response for that long from now instead of
-        the expiry set by :meth:`idem_begin`.
-        """
-        ...
-
-    async def idem_abandon(self, key: str, owner: str) -> bool:
-        """Drop the owner's in-flight key so a retry can start; False when nothing was dropped."""
-        ...
-
-    async def idem_purge_expired(self) -> int:
-        """Delete every expired idempotency row; returns how many."""
-        ...

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpugate.clock import Clock
 from gpugate.errors import StoreError
-from gpugate.store.base import Store
+from gpugate.store.sql_store import Store
 
 ACCEPTED_DSNS = (
     "sqlite:///relative/path.db, sqlite:////absolute/path.db, "

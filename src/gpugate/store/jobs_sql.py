@@ -36,8 +36,8 @@ from gpugate.store.jobs_base import (
     parse_job_cursor,
 )
 from gpugate.store.jobs_writes import Created, Creation, JobWrites, LeasedWrite, fenced, written
-from gpugate.store.ledger_sql import COUNT_LEASED
-from gpugate.store.tx import Driven, first, rows, run
+from gpugate.store.ledger import COUNT_LEASED
+from gpugate.store.tx import Driven, first, last, rows, run
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -126,11 +126,17 @@ _CLAIM_ONE = sql(
     _CLAIMABLE, postgres=_CLAIM_PG, job=_JOB, claimed=_CLAIMED, only="AND slug = :slug"
 )
 _INSERT_JOB = sql(
+    # SQLite: the batch as one JSON document of rows (one json.dumps in C; a statement per job
+    # cost a hop of the GIL and a dict of Python values each), inserted in its order.
     """
 INSERT INTO jobs (slug, idempotency_key, model, class, operation, input, input_ref, runner, state,
                   not_before, allow_external, created_at, updated_at)
-VALUES (:slug, :idempotency_key, :model, :class, :operation, :input, :input_ref, :runner,
-        'queued', :not_before, :allow_external, :at, :at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+       json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'),
+       json_extract(value, '$[6]'), json_extract(value, '$[7]'), 'queued',
+       json_extract(value, '$[8]'), json_extract(value, '$[9]'), json_extract(value, '$[10]'),
+       json_extract(value, '$[10]')
+FROM json_each(:rows) WHERE true ORDER BY key
 ON CONFLICT DO NOTHING
 RETURNING {job}""",
     postgres="""
@@ -184,8 +190,14 @@ ORDER BY n""",
     events=_EVENT_COLUMNS,
 )
 _INSERT_EVENT = sql(
-    "INSERT INTO job_events ({events}) VALUES (:job_id, :at, :status, :actor, :runtime,"
-    " :call_id, :error_code, :detail)",
+    # SQLite: a batch's events as one JSON document of rows, as the creates.
+    """
+INSERT INTO job_events ({events})
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+       json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'),
+       json_extract(value, '$[6]'), json_extract(value, '$[7]')
+FROM json_each(:events) ORDER BY key""",
+    postgres=None,
     events=_EVENT_COLUMNS,
 )
 
@@ -230,20 +242,23 @@ def job_of(c: Codec, row: Row) -> JobRecord:
     return JobRecord(*values)
 
 
-def _event_row(
-    c: Codec, job_id: int, at: datetime, event: transitions.EventDraft
-) -> dict[str, Any]:
-    postgres = c.dialect == POSTGRES
-    return {
-        "job_id": job_id,
-        "at": at.isoformat() if postgres else at,
-        "status": event.status,
-        "actor": event.actor,
-        "runtime": event.runtime,
-        "call_id": event.call_id,
-        "error_code": event.error_code,
-        "detail": event.detail if postgres else Json(event.detail),
-    }
+def _event_row(c: Codec, job_id: int, at: datetime, event: transitions.EventDraft) -> Any:
+    """An event to store: by name for PostgreSQL's ``jsonb_to_recordset``, a list in the order
+    of :data:`EVENT_COLUMNS <gpugate.core.job_transitions.EVENT_COLUMNS>` for SQLite's
+    ``json_each`` (a time as the driver writes one)."""
+    if c.dialect == POSTGRES:
+        return {
+            "job_id": job_id,
+            "at": at.isoformat(),
+            "status": event.status,
+            "actor": event.actor,
+            "runtime": event.runtime,
+            "call_id": event.call_id,
+            "error_code": event.error_code,
+            "detail": event.detail,
+        }
+    e = event
+    return [job_id, at, e.status, e.actor, e.runtime, e.call_id, e.error_code, e.detail]
 
 
 def _job_row(c: Codec, job: JobRecord, names: Iterable[str]) -> dict[str, Any]:
@@ -273,7 +288,7 @@ def _update(names: frozenset[str]) -> Query:
 
 
 def _write(
-    c: Codec, jobs: Mapping[str, tuple[JobRecord, set[str]]], events: Sequence[dict[str, Any]]
+    c: Codec, jobs: Mapping[str, tuple[JobRecord, set[str]]], events: Sequence[Any]
 ) -> Tx[None]:
     """Each job's final row (by slug, with the columns its changes set) and the events, as one
     step (SQLite: one UPDATE per job, of the columns set, on its thread)."""
@@ -281,7 +296,7 @@ def _write(
         return
     if c.dialect == POSTGRES:
         written_rows = [_job_row(c, job, ()) for job, _ in jobs.values()]
-        yield from run(_WRITE, {"rows": _doc(written_rows), "events": _doc(events)})
+        yield from last(_WRITE, {"rows": _doc(written_rows), "events": _doc(events)})
         return
     shapes: dict[frozenset[str], list[dict[str, Any]]] = {}
     for job, columns in jobs.values():
@@ -289,7 +304,7 @@ def _write(
     for shape, params in shapes.items():
         yield from run(_update(shape), params)
     if events:
-        yield from run(_INSERT_EVENT, list(events))
+        yield from run(_INSERT_EVENT, {"events": Json(events)})
 
 
 def _change_many(c: Codec, writes: Sequence[LeasedWrite]) -> Tx[list[JobRecord | Exception | None]]:
@@ -300,7 +315,7 @@ def _change_many(c: Codec, writes: Sequence[LeasedWrite]) -> Tx[list[JobRecord |
     }
     outcomes: list[JobRecord | Exception | None] = []
     changed: dict[str, tuple[JobRecord, set[str]]] = {}
-    events: list[dict[str, Any]] = []
+    events: list[Any] = []
     for write in writes:
         job = jobs.get(write.slug)
         if job is None or not fenced(job, write.token):
@@ -353,7 +368,7 @@ def _claim(c: Codec, query: Any, params: dict[str, Any], lease_s: float) -> Tx[l
     return [job for job, _ in claimed.values()]
 
 
-def _new_row(creation: Creation, *, postgres: bool) -> dict[str, Any]:
+def _new_row(creation: Creation) -> dict[str, Any]:
     new = creation.new
     return {
         "slug": creation.slug,
@@ -361,32 +376,37 @@ def _new_row(creation: Creation, *, postgres: bool) -> dict[str, Any]:
         "model": new.model,
         "class": new.job_class,
         "operation": new.operation,
-        "input": new.input if postgres else Json(new.input),
+        "input": new.input,
         "input_ref": new.input_ref,
         "runner": new.runner,
-        "not_before": _iso(new.not_before) if postgres else new.not_before,
+        "not_before": _iso(new.not_before),
         "allow_external": new.allow_external,
-        "at": _iso(creation.now) if postgres else creation.now,
+        "at": _iso(creation.now),
     }
 
 
 def _create(c: Codec, creations: Sequence[Creation]) -> Tx[list[Created | Exception]]:
     inserted: dict[str, JobRecord] = {}
     if c.dialect == POSTGRES:
-        params = {"rows": _doc([_new_row(creation, postgres=True) for creation in creations])}
+        params = {"rows": _doc([_new_row(creation) for creation in creations])}
         for row in (yield from rows(_INSERT_JOB, params)):
             job = job_of(c, row[:-1])
             inserted[job.slug] = job
-    else:
-        events = []
-        for creation in creations:
-            added = yield from first(_INSERT_JOB, _new_row(creation, postgres=False))
-            if added is not None:
-                job = inserted[creation.slug] = job_of(c, added)
-                event = transitions.created_event(job.runner)
-                events.append(_event_row(c, job.id, creation.now, event))
+    else:  # the rows as lists in the order of the statement's columns, times as SQLite's
+        new_rows = [
+            [n.slug, n.new.idempotency_key, n.new.model, n.new.job_class, n.new.operation,
+             n.new.input, n.new.input_ref, n.new.runner, n.new.not_before, n.new.allow_external,
+             n.now]
+            for n in creations
+        ]  # fmt: skip
+        added = [job_of(c, row) for row in (yield from rows(_INSERT_JOB, {"rows": Json(new_rows)}))]
+        inserted = {job.slug: job for job in added}
+        events = [
+            _event_row(c, job.id, job.created_at, transitions.created_event(job.runner))
+            for job in sorted(added, key=lambda job: job.id)
+        ]
         if events:
-            yield from run(_INSERT_EVENT, events)
+            yield from run(_INSERT_EVENT, {"events": Json(events)})
     keys = [n.new.idempotency_key for n in creations if n.new.idempotency_key is not None]
     existing: dict[str | None, JobRecord] = {}
     if len(inserted) < len(creations) and keys:

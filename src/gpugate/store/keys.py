@@ -1,12 +1,15 @@
-"""Client keys, their limit counters and their usage in the store (issue #16).
+"""Client keys, their limit counters and their usage in the store (issue #16), once for both
+backends.
 
 Semantics every backend keeps:
 
 * A key is stored with the SHA-256 of its secret (``digest``, unique), never the secret. A
   create, update, rotation or revocation and its audit event commit together.
-* :meth:`KeyStore.reserve_quota` is one decision across replicas: it locks the key's row, reads
-  its counters, checks every limit (:func:`gpugate.core.limits.over_limit`) and adds the
-  estimate, in one transaction; two replicas never both take the last unit.
+* :meth:`KeyStore.reserve_quota` is one decision across replicas: it locks the key's row first
+  (PostgreSQL: ``SELECT ... FOR UPDATE``; SQLite: ``BEGIN IMMEDIATE`` holds the one write lock),
+  reads its counters, checks every limit (:func:`gpugate.core.limits.over_limit`) and adds the
+  estimate, in one transaction; so reservations of one key from every replica serialise, each
+  reads the totals the previous one committed, and two never both take the last unit.
 * :meth:`KeyStore.settle_quota` replaces a reservation's estimate with what was used (or gives
   it back) in the windows it was reserved in, and frees its concurrency slot.
 * Usage rows add up per (day, key, model, upstream).
@@ -14,13 +17,20 @@ Semantics every backend keeps:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import date, datetime
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from datetime import date, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.core.classes import RequestClass
 from gpugate.core.keys import ClientKey, Limits
-from gpugate.core.limits import Estimate, Slice, Windows
+from gpugate.core.limits import Counts, Estimate, Slice, Windows, grant, over_limit
+from gpugate.store.audit import insert_audit
+from gpugate.store.base import AuditEvent
+from gpugate.store.dialect import Json, sql
+from gpugate.store.tx import Driven, count, first, one, read, rows, run, values
+
+if TYPE_CHECKING:
+    from gpugate.store.tx import Codec, Row, Tx
 
 KEY_CREATED = "key.created"
 KEY_UPDATED = "key.updated"
@@ -28,6 +38,9 @@ KEY_ROTATED = "key.rotated"
 KEY_REVOKED = "key.revoked"
 KEY_LIMITED = "key.limited"
 CONCURRENCY_SPAN = "c"
+
+ALIVE_S = 30.0
+"""A replica heard of within this long still holds its concurrency slots (a dead one's go)."""
 
 
 def minute_span(windows: Windows) -> str:
@@ -53,18 +66,6 @@ class UsageRow:
     cents: float
 
 
-def key_fields(key: ClientKey) -> dict[str, Any]:
-    """A key's stored fields that are neither JSON nor time (each backend encodes the rest)."""
-    return {
-        "id": key.id,
-        "name": key.name,
-        "tenant": key.tenant,
-        "prefix": key.prefix,
-        "max_class": key.max_class.value,
-        "allow_external": key.allow_external,
-    }
-
-
 def audit_detail(key: ClientKey) -> dict[str, Any]:
     """What an audit event says of a key: everything but its secret (which is not stored)."""
     return {
@@ -80,92 +81,236 @@ def audit_detail(key: ClientKey) -> dict[str, Any]:
     }
 
 
-ALIVE_S = 30.0
-"""A replica heard of within this long still holds its concurrency slots (a dead one's go)."""
+_KEY = (
+    "id, name, tenant, prefix, models, max_class, runners, allow_external, limits, expires_at,"
+    " created_at, revoked_at"
+)
+_BY_ID = sql("SELECT {key} FROM client_keys WHERE id = :id", key=_KEY)
+_BY_DIGEST = sql("SELECT {key} FROM client_keys WHERE digest = :digest", key=_KEY)
+_LIST = sql(
+    "SELECT {key} FROM client_keys"
+    " WHERE (:tenant::text IS NULL OR tenant = :tenant) ORDER BY created_at, id",
+    key=_KEY,
+)
+_INSERT = """
+INSERT INTO client_keys AS held (id, name, tenant, prefix, digest, models, max_class, runners,
+    allow_external, limits, expires_at, created_at, updated_at, revoked_at)
+VALUES (:id, :name, :tenant, :prefix, :digest, :models, :max_class, :runners,
+    :allow_external, :limits, :expires_at, :now, :now, :revoked_at)"""
+_CREATE = sql(_INSERT)
+_UPSERT = sql(
+    _INSERT
+    + """
+ON CONFLICT (id) DO UPDATE SET name = excluded.name, tenant = excluded.tenant,
+    prefix = excluded.prefix, digest = excluded.digest, models = excluded.models,
+    max_class = excluded.max_class, runners = excluded.runners,
+    allow_external = excluded.allow_external, limits = excluded.limits,
+    expires_at = excluded.expires_at, updated_at = excluded.updated_at, revoked_at = NULL"""
+)
+_UPDATE = sql("""
+UPDATE client_keys SET name = :name, tenant = :tenant, models = :models,
+    max_class = :max_class, runners = :runners, allow_external = :allow_external,
+    limits = :limits, expires_at = :expires_at, revoked_at = :revoked_at, updated_at = :now,
+    prefix = coalesce(:prefix, prefix), digest = coalesce(:digest, digest)
+WHERE id = :id""")
+_LOCK = sql("SELECT 1 FROM client_keys WHERE id = :key FOR UPDATE")
+_COUNTS = sql("""
+SELECT
+  (SELECT requests FROM key_counters WHERE key_id = :key AND span = :minute),
+  (SELECT tokens FROM key_counters WHERE key_id = :key AND span = :minute),
+  (SELECT tokens FROM key_counters WHERE key_id = :key AND span = :day),
+  (SELECT cents FROM key_counters WHERE key_id = :key AND span = :day),
+  (SELECT coalesce(sum(requests), 0) FROM key_counters
+   WHERE key_id = :key AND span LIKE 'c:%' AND (substr(span, 3) = :me
+     OR substr(span, 3) IN (SELECT id FROM gateway_replicas WHERE last_seen >= :alive)))""")
+_ADD = sql("""
+INSERT INTO key_counters AS c (key_id, span, requests, tokens, cents, at)
+VALUES (:key, :span, :requests, :tokens, :cents, :now)
+ON CONFLICT (key_id, span) DO UPDATE SET
+    requests = greatest(0, c.requests + excluded.requests),
+    tokens = greatest(0, c.tokens + excluded.tokens),
+    cents = greatest(0, c.cents + excluded.cents), at = excluded.at""")
+_OWN = sql(
+    "INSERT INTO tenancy (kind, id, tenant) VALUES (:kind, :id, :tenant) ON CONFLICT DO NOTHING"
+)
+_DISOWN = sql("DELETE FROM tenancy WHERE kind = :kind AND id = :id")
+_OWNER = sql("SELECT tenant FROM tenancy WHERE kind = :kind AND id = :id")
+# The owner rows of things no longer stored (a job's row is written before the job: its
+# creator writes it again after, so a purge in between loses nothing).
+_PURGE_OWNERS = (
+    sql("DELETE FROM tenancy WHERE kind = 'job' AND id NOT IN (SELECT slug FROM jobs)"),
+    sql("DELETE FROM tenancy WHERE kind = 'batch' AND id NOT IN (SELECT id FROM batches)"),
+    sql("DELETE FROM tenancy WHERE kind = 'file' AND id NOT IN (SELECT id FROM batch_files)"),
+)
+_PURGE = sql("DELETE FROM key_counters WHERE span NOT LIKE 'c:%' AND at < :before")
+_USAGE_ADD = sql("""
+INSERT INTO key_usage AS u (day, key_id, tenant, model, upstream, requests, prompt_tokens,
+    completion_tokens, cents)
+VALUES (:day, :key_id, :tenant, :model, :upstream, :requests, :prompt_tokens,
+    :completion_tokens, :cents)
+ON CONFLICT (day, key_id, model, upstream) DO UPDATE SET
+    requests = u.requests + excluded.requests,
+    prompt_tokens = u.prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = u.completion_tokens + excluded.completion_tokens,
+    cents = u.cents + excluded.cents""")
+_USAGE = sql("""
+SELECT day, key_id, tenant, model, upstream, requests, prompt_tokens, completion_tokens, cents
+FROM key_usage
+WHERE (:key_id::text IS NULL OR key_id = :key_id) AND (:tenant::text IS NULL OR tenant = :tenant)
+  AND (:model::text IS NULL OR model = :model) AND (:since::date IS NULL OR day >= :since)
+  AND (:until::date IS NULL OR day <= :until)
+ORDER BY day, key_id, model, upstream""")
 
 
-def usage_params(row: UsageRow) -> dict[str, Any]:
-    """The bound values of one usage row's upsert (the day as the backend's driver takes it)."""
-    return {
-        "day": row.day,
-        "key_id": row.key_id,
-        "tenant": row.tenant,
-        "model": row.model,
-        "upstream": row.upstream,
-        "requests": row.requests,
-        "prompt": row.prompt_tokens,
-        "completion": row.completion_tokens,
-        "cents": row.cents,
-    }
+def _listed(c: Codec, value: Any) -> tuple[str, ...]:
+    return tuple(c.json(value))
 
 
-def key_of(
-    row: tuple[Any, ...],
-    *,
-    models: Any,
-    runners: Any,
-    limits: Any,
-    times: tuple[datetime | None, datetime | None, datetime | None],
-) -> ClientKey:
-    """A :class:`ClientKey` from a row of the key columns, its JSON and times decoded."""
-    expires_at, created_at, revoked_at = times
-    return ClientKey(
-        id=row[0],
-        name=row[1],
-        tenant=row[2],
-        prefix=row[3],
-        models=None if models is None else tuple(models),
-        max_class=RequestClass(row[5]),
-        runners=None if runners is None else tuple(runners),
-        allow_external=bool(row[7]),
-        limits=Limits.of(limits),
-        expires_at=expires_at,
-        created_at=created_at,
-        revoked_at=revoked_at,
+_KEY_READERS: dict[str, Any] = {"models": _listed, "runners": _listed}
+_KEY_READERS["max_class"] = lambda _, value: RequestClass(value)
+_KEY_READERS["limits"] = lambda c, value: Limits.of(c.json(value))
+
+
+def _key(c: Codec, row: Row) -> ClientKey:
+    return read(c, ClientKey, row, **_KEY_READERS)
+
+
+def _params(key: ClientKey) -> dict[str, Any]:
+    """A key's stored columns as parameters (its digest and the time are the caller's)."""
+    params = values(key)
+    for name in ("models", "runners"):
+        params[name] = None if params[name] is None else Json(list(params[name]))
+    return params | {"max_class": key.max_class.value, "limits": Json(key.limits.as_dict())}
+
+
+def _counts(row: Row, *, inflight: bool) -> Counts:
+    counts = Counts(
+        minute_requests=row[0] or 0,
+        minute_tokens=row[1] or 0,
+        day_tokens=row[2] or 0,
+        day_cents=row[3] or 0.0,
     )
+    return replace(counts, inflight=row[4]) if inflight else counts
 
 
-class KeyStore(Protocol):
-    """The client-key methods every store backend implements."""
+def _adds(key_id: str, now: datetime, *spans: tuple[str, int, int, float]) -> list[dict[str, Any]]:
+    return [
+        {"key": key_id, "span": span, "requests": n, "tokens": t, "cents": c, "now": now}
+        for span, n, t, c in spans
+    ]
+
+
+def _create(c: Codec, params: dict[str, Any], event: AuditEvent) -> Tx[None]:
+    yield from run(_CREATE, params)
+    yield from insert_audit(c, params["now"], event)
+
+
+def _save(c: Codec, params: dict[str, Any], event: AuditEvent) -> Tx[ClientKey | None]:
+    if (yield from count(_UPDATE, params)) != 1:
+        return None
+    yield from insert_audit(c, params["now"], event)
+    return _key(c, (yield from one(_BY_ID, params)))
+
+
+def _bootstrap(c: Codec, params: dict[str, Any]) -> Tx[ClientKey]:
+    yield from run(_UPSERT, params)
+    return _key(c, (yield from one(_BY_ID, params)))
+
+
+def _reserve(
+    found: dict[str, Any], limits: Limits, estimate: Estimate, adds: list[dict[str, Any]]
+) -> Tx[str | None]:
+    yield from run(_LOCK, found)
+    code = over_limit(limits, _counts((yield from one(_COUNTS, found)), inflight=True), estimate)
+    if code is None:
+        yield from run(_ADD, adds)
+    return code
+
+
+def _lease(found: dict[str, Any], limits: Limits, want: Slice, now: datetime) -> Tx[Slice]:
+    yield from run(_LOCK, found)
+    got = grant(limits, _counts((yield from one(_COUNTS, found)), inflight=False), want)
+    minute = (found["minute"], got.requests or 0, got.tokens or 0, 0.0)
+    day = (found["day"], 0, got.day_tokens or 0, got.day_cents or 0.0)
+    yield from run(_ADD, _adds(found["key"], now, minute, day))
+    return got
+
+
+def _purge_owners() -> Tx[int]:
+    purged = 0
+    for statement in _PURGE_OWNERS:
+        purged += yield from count(statement)
+    return purged
+
+
+class KeyStore(Driven, Protocol):
+    """The client-key methods of :class:`gpugate.store.Store`."""
 
     async def create_key(self, key: ClientKey, digest: str, *, actor: str) -> ClientKey:
         """Store a new key (``key.created_at`` is set from the clock), audited."""
-        ...
+        now = self._clock.now()
+        stored = replace(key, created_at=now)
+        params = _params(stored) | {"digest": digest, "now": now}
+        event = AuditEvent(actor, KEY_CREATED, f"key:{key.id}", audit_detail(stored))
+        await self._transact(_create(self._codec, params, event))
+        return stored
 
-    async def get_key(self, key_id: str) -> ClientKey | None: ...
+    async def get_key(self, key_id: str) -> ClientKey | None:
+        row = await self._query(first(_BY_ID, {"id": key_id}))
+        return None if row is None else _key(self._codec, row)
 
     async def key_by_digest(self, digest: str) -> ClientKey | None:
         """The key whose secret has this digest (revoked or not), or None."""
-        ...
+        row = await self._query(first(_BY_DIGEST, {"digest": digest}))
+        return None if row is None else _key(self._codec, row)
 
     async def list_keys(self, *, tenant: str | None = None) -> list[ClientKey]:
         """Every key (of ``tenant``), oldest first."""
-        ...
+        return [_key(self._codec, r) for r in await self._query(rows(_LIST, {"tenant": tenant}))]
 
     async def save_key(
         self, key: ClientKey, *, actor: str, action: str, digest: str | None = None
     ) -> ClientKey | None:
         """Replace a key's fields (and its digest, for a rotation), audited as ``action``;
         None when there is no such key."""
-        ...
+        params = _params(key) | {"now": self._clock.now(), "digest": digest}
+        params["prefix"] = key.prefix if digest is not None else None
+        event = AuditEvent(actor, action, f"key:{key.id}", audit_detail(key))
+        return await self._transact(_save(self._codec, params, event))
 
     async def put_bootstrap_key(self, key: ClientKey, digest: str) -> ClientKey:
         """Create or replace a key from the environment (by id), not audited per start."""
-        ...
+        params = _params(key) | {"digest": digest, "now": self._clock.now()}
+        return await self._transact(_bootstrap(self._codec, params))
 
     async def reserve_quota(
         self, key_id: str, limits: Limits, estimate: Estimate, windows: Windows
     ) -> str | None:
         """Reserve ``estimate`` and a concurrency slot, or the code of the limit it breaks
         (nothing taken then)."""
-        ...
+        now = self._clock.now()
+        minute, day = minute_span(windows), day_span(windows)
+        found: dict[str, Any] = {"key": key_id, "minute": minute, "day": day}
+        found |= {"me": self._replica, "alive": now - timedelta(seconds=ALIVE_S)}
+        adds = _adds(
+            key_id,
+            now,
+            (minute, 1, estimate.tokens, estimate.cents),
+            (day, 1, estimate.tokens, estimate.cents),
+            (f"{CONCURRENCY_SPAN}:{self._replica}", 1, 0, 0.0),
+        )
+        return await self._transact(_reserve(found, limits, estimate, adds))
 
     async def lease_quota(
         self, key_id: str, limits: Limits, want: Slice, windows: Windows
     ) -> Slice:
         """Take up to ``want`` of the key's minute and day quota for this replica in one
         locked step (:func:`gpugate.core.limits.grant`); what was granted is counted as used."""
-        ...
+        now = self._clock.now()
+        found: dict[str, Any] = {"key": key_id, "minute": minute_span(windows)}
+        found["day"] = day_span(windows)
+        found |= {"me": self._replica, "alive": now}
+        return await self._transact(_lease(found, limits, want, now))
 
     async def settle_quota(
         self,
@@ -179,29 +324,41 @@ class KeyStore(Protocol):
     ) -> None:
         """End a reservation: ``tokens``/``cents``/``requests`` replace the estimate (0s give it
         back) and the concurrency slot is freed."""
-        ...
+        dt, dc = tokens - estimate.tokens, cents - estimate.cents
+        adds = _adds(
+            key_id,
+            self._clock.now(),
+            (minute_span(windows), requests - 1, dt, dc),
+            (day_span(windows), requests - 1, dt, dc),
+            (f"{CONCURRENCY_SPAN}:{self._replica}", -1, 0, 0.0),
+        )
+        await self._transact(run(_ADD, adds))
 
     async def purge_counters(self, before: datetime) -> int:
         """Delete minute and day counters last written before ``before``."""
-        ...
+        return await self._transact(count(_PURGE, {"before": before}), single=True)
 
     async def own(self, kind: str, thing_id: str, tenant: str) -> bool:
         """Record that ``tenant`` owns a job, batch or file; False when it had an owner."""
-        ...
+        params = {"kind": kind, "id": thing_id, "tenant": tenant}
+        return await self._transact(count(_OWN, params), single=True) == 1
 
-    async def disown(self, kind: str, thing_id: str) -> None: ...
+    async def disown(self, kind: str, thing_id: str) -> None:
+        await self._transact(run(_DISOWN, {"kind": kind, "id": thing_id}), single=True)
 
     async def purge_orphan_owners(self) -> int:
         """Delete the owner rows whose job, batch or file is gone (purged); how many."""
-        ...
+        return await self._transact(_purge_owners())
 
     async def owner(self, kind: str, thing_id: str) -> str | None:
         """The tenant that owns it, or None (created in ``open`` mode, or unknown)."""
-        ...
+        row = await self._query(first(_OWNER, {"kind": kind, "id": thing_id}))
+        return None if row is None else str(row[0])
 
     async def add_usage(self, rows: list[UsageRow]) -> None:
         """Add each row's counts to the stored ones of its (day, key, model, upstream)."""
-        ...
+        if rows:
+            await self._transact(run(_USAGE_ADD, [values(row) for row in rows]))
 
     async def list_usage(
         self,
@@ -213,4 +370,7 @@ class KeyStore(Protocol):
         until: date | None = None,
     ) -> list[UsageRow]:
         """Usage rows, oldest day first, every filter given holding (days inclusive)."""
-        ...
+        given: dict[str, Any] = {"key_id": key_id, "tenant": tenant, "model": model}
+        given["since"] = since
+        found = await self._query(rows(_USAGE, given | {"until": until}))
+        return [read(self._codec, UsageRow, row) for row in found]

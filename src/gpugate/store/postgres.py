@@ -1,6 +1,10 @@
 """The PostgreSQL store: many gateway replicas on one database, through a small connection pool.
 
-Every method is one transaction on a pooled connection. Races between replicas are settled by the
+Every method is one transaction on a pooled connection, run in pipeline mode: ``BEGIN`` goes
+with the transaction's first statement and ``COMMIT`` with its last write (:func:`tx.last`),
+so a fenced write — lock and read the jobs, decide, write — is two round trips, not four, and
+its ``COMMIT`` leaves as soon as the decision is made (the at-least-once window on PostgreSQL is
+how long an answer waits for that, ``docs/jobs.md``). Races between replicas are settled by the
 database: config numbering under a table lock, idempotency keys by ``INSERT ... ON CONFLICT``,
 migrations under a transaction-scoped advisory lock (one per schema, so isolated schemas on one
 server do not wait for each other). JSON is jsonb, response bodies bytea, times timestamptz.
@@ -25,7 +29,7 @@ from gpugate.store.jobs_sql import JOBS_CHANNEL
 from gpugate.store.migrations import Migration, load_migrations, pending
 from gpugate.store.replicas import replica_id
 from gpugate.store.sql_store import SqlStore
-from gpugate.store.tx import SKIPPED, Codec, PostgresCodec, Result, Rollback
+from gpugate.store.tx import SKIPPED, Codec, Last, PostgresCodec, Result, Rollback
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -57,6 +61,7 @@ _HAS_SCHEMA_MIGRATIONS = "SELECT to_regclass('schema_migrations') IS NOT NULL"
 _SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM schema_migrations"
 
 log = logging.getLogger("gpugate.store")
+_OPEN = frozenset({psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR})
 
 
 class PostgresStore(SqlStore):
@@ -175,32 +180,40 @@ class PostgresStore(SqlStore):
 
     async def _transact(self, tx: Tx[T], *, single: bool = False) -> T:
         try:
-            async with self._transaction(single=single) as conn:
-                return await _drive(conn, tx)
+            return await self._run(tx, single=single)
         except Rollback as rollback:
             return cast("T", rollback.value)
 
     async def _query(self, tx: Tx[T], *, single: bool = True) -> T:
-        async with self._transaction(single=single) as conn:
-            return await _drive(conn, tx)
+        return await self._run(tx, single=single)
+
+    async def _run(self, tx: Tx[T], *, single: bool) -> T:
+        """``single``: one statement, atomic on its own: no ``BEGIN`` and ``COMMIT`` (the
+        pool's connections are in autocommit mode); else a pipelined transaction."""
+        async with self._connection() as conn:
+            if single:
+                return await _drive(conn, tx)
+            try:
+                return await _drive_pipelined(conn, tx)
+            finally:
+                if conn.info.transaction_status in _OPEN:  # the transaction broke off: undo it
+                    await conn.execute("ROLLBACK")
 
     @asynccontextmanager
-    async def _transaction(self, *, single: bool = False) -> AsyncIterator[Connection]:
-        """A pooled connection in a transaction; the one place psycopg's exceptions become ours.
+    async def _transaction(self) -> AsyncIterator[Connection]:
+        """A pooled connection in a transaction (psycopg's, a round trip per statement)."""
+        async with self._connection() as conn, conn.transaction():
+            yield conn
 
-        ``single``: for one statement, which is atomic on its own: no ``BEGIN`` and ``COMMIT``,
-        two round trips saved (the pool's connections are in autocommit mode).
-        """
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Connection]:
+        """A pooled connection; the one place psycopg's exceptions become ours."""
         pool = self._pool
         if pool is None:
             raise StoreUnavailable(f"the PostgreSQL store {self._shown} is not open")
         try:
             async with pool.connection() as conn:
-                if single:
-                    yield conn
-                    return
-                async with conn.transaction():
-                    yield conn
+                yield conn
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"PostgreSQL store {self._shown}: {_first_line(exc)}") from exc
         except psycopg.Error as exc:
@@ -243,17 +256,62 @@ async def _drive(conn: Connection, tx: Tx[T]) -> T:
         return cast("T", stop.value)
 
 
-async def _execute(
+async def _drive_pipelined(conn: Connection, tx: Tx[T]) -> T:
+    """Run the transaction in pipeline mode, one round trip per step that is read: ``BEGIN``
+    is sent with the first step, ``COMMIT`` with a :class:`Last` step (else after the last);
+    leaving the pipeline syncs it, raising what the server refused."""
+    async with conn.pipeline() as pipeline:
+        await conn.execute("BEGIN")
+        try:
+            step = next(tx)
+            while not isinstance(step[1], Last):
+                step = tx.send(await _execute(conn, *step, pipeline=pipeline))
+        except StopIteration as stop:
+            await conn.execute("COMMIT")
+            answer = cast("T", stop.value)
+        else:
+            await _send(conn, *step)
+            await conn.execute("COMMIT")
+            answer = _finished(tx)
+    return answer
+
+
+def _finished(tx: Tx[T]) -> T:
+    """The answer of a transaction whose :class:`Last` step was sent (its result unread)."""
+    try:
+        tx.send(SKIPPED)
+    except StopIteration as stop:
+        return cast("T", stop.value)
+    raise StoreError("a transaction went on after its last step")
+
+
+async def _send(
     conn: Connection, query: Query, params: Mapping[str, Any] | Sequence[Mapping[str, Any]]
-) -> Result:
+) -> psycopg.AsyncCursor[TupleRow] | None:
+    """Send one step (``None`` when its dialect skips it); its results come at the next sync."""
     text = query.postgres
     if text is None:
-        return SKIPPED
+        return None
     if isinstance(params, Mapping):
-        cursor = await conn.execute(text, {name: _encode(v) for name, v in params.items()})
-    else:
-        cursor = conn.cursor()
-        await cursor.executemany(text, [{n: _encode(v) for n, v in p.items()} for p in params])
+        return await conn.execute(text, {name: _encode(v) for name, v in params.items()})
+    cursor = conn.cursor()
+    await cursor.executemany(text, [{n: _encode(v) for n, v in p.items()} for p in params])
+    return cursor
+
+
+async def _execute(
+    conn: Connection,
+    query: Query,
+    params: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    *,
+    pipeline: psycopg.AsyncPipeline | None = None,
+) -> Result:
+    """One step and its result (in a pipeline: sent with what is queued, then synced)."""
+    cursor = await _send(conn, query, params)
+    if cursor is None:
+        return SKIPPED
+    if pipeline is not None:
+        await pipeline.sync()
     found = await cursor.fetchall() if cursor.description is not None else []
     return Result(found, cursor.rowcount)
 

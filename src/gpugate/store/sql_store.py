@@ -1,15 +1,21 @@
-"""The store's statements and transactions, once for both backends: the config versions and
-the idempotency keys here, every other area in its mixin (audit, jobs, runtime states, façades,
-replicas, ledger, retention, keys). :class:`SqliteStore` and :class:`PostgresStore` add only a
-driver: how to connect, migrate and run a transaction (:mod:`gpugate.store.tx`)."""
+"""The store (:class:`Store`): what gpugate asks of it, written once for both backends.
+
+The config versions and the idempotency keys are here, every other area in its part (audit,
+jobs, runtime states, façades, replicas, ledger, retention, keys), each a
+:class:`typing.Protocol` that a service types against (the slice it uses, decisions §20).
+:class:`SqliteStore` and :class:`PostgresStore` add only a driver: how to connect, migrate and
+run a transaction (:mod:`gpugate.store.tx`). The values and the semantics every backend keeps
+are in :mod:`gpugate.store.base`.
+"""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from gpugate.errors import StoreError
-from gpugate.store.audit import AuditSql, insert_audit
+from gpugate.store.audit import AuditStore, insert_audit
 from gpugate.store.base import (
     CONFIG_SAVED,
     CONFIG_SEEDED,
@@ -18,38 +24,40 @@ from gpugate.store.base import (
     ConfigVersion,
     IdemBegin,
     IdemRecord,
+    InFlight,
+    Mismatch,
+    Replay,
     Started,
     check_limit,
-    idem_verdict,
 )
 from gpugate.store.dialect import Json, only_postgres, sql
-from gpugate.store.facade_sql import FacadeSql
+from gpugate.store.facade_base import FacadeStore
+from gpugate.store.jobs_base import JobStore
 from gpugate.store.jobs_sql import JobsSql
-from gpugate.store.keys_sql import KeysSql
-from gpugate.store.ledger_sql import LedgerSql
-from gpugate.store.replicas_sql import ReplicasSql
-from gpugate.store.retention_sql import RetentionSql
-from gpugate.store.runtime_state_sql import RuntimeStateSql
-from gpugate.store.tx import count, first, one, rows
+from gpugate.store.keys import KeyStore
+from gpugate.store.ledger import LedgerStore
+from gpugate.store.replicas import ReplicaStore
+from gpugate.store.retention import RetentionStore
+from gpugate.store.runtime_state import RuntimeStateStore
+from gpugate.store.tx import count, first, one, read, rows
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from gpugate.store.tx import Codec, Row, Tx
+    from gpugate.store.tx import Codec, Tx
 
 _LOCK_CONFIG = only_postgres("LOCK TABLE config_versions IN EXCLUSIVE MODE")
-_CURRENT_CONFIG = sql("""
-SELECT version, document, created_at, actor, note FROM config_versions
-ORDER BY version DESC LIMIT 1""")
-_GET_CONFIG = sql("""
-SELECT version, document, created_at, actor, note FROM config_versions WHERE version = :version""")
-_LIST_CONFIGS = sql("""
-SELECT version, document, created_at, actor, note FROM config_versions
-ORDER BY version DESC LIMIT :limit""")
-_SAVE_CONFIG = sql("""
-INSERT INTO config_versions (version, document, created_at, actor, note)
+_CONFIG = "version, document, created_at, actor, note"
+_CURRENT_CONFIG = sql("SELECT {c} FROM config_versions ORDER BY version DESC LIMIT 1", c=_CONFIG)
+_GET_CONFIG = sql("SELECT {c} FROM config_versions WHERE version = :version", c=_CONFIG)
+_LIST_CONFIGS = sql("SELECT {c} FROM config_versions ORDER BY version DESC LIMIT :limit", c=_CONFIG)
+_SAVE_CONFIG = sql(
+    """
+INSERT INTO config_versions ({c})
 SELECT coalesce(max(version), 0) + 1, :document, :now, :actor, :note FROM config_versions
-RETURNING version, document, created_at, actor, note""")
+RETURNING {c}""",
+    c=_CONFIG,
+)
 
 _IDEM_BEGIN = sql("""
 INSERT INTO idempotency AS held (key, fingerprint, state, created_at, expires_at, owner)
@@ -74,14 +82,9 @@ WHERE key = :key AND owner = :owner AND state = 'in_flight' AND expires_at > :no
 _IDEM_PURGE = sql("DELETE FROM idempotency WHERE expires_at <= :now")
 
 
-def _config(c: Codec, row: Row) -> ConfigVersion:
-    version, document, created_at, actor, note = row
-    return ConfigVersion(version, c.json(document), c.time(created_at), actor, note)
-
-
 def _save_config(c: Codec, params: dict[str, Any]) -> Tx[ConfigVersion]:
     yield from rows(_LOCK_CONFIG)
-    saved = _config(c, (yield from one(_SAVE_CONFIG, params)))
+    saved = read(c, ConfigVersion, (yield from one(_SAVE_CONFIG, params)))
     detail = {"version": saved.version, "note": params["note"]}
     event = AuditEvent(params["actor"], CONFIG_SAVED, CONFIG_SUBJECT, detail)
     yield from insert_audit(c, params["now"], event)
@@ -92,8 +95,8 @@ def _seed_config(c: Codec, params: dict[str, Any]) -> Tx[tuple[ConfigVersion, bo
     yield from rows(_LOCK_CONFIG)
     current = yield from first(_CURRENT_CONFIG)
     if current is not None:
-        return _config(c, current), False
-    seeded = _config(c, (yield from one(_SAVE_CONFIG, params | {"note": "seeded"})))
+        return read(c, ConfigVersion, current), False
+    seeded = read(c, ConfigVersion, (yield from one(_SAVE_CONFIG, params | {"note": "seeded"})))
     detail = {"version": seeded.version}
     event = AuditEvent(params["actor"], CONFIG_SEEDED, CONFIG_SUBJECT, detail)
     yield from insert_audit(c, params["now"], event)
@@ -108,46 +111,86 @@ def _idem_begin(c: Codec, params: dict[str, Any]) -> Tx[IdemBegin]:
     if row is None:
         raise StoreError(f"idempotency key {params['key']!r} vanished inside its transaction")
     key, fingerprint, state, status, headers, body, created_at, expires_at = row
-    completed = None
-    if state == "completed":
-        pairs = tuple((str(name), str(value)) for name, value in c.json(headers))
-        times = c.time(created_at), c.time(expires_at)
-        completed = IdemRecord(key, fingerprint, status, pairs, bytes(body), *times)
-    return idem_verdict(params["fingerprint"], fingerprint, completed)
+    if fingerprint != params["fingerprint"]:
+        return Mismatch()
+    if state != "completed":
+        return InFlight()
+    pairs = tuple((str(name), str(value)) for name, value in c.json(headers))
+    times = c.time(created_at), c.time(expires_at)
+    return Replay(IdemRecord(key, fingerprint, status, pairs, bytes(body), *times))
 
 
-class SqlStore(
-    JobsSql, AuditSql, RuntimeStateSql, ReplicasSql, RetentionSql, LedgerSql, KeysSql, FacadeSql
+class Store(
+    JobsSql,
+    JobStore,
+    AuditStore,
+    RuntimeStateStore,
+    FacadeStore,
+    ReplicaStore,
+    LedgerStore,
+    RetentionStore,
+    KeyStore,
 ):
-    """Config versions and idempotency keys; with the mixins, every :class:`Store` method."""
+    """The durable state of a gateway: config versions, audit trail, idempotency records, jobs,
+    runtime states, the façades' files and batches, the replicas sharing it, the spend ledger,
+    the client keys. A backend adds its driver (``_transact``, ``_query``) and these:"""
+
+    backend: str
+    """``"sqlite"`` or ``"postgresql"``."""
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect; raises StoreUnavailable (one line, no password) when unreachable."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release every connection; calling it twice is harmless."""
+
+    @abstractmethod
+    async def ping(self) -> None:
+        """Raises StoreUnavailable unless the store answers."""
+
+    @abstractmethod
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations in order; returns the names applied (none when current)."""
+
+    @abstractmethod
+    async def schema_version(self) -> int:
+        """The newest applied migration, 0 on an empty database."""
 
     async def current_config(self) -> ConfigVersion | None:
+        """The newest config version, None before the first is stored."""
         row = await self._query(first(_CURRENT_CONFIG))
-        return None if row is None else _config(self._codec, row)
+        return None if row is None else read(self._codec, ConfigVersion, row)
 
     async def get_config(self, version: int) -> ConfigVersion | None:
+        """One config version, None when there is no such version."""
         row = await self._query(first(_GET_CONFIG, {"version": version}))
-        return None if row is None else _config(self._codec, row)
+        return None if row is None else read(self._codec, ConfigVersion, row)
 
     async def list_configs(self, limit: int = 50) -> list[ConfigVersion]:
+        """Config versions, newest first."""
         found = await self._query(rows(_LIST_CONFIGS, {"limit": check_limit(limit)}))
-        return [_config(self._codec, row) for row in found]
+        return [read(self._codec, ConfigVersion, row) for row in found]
 
     async def save_config(
         self, document: dict[str, Any], *, actor: str, note: str
     ) -> ConfigVersion:
+        """Store ``document`` as the next version and audit it, in one transaction."""
         params = {"document": Json(document), "now": self._clock.now(), "actor": actor}
         return await self._transact(_save_config(self._codec, params | {"note": note}))
 
     async def seed_config(
         self, document: dict[str, Any], *, actor: str
     ) -> tuple[ConfigVersion, bool]:
+        """Store ``document`` as version 1 unless a version exists; returns (current, seeded)."""
         params = {"document": Json(document), "now": self._clock.now(), "actor": actor}
         return await self._transact(_seed_config(self._codec, params))
 
     async def idem_begin(
         self, key: str, fingerprint: str, *, ttl_s: float, owner: str
     ) -> IdemBegin:
+        """Claim ``key`` for ``owner`` until now + ``ttl_s``, or say what holds it."""
         now = self._clock.now()
         params = {"key": key, "fingerprint": fingerprint, "owner": owner, "now": now}
         params["expires_at"] = now + timedelta(seconds=ttl_s)
@@ -163,6 +206,11 @@ class SqlStore(
         *,
         ttl_s: float | None = None,
     ) -> bool:
+        """Store the response of the owner's in-flight key; False when it is not the owner's.
+
+        ``ttl_s`` (optional) keeps the completed response for that long from now instead of
+        the expiry set by :meth:`idem_begin`.
+        """
         now = self._clock.now()
         expires_at = None if ttl_s is None else now + timedelta(seconds=ttl_s)
         params = {"key": key, "owner": owner, "status": status, "body": body, "now": now}
@@ -170,8 +218,14 @@ class SqlStore(
         return await self._transact(count(_IDEM_COMPLETE, params), single=True) == 1
 
     async def idem_abandon(self, key: str, owner: str) -> bool:
+        """Drop the owner's in-flight key so a retry can start; False when nothing was dropped."""
         params = {"key": key, "owner": owner, "now": self._clock.now()}
         return await self._transact(count(_IDEM_ABANDON, params), single=True) == 1
 
     async def idem_purge_expired(self) -> int:
+        """Delete every expired idempotency row; returns how many."""
         return await self._transact(count(_IDEM_PURGE, {"now": self._clock.now()}), single=True)
+
+
+SqlStore = Store
+"""The name the drivers (:mod:`gpugate.store.sqlite`, :mod:`gpugate.store.postgres`) derive from."""

@@ -216,8 +216,17 @@ def _execute(
 
 
 def _json(value: object) -> str:
-    """Compact JSON, non-ASCII kept as is."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """Compact JSON, non-ASCII kept as is; a time in it (a batch's rows) as :func:`_ts`."""
+    return _ENCODER.encode(value)
+
+
+def _time_in_json(value: object) -> str:
+    if isinstance(value, datetime):
+        return _ts(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_time_in_json)
 
 
 def _ts(moment: datetime) -> str:

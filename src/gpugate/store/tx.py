@@ -16,20 +16,23 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from gpugate.errors import StoreError
 from gpugate.store.dialect import POSTGRES, SQLITE
 
 if TYPE_CHECKING:
-    from collections.abc import Generator, Mapping, Sequence
+    from collections.abc import Callable, Generator, Mapping, Sequence
+
+    from _typeshed import DataclassInstance
 
     from gpugate.clock import Clock
     from gpugate.store.dialect import Query
 
 T = TypeVar("T")
+R = TypeVar("R", bound="DataclassInstance")
 
 Row = tuple[Any, ...]
 
@@ -75,12 +78,6 @@ class Codec(ABC):
     @abstractmethod
     def day(self, value: Any) -> date: ...
 
-    def opt_time(self, value: Any) -> datetime | None:
-        return None if value is None else self.time(value)
-
-    def opt_json(self, value: Any) -> Any:
-        return None if value is None else self.json(value)
-
 
 class SqliteCodec(Codec):
     dialect = SQLITE
@@ -117,6 +114,19 @@ def run(
     return (yield query, {} if params is None else params)
 
 
+class Last(dict[str, Any]):
+    """The params of a transaction's last step, a write whose result it does not read (see
+    :func:`last`)."""
+
+    __slots__ = ()
+
+
+def last(query: Query, params: Mapping[str, Any]) -> Tx[None]:
+    """The transaction's last step, a write whose result is not read: the PostgreSQL driver
+    sends ``COMMIT`` with it instead of a round trip later (the SQLite driver runs it as any)."""
+    yield query, Last(params)
+
+
 def rows(query: Query, params: Mapping[str, Any] | None = None) -> Tx[list[Row]]:
     """One step: its rows."""
     return (yield from run(query, params)).rows
@@ -140,8 +150,40 @@ def count(query: Query, params: Mapping[str, Any] | None = None) -> Tx[int]:
     return (yield from run(query, params)).rowcount
 
 
-class Driven(ABC):
-    """What the store's parts (one mixin per area) ask of the backend's driver."""
+def read(c: Codec, kind: type[R], row: Row, **given: Reader) -> R:
+    """A ``kind`` from ``row``: a dataclass whose fields are the row's columns, in order.
+
+    A field's value is read by its annotation (postponed, so text) — a time, a day, a JSON
+    document (``dict``) with the backend's codec — or by the reader ``given`` under its name;
+    NULL stays None.
+    """
+    found = []
+    for column, value in zip(fields(kind), row, strict=True):
+        how = given.get(column.name) or _READERS.get(str(column.type))
+        found.append(value if how is None or value is None else how(c, value))
+    return kind(*found)
+
+
+def values(record: DataclassInstance) -> dict[str, Any]:
+    """A dataclass's fields by name: the parameters of the statement that stores it."""
+    return {column.name: getattr(record, column.name) for column in fields(record)}
+
+
+if TYPE_CHECKING:
+    Reader = Callable[[Codec, Any], Any]
+
+_READERS: dict[str, Reader] = {
+    "datetime": lambda c, value: c.time(value),
+    "datetime | None": lambda c, value: c.time(value),
+    "date": lambda c, value: c.day(value),
+    "dict[str, Any]": lambda c, value: c.json(value),
+    "bool": lambda _, value: bool(value),
+    "int": lambda _, value: int(value),
+}
+
+
+class Driven(Protocol):
+    """What the store's parts (one per area) ask of the backend's driver."""
 
     _clock: Clock
     _codec: Codec
@@ -149,8 +191,8 @@ class Driven(ABC):
 
     @property
     def _holder(self) -> str:
-        """The ``leased_by`` tail of this store's claims (:class:`NamedReplica`)."""
-        raise NotImplementedError
+        """The ``leased_by`` tail of this store's claims (:class:`ReplicaStore`)."""
+        ...
 
     @abstractmethod
     async def _transact(self, tx: Tx[T], *, single: bool = False) -> T:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -38,7 +38,6 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpugate.config import GatewayConfig
-from gpugate.core.classes import RequestClass, parse_request_class
 from gpugate.core.keys import Principal, offered_secret
 from gpugate.core.usage import (
     StreamUsage,
@@ -67,6 +66,7 @@ from gpugate.wiring import Gateway
 OPENAI_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 RAW_PREFIX = "/u/"
 _KEY_HEADERS = frozenset({b"authorization", b"api-key", b"x-api-key"})
+_DROPPED = _KEY_HEADERS | {b"x-request-class", b"content-length"}  # what _Head reads or replaces
 _MAX_KEPT = 8 * 1024 * 1024  # a JSON response longer than this is not parsed for its usage
 log = logging.getLogger("gpugate.keys")
 
@@ -185,8 +185,13 @@ class ClientKeys:
             await self.app(scope, receive, send)
             return
         try:
-            principal = await keys.authenticate(offered_secret(scope["headers"]))
-            entry = await (self._openai if openai else self._raw)(principal, scope, receive)
+            if openai:
+                head = _Head(scope["headers"])
+                principal = await keys.authenticate(head.secret)
+                entry = await self._openai(principal, head, scope, receive)
+            else:
+                principal = await keys.authenticate(offered_secret(scope["headers"]))
+                entry = await self._raw(principal, scope, receive)
         except GpugateError as exc:
             await self._refuse(scope, send, exc)
             return
@@ -203,10 +208,11 @@ class ClientKeys:
         request's :class:`_Watch` on its way to ``ex``."""
         keys = self.gateway.keys
         assert keys is not None
+        head = _Head(ex.headers)
         try:
-            principal = await keys.authenticate(offered_secret(ex.headers))
+            principal = await keys.authenticate(head.secret)
             body = await ex.read_body(None, self.gateway.config.server.max_body_bytes)
-            headers, body, watch = await self.admit(principal, ex.headers, body)
+            headers, body, watch = await self.admit(principal, head, body)
         except GpugateError as exc:
             await ex.answer(*self._refusal(ex.headers, exc))
             return
@@ -216,19 +222,20 @@ class ClientKeys:
             await _settle(watch)
 
     async def _openai(
-        self, principal: Principal, scope: Scope, receive: Receive
+        self, principal: Principal, head: _Head, scope: Scope, receive: Receive
     ) -> tuple[Scope, Receive, _Watch]:
         body = await _read_body(receive, self.gateway.config.server.max_body_bytes)
-        headers, body, watch = await self.admit(principal, scope["headers"], body)
+        headers, body, watch = await self.admit(principal, head, body)
         return {**scope, "headers": headers}, _replay(body, receive), watch
 
     async def admit(
-        self, principal: Principal, headers: list[tuple[bytes, bytes]], body: bytes
+        self, principal: Principal, head: _Head, body: bytes
     ) -> tuple[list[tuple[bytes, bytes]], bytes, _Watch]:
         """An authenticated request to an OpenAI route, let in or refused (a
         :class:`GpugateError`): the headers and body the data plane gets, and the watch its
         response goes through. Shared by the ASGI path and :meth:`serve`."""
         gw = self.gateway
+        cls_header = principal.class_header(head.requested)  # a bad class: 400 before reserving
         doc = _json_object(body)
         model = doc.get("model") if doc is not None else None
         stream = doc is not None and doc.get("stream") is True
@@ -247,12 +254,13 @@ class ClientKeys:
                 body = parsed_body(body, with_include_usage_doc(doc))  # the data plane's parse
             elif doc is not None:
                 body = parsed_body(body, doc)
-        held = await gw.quota.reserve(
-            principal, model if isinstance(model, str) else None, doc, len(body)
-        )
-        admitted = _client_headers(headers, principal, body_length=len(body))
-        watch = _Watch(gw, principal, held, model if isinstance(model, str) else None, hide=hide)
-        return admitted, body, watch
+        if not isinstance(model, str):
+            model = None
+        held = None
+        if principal.limited:
+            held = await gw.quota.reserve(principal, model, doc, len(body))
+        watch = _Watch(gw, principal, held, model, hide=hide)
+        return head.admitted(principal, len(body), cls_header), body, watch
 
     async def _raw(
         self, principal: Principal, scope: Scope, receive: Receive
@@ -270,9 +278,9 @@ class ClientKeys:
                 raise ModelNotAllowed(
                     f"client key {key.prefix}… may not use every model of {upstream_id!r}"
                 )
+        headers = _client_headers(scope["headers"], principal)  # a bad class: 400 first
         length = _content_length(scope["headers"])
         held = await gw.quota.reserve(principal, None, None, length)
-        headers = _client_headers(scope["headers"], principal, body_length=None)
         return {**scope, "headers": headers}, receive, _Watch(gw, principal, held, None, hide=False)
 
     async def _refuse(self, scope: Scope, send: Send, exc: GpugateError) -> None:
@@ -303,6 +311,21 @@ class ClientKeys:
 
 class _Watch:
     """One keyed request's response as it goes out: its usage, and the end of its reservation."""
+
+    __slots__ = (
+        "complete",
+        "gateway",
+        "held",
+        "hide",
+        "kept",
+        "kept_size",
+        "model",
+        "principal",
+        "replayed",
+        "status",
+        "stream",
+        "upstream",
+    )
 
     def __init__(
         self,
@@ -387,27 +410,44 @@ class _Watch:
         """Whether ending this request writes to the store (a per-request reservation)."""
         return self.held is not None and not self.held.leased
 
-    async def end(self) -> None:
-        gw = self.gateway
-        ok = self.status is not None and self.status < 400 and not self.replayed
-        if not ok:
-            await gw.quota.release(self.held)
-            return
+    def _tokens(self) -> tuple[int, int]:
+        """The answer's prompt and completion tokens: its usage, else the estimate's."""
+        kept = self.kept
         if self.stream is not None:
             usage = self.stream.usage
-        elif self.kept is not None:
-            usage = json_usage(b"".join(self.kept))
+        elif kept is not None:
+            usage = json_usage(kept[0] if len(kept) == 1 else b"".join(kept))
         else:
             usage = None
-        if usage is None and self.held is not None:
-            prompt, completion = (
-                self.held.estimate.prompt_tokens,
-                self.held.estimate.completion_tokens,
-            )
-        elif usage is None:
-            prompt = completion = 0
-        else:
-            prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        if usage is not None:
+            return usage.prompt_tokens, usage.completion_tokens
+        if self.held is not None:
+            return self.held.estimate.prompt_tokens, self.held.estimate.completion_tokens
+        return 0, 0
+
+    @property
+    def _answered(self) -> bool:
+        """Whether the upstream answered it (a success, not a replay): its usage counts."""
+        return self.status is not None and self.status < 400 and not self.replayed
+
+    def end_local(self) -> None:
+        """:meth:`end` when nothing of it goes to the store (``needs_store`` false)."""
+        gw = self.gateway
+        if not self._answered:
+            gw.quota.release_local(self.held)
+            return
+        prompt, completion = self._tokens()
+        cents = gw.quota.settle_local(self.held, prompt, completion, self.model)
+        gw.usage.record(
+            self.principal, self.model or "", self.upstream or "", prompt, completion, cents
+        )
+
+    async def end(self) -> None:
+        gw = self.gateway
+        if not self._answered:
+            await gw.quota.release(self.held)
+            return
+        prompt, completion = self._tokens()
         cents = await gw.quota.settle(self.held, prompt, completion, self.model)
         gw.usage.record(
             self.principal, self.model or "", self.upstream or "", prompt, completion, cents
@@ -420,7 +460,7 @@ async def _settle(watch: _Watch) -> None:
         if watch.needs_store:  # the store's settle must not be cut off by a cancel
             await asyncio.shield(watch.end())
         else:
-            await watch.end()
+            watch.end_local()
     except GpugateError as exc:  # the answer is out already; the counts are late
         log.warning("usage of key %s not settled: %s", watch.principal.key.prefix, exc.message)
 
@@ -430,7 +470,18 @@ class WatchedExchange:
     data plane: the admitted headers and body in place of the client's, the response through
     the request's :class:`_Watch` on its way to the client's exchange."""
 
-    __slots__ = ("_body", "_ex", "_watch", "headers", "method", "path", "query", "server")
+    __slots__ = (
+        "_body",
+        "_ex",
+        "_watch",
+        "headers",
+        "method",
+        "path",
+        "query",
+        "raw_target",
+        "server",
+        "while_connected",
+    )
 
     def __init__(
         self, ex: Exchange, headers: list[tuple[bytes, bytes]], body: bytes, watch: _Watch
@@ -443,9 +494,10 @@ class WatchedExchange:
         self.query = ex.query
         self.headers = headers
         self.server = ex.server
-
-    def raw_target(self) -> bytes:
-        return self._ex.raw_target()
+        self.raw_target: Callable[[], bytes] = ex.raw_target  # the client's own: no wrapper
+        self.while_connected: Callable[[Coroutine[Any, Any, None]], Coroutine[Any, Any, None]] = (
+            ex.while_connected
+        )
 
     async def read_body(self, declared: int | None, limit: int) -> bytes:
         check_length(declared, limit)
@@ -467,9 +519,6 @@ class WatchedExchange:
         watch.started(status, headers)
         await self._ex.answer(status, headers, watch.piece(body, more=False))
 
-    async def while_connected(self, work: Coroutine[Any, Any, None]) -> None:
-        await self._ex.while_connected(work)
-
 
 def _served_externally(config: GatewayConfig) -> frozenset[str]:
     """What ``any(u.external for u in config.upstreams_serving(model))`` says, for every model."""
@@ -478,30 +527,75 @@ def _served_externally(config: GatewayConfig) -> frozenset[str]:
     )
 
 
+class _Head:
+    """A keyed OpenAI-route request's headers, read in one pass: the secret it offers (as
+    :func:`~gpugate.core.keys.offered_secret` finds it), the class it asks for, and every other
+    header but its length, kept in order for :meth:`admitted`."""
+
+    __slots__ = ("_idempotency", "kept", "requested", "secret")
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        kept: list[tuple[bytes, bytes]] = []
+        bearer = api_key = x_api_key = requested = None
+        idempotency = -1
+        for item in headers:
+            name = item[0]
+            if name in _DROPPED:
+                value = item[1]
+                if name == b"authorization":
+                    scheme, _, rest = value.partition(b" ")
+                    if scheme.lower() == b"bearer" and rest.strip():
+                        bearer = rest.strip()
+                elif name == b"x-request-class":
+                    requested = value
+                elif name == b"api-key":
+                    api_key = value.strip() or None
+                elif name == b"x-api-key":
+                    x_api_key = value.strip() or None
+                continue  # content-length: the admitted body's goes last
+            if name == b"idempotency-key":
+                idempotency = len(kept)
+            kept.append(item)
+        chosen = bearer or api_key or x_api_key
+        self.secret = None if chosen is None else chosen.decode("latin-1")
+        self.requested = requested
+        self.kept = kept
+        self._idempotency = idempotency
+
+    def admitted(
+        self, principal: Principal, body_length: int, cls_header: tuple[bytes, bytes] | None
+    ) -> list[tuple[bytes, bytes]]:
+        """The headers the data plane gets: without the key, an ``Idempotency-Key`` in the key's
+        tenant (one tenant's key never names another's response), the body's length, the class
+        clamped (``cls_header``: :meth:`Principal.class_header`; none for the default class)."""
+        kept = self.kept
+        at = self._idempotency
+        if at >= 0:
+            kept[at] = (b"idempotency-key", principal.idempotency_prefix + kept[at][1])
+        kept.append((b"content-length", b"%d" % body_length))
+        if cls_header is not None:
+            kept.append(cls_header)
+        return kept
+
+
 def _client_headers(
-    headers: list[tuple[bytes, bytes]], principal: Principal, *, body_length: int | None
+    headers: list[tuple[bytes, bytes]], principal: Principal
 ) -> list[tuple[bytes, bytes]]:
-    """The request's headers without its key, its class clamped, its length the body's."""
+    """A ``/u/`` request's headers without its key, its class clamped (its length kept)."""
     kept = []
     requested: bytes | None = None
     for name, value in headers:
-        if name in _KEY_HEADERS or name == b"x-request-class":
-            if name == b"x-request-class":
-                requested = value
+        if name in _KEY_HEADERS:
             continue
-        if name == b"content-length" and body_length is not None:
-            continue
-        if name == b"idempotency-key":  # one tenant's key never names another's response
-            kept.append((name, principal.tenant.encode() + b":" + value))
+        if name == b"x-request-class":
+            requested = value
+        elif name == b"idempotency-key":  # one tenant's key never names another's response
+            kept.append((name, principal.idempotency_prefix + value))
         else:
             kept.append((name, value))
-    if body_length is not None:
-        kept.append((b"content-length", str(body_length).encode()))
-    cls = parse_request_class(
-        None if requested is None else requested.decode("latin-1"),
-        default=RequestClass.INTERACTIVE,
-    )
-    kept.append((b"x-request-class", principal.key.clamp(cls).value.encode()))
+    cls_header = principal.class_header(requested)
+    if cls_header is not None:
+        kept.append(cls_header)
     return kept
 
 

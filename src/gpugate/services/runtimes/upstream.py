@@ -28,13 +28,13 @@ import dataclasses
 import json
 import logging
 import re
-import secrets
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from gpugate.clock import Clock
+from gpugate.core import tokens
 from gpugate.core.classes import RequestClass
 from gpugate.core.jobs import GPU_SATURATED
 from gpugate.errors import (
@@ -129,7 +129,7 @@ class UpstreamRuntime:
     async def submit(self, job: JobRecord, lease_token: str) -> Submission:
         out = self._outbound(job)
         call = _Call(
-            call_id=secrets.token_urlsafe(12),
+            call_id=tokens.token_urlsafe(12),
             slug=job.slug,
             token=lease_token,
             out=out,
