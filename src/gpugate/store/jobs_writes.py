@@ -138,7 +138,7 @@ class JobWrites(Protocol):
     _clock: Clock
     _leased_group: GroupCommit[LeasedWrite, JobRecord | None] | None = None
     _create_group: GroupCommit[Creation, Created] | None = None
-    _leased_overlap = 1
+    _leased_overlap: int = 1
 
     @abstractmethod
     async def _change_leased_many(
