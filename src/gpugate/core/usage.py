@@ -116,8 +116,10 @@ class StreamUsage:
     def feed(self, chunk: bytes) -> bytes:
         if not self.hide and self.usage is not None:
             return chunk
-        if not self._buffer and chunk.endswith(b"\n\n") and b'"usage"' not in chunk:
-            return chunk  # whole events, nothing to read or take out: the same object on
+        if not self._buffer and chunk.endswith(b"\n\n"):  # whole events, as relayed
+            if b'"usage"' not in chunk:
+                return chunk  # nothing to read or take out: the same object on
+            return self._events(chunk)
         data = self._buffer + chunk
         end = data.rfind(b"\n\n")
         if end < 0:
@@ -133,10 +135,15 @@ class StreamUsage:
 
     def _events(self, ready: bytes) -> bytes:
         """Whole events that mention usage: read it, and take out what asking added."""
+        nulls = ready.count(b'"usage"') == ready.count(b'"usage":null')  # nothing to read
         if not self.hide:
-            self._scan(ready)
+            if not nulls:  # an event with usage in it (the last, as servers send it): parsed
+                self._scan(ready)
             return ready
-        if _USAGE_OBJECT.search(ready) is None:  # only the nulls asking added: one pass
+        if nulls:  # only the compact nulls asking added, as servers write them: cut out
+            out = ready.replace(b'"usage":null,', b"").replace(b',"usage":null', b"")
+            return out if b'"usage"' not in out else _NULL_USAGE.sub(b"", out)
+        if _USAGE_OBJECT.search(ready) is None:  # only nulls, some spaced: one regex pass
             return _NULL_USAGE.sub(b"", ready)
         return b"".join(self._keep(event) for event in ready.split(b"\n\n")[:-1])
 
