@@ -116,9 +116,7 @@ class StreamUsage:
     def feed(self, chunk: bytes) -> bytes:
         if not self.hide and self.usage is not None:
             return chunk
-        if not self._buffer and chunk.endswith(b"\n\n"):  # whole events, as relayed
-            if b'"usage"' not in chunk:
-                return chunk  # nothing to read or take out: the same object on
+        if not self._buffer and chunk.endswith(b"\n\n"):  # whole events, as relayed: not copied
             return self._events(chunk)
         data = self._buffer + chunk
         end = data.rfind(b"\n\n")
@@ -129,12 +127,12 @@ class StreamUsage:
             self._buffer = data
             return b""
         ready, self._buffer = data[: end + 2], data[end + 2 :]
-        if b'"usage"' not in ready:  # the common case: nothing to read or take out
-            return ready
         return self._events(ready)
 
     def _events(self, ready: bytes) -> bytes:
-        """Whole events that mention usage: read it, and take out what asking added."""
+        """Whole events: the usage read, and what asking added taken out."""
+        if b'"usage"' not in ready:  # the common case: nothing to read or take out, passed on
+            return ready
         nulls = ready.count(b'"usage"') == ready.count(b'"usage":null')  # nothing to read
         if not self.hide:
             if not nulls:  # an event with usage in it (the last, as servers send it): parsed
