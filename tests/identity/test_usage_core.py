@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import json
 
-from gpugate.core.usage import StreamUsage, Usage, json_usage, with_include_usage
+import pytest
+
+from gpugate.core.usage import (
+    _NULL_USAGE,
+    StreamUsage,
+    Usage,
+    json_usage,
+    with_include_usage,
+)
 
 
 def test_include_usage_is_written_into_the_body_keeping_every_other_byte() -> None:
@@ -55,3 +63,32 @@ def test_a_stream_the_client_asked_usage_of_passes_unchanged_and_is_read() -> No
     watch = StreamUsage(hide=False)
     assert usage == watch.feed(usage)
     assert Usage(5, 6) == watch.usage
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        b'data: {"id":"x","usage":null,"choices":[{"delta":{"content":"hi"}}]}\n\n',
+        b'data: {"id":"x","choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n',
+        b'data: {"id": "x", "usage": null, "choices": [{"delta": {"content": "hi"}}]}\n\n',
+        b'data: {"id":"x","choices":[],"usage" :null }\n\n',
+        b'data: {"usage":null}\n\n',
+        b'data: {"id":"x","usage":null,"choices":[]}\n\ndata: {"id":"y","usage": null}\n\n',
+    ],
+)
+def test_the_nulls_asking_added_are_cut_as_the_general_rule_cuts_them(event: bytes) -> None:
+    """The compact form, cut by a byte replace, gives what the regex gives for every form."""
+    hidden, asked = StreamUsage(hide=True), StreamUsage(hide=False)
+    assert _NULL_USAGE.sub(b"", event) == hidden.feed(event)
+    assert event == asked.feed(event)
+    assert (None, None) == (hidden.usage, asked.usage)
+
+
+def test_a_usage_chunk_after_null_chunks_is_read_whether_or_not_it_is_hidden() -> None:
+    nulls = b'data: {"id":"x","usage":null,"choices":[{"delta":{"content":"hi"}}]}\n\n' * 3
+    usage = b'data: {"id":"x","usage":{"prompt_tokens":2,"completion_tokens":3},"choices":[]}\n\n'
+    for hide in (True, False):
+        watch = StreamUsage(hide=hide)
+        for part in (nulls, usage, b"data: [DONE]\n\n"):
+            watch.feed(part)
+        assert Usage(2, 3) == watch.usage

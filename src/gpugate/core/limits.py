@@ -36,7 +36,7 @@ class Price:
         ) / 1000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per limited request, and frozen costs a setattr per field
 class Estimate:
     """What a request is expected to use, before it is sent."""
 

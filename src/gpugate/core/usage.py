@@ -116,8 +116,8 @@ class StreamUsage:
     def feed(self, chunk: bytes) -> bytes:
         if not self.hide and self.usage is not None:
             return chunk
-        if not self._buffer and chunk.endswith(b"\n\n") and b'"usage"' not in chunk:
-            return chunk  # whole events, nothing to read or take out: the same object on
+        if not self._buffer and chunk.endswith(b"\n\n"):  # whole events, as relayed: not copied
+            return self._events(chunk)
         data = self._buffer + chunk
         end = data.rfind(b"\n\n")
         if end < 0:
@@ -127,16 +127,21 @@ class StreamUsage:
             self._buffer = data
             return b""
         ready, self._buffer = data[: end + 2], data[end + 2 :]
-        if b'"usage"' not in ready:  # the common case: nothing to read or take out
-            return ready
         return self._events(ready)
 
     def _events(self, ready: bytes) -> bytes:
-        """Whole events that mention usage: read it, and take out what asking added."""
-        if not self.hide:
-            self._scan(ready)
+        """Whole events: the usage read, and what asking added taken out."""
+        if b'"usage"' not in ready:  # the common case: nothing to read or take out, passed on
             return ready
-        if _USAGE_OBJECT.search(ready) is None:  # only the nulls asking added: one pass
+        nulls = ready.count(b'"usage"') == ready.count(b'"usage":null')  # nothing to read
+        if not self.hide:
+            if not nulls:  # an event with usage in it (the last, as servers send it): parsed
+                self._scan(ready)
+            return ready
+        if nulls:  # only the compact nulls asking added, as servers write them: cut out
+            out = ready.replace(b'"usage":null,', b"").replace(b',"usage":null', b"")
+            return out if b'"usage"' not in out else _NULL_USAGE.sub(b"", out)
+        if _USAGE_OBJECT.search(ready) is None:  # only nulls, some spaced: one regex pass
             return _NULL_USAGE.sub(b"", ready)
         return b"".join(self._keep(event) for event in ready.split(b"\n\n")[:-1])
 

@@ -178,6 +178,10 @@ class Quota:
         est = estimate(doc if isinstance(doc, dict) else None, body_size, price)
         spans = self._current_windows()
         if key.limits.concurrency is None:
+            lease = self._leases.get(key.id)
+            if lease is not None and lease.windows is spans and lease.short(est) is None:
+                lease.take(1, est.tokens, est.cents)  # the slice holds it: no await
+                return Reservation(key.id, spans, est, price, leased=True)
             code = await self._lease(key.id, key.limits, est, spans)
             if code is None:
                 return Reservation(key.id, spans, est, price, leased=True)
