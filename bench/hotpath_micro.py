@@ -228,6 +228,9 @@ class _StubResponse:
     async def read_chunk(self) -> bytes:
         return self._parts.pop(0) if self._parts else b""
 
+    async def read_chunk_by(self, deadline: float) -> bytes:  # noqa: ARG002 - all there at once
+        return self._parts.pop(0) if self._parts else b""
+
     def at_eof(self) -> bool:
         return not self._parts
 

@@ -1,4 +1,4 @@
-"""Where a proxy's CPU goes per non-streaming request: py-spy on it under wrk, as a budget.
+"""Where a proxy's CPU goes per request (chat, ``--mix sse``): py-spy on it under wrk, as a budget.
 
 For each target (default: gpugate, then the protocol-level prototype), one core each as in
 ``proxy.py``: a wrk run without the profiler measures the CPU per request; a second one under
@@ -8,7 +8,8 @@ the first category whose rule matches its stack, looking from the innermost fram
 inside aiohttp as the upstream client). The budget is the share of samples times the CPU per
 request measured without the profiler.
 
-    python bench/profile_proxy.py [--duration 5] [--targets gpugate,p-proto] [--out DIR]
+    python bench/profile_proxy.py [--duration 5] [--targets gpugate,p-proto] [--mix chat|sse]
+        [--out DIR]
 
 The raw stacks are kept in ``--out`` (``<target>.txt``, one line per distinct stack) for a
 closer look (e.g. with ``jobs_profile.summarise``). py-spy samples Python frames: the kernel's
@@ -30,9 +31,9 @@ from collections import Counter
 from pathlib import Path
 
 from jobs_profile import recording
-from proxy_load import BODIES, run_wrk
+from proxy_load import BODIES, MIXES, run_wrk
 from proxy_report import table
-from proxy_targets import CHAT, PROTOTYPES, BenchError, Cores, Processes, Setup, start_all
+from proxy_targets import PROTOTYPES, BenchError, Cores, Processes, Setup, start_all
 from venvs import CANDIDATES, VenvError
 
 from proxy import ensure_tools, ensure_venvs, raise_fd_limit
@@ -137,20 +138,24 @@ def print_budget(target: str, counts: Counter[str], cpu_us: float, rps: float) -
     print(table(["where", "share", "µs/request"], rows))
 
 
-def profile(setup: Setup, wrk: str, target: str, duration: int, out: Path) -> None:
-    """The CPU per request without the profiler, then the budget under it, printed."""
-    url, pid = setup.url(target, "json", CHAT), setup.pid(target)
-    run_wrk(wrk, url, BODIES["chat"], 1, pid)  # warm-up
-    plain = run_wrk(wrk, url, BODIES["chat"], duration, pid)
-    raw = out / f"{target}.txt"
+def profile(
+    setup: Setup, wrk: str, target: str, duration: int, out: Path, mix: str = "chat"
+) -> None:
+    """The CPU per request (``mix``: ``chat`` or ``sse``, a stream of 24 events) without the
+    profiler, then the budget under it, printed."""
+    lane, path = MIXES[mix]
+    url, pid = setup.url(target, lane, path), setup.pid(target, lane)
+    run_wrk(wrk, url, BODIES[mix], 1, pid)  # warm-up
+    plain = run_wrk(wrk, url, BODIES[mix], duration, pid)
+    raw = out / f"{target}-{mix}.txt"
     with recording(CANDIDATES.bin("py-spy"), pid, raw):
-        run_wrk(wrk, url, BODIES["chat"], duration, pid)
+        run_wrk(wrk, url, BODIES[mix], duration, pid)
     if not raw.exists():
         raise BenchError(f"py-spy wrote nothing for {target}: see {raw.with_suffix('.log')}")
     print_budget(target, budget(raw), plain.cpu_us, plain.rps)
 
 
-def run(targets: tuple[str, ...], duration: int, out: Path) -> None:
+def run(targets: tuple[str, ...], duration: int, out: Path, mix: str = "chat") -> None:
     wrk, nginx = ensure_tools()
     tools = ensure_venvs(("p-proto", *targets))  # py-spy lives in the candidates' venv
     raise_fd_limit()
@@ -161,7 +166,7 @@ def run(targets: tuple[str, ...], duration: int, out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="gpugate-bench-") as tmp, Processes(Path(tmp)) as procs:
         setup = start_all(procs, nginx, ("direct", *targets), cores, tools)
         for target in targets:
-            profile(setup, wrk, target, duration, out)
+            profile(setup, wrk, target, duration, out, mix)
         procs.check()
     print(f"\nraw stacks: {out}")
 
@@ -211,6 +216,9 @@ def main() -> int:
     parser.add_argument("--targets", default="gpugate,p-proto")
     parser.add_argument("--out", type=Path, help="keep the raw stacks here")
     parser.add_argument(
+        "--mix", choices=("chat", "sse"), default="chat", help="what wrk sends (chat)"
+    )
+    parser.add_argument(
         "--in-process",
         action="store_true",
         help="gpugate's own code per request, no transport (hotpath_micro.py --gateway-case)",
@@ -231,7 +239,8 @@ def main() -> int:
         print(f"profile: cannot profile {', '.join(unknown)}; any of {', '.join(profiled)}")
         return 2
     try:
-        run(targets, args.duration, args.out or Path(tempfile.mkdtemp(prefix="gpugate-profile-")))
+        out = args.out or Path(tempfile.mkdtemp(prefix="gpugate-profile-"))
+        run(targets, args.duration, out, args.mix)
     except (BenchError, VenvError) as exc:
         print(f"profile: {exc}", file=sys.stderr)
         return 1

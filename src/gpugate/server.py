@@ -37,8 +37,9 @@ from gpugate.errors import ConfigError, ConfigProblem, ListenError
 from gpugate.services.readiness import Lifecycle
 from gpugate.web.app import create_app
 from gpugate.web.batches import present
+from gpugate.web.collector import IdleCollector
 from gpugate.web.connections import ConnectionLimits
-from gpugate.web.fastpath import fast_protocol
+from gpugate.web.fastpath import busy, fast_protocol
 from gpugate.web.listeners import ListenerSplit, Peers, sibling_metrics
 from gpugate.wiring import build_gateway
 
@@ -261,6 +262,19 @@ async def serve(  # noqa: PLR0913 - the app and its socket, then keyword-only se
         limits=limits,
     )
     sockets = [sock] if admin_sock is None else [sock, admin_sock]
+    collector = IdleCollector(busy)  # collections between requests, not in them
+    collector.start()
+    try:
+        return await _serve_until_done(server, sockets, on_started)
+    finally:
+        collector.stop()
+
+
+async def _serve_until_done(
+    server: DrainingServer,
+    sockets: list[socket.socket],
+    on_started: Callable[[], Awaitable[None]] | None,
+) -> bool:
     task = asyncio.create_task(server.serve(sockets=sockets))
     if on_started is not None:
         while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn has no event

@@ -277,6 +277,7 @@ async def test_a_client_leaving_mid_stream_closes_the_upstream_and_frees_the_slo
             await reader.readuntil(b"\n\n")  # the first event
             assert (200, "chunked") == (status, headers["transfer-encoding"])
             assert 1 == pool.inflight
+            assert not fastpath.busy()  # a stream waiting for its next event is not work
         await eventually(lambda: pool.inflight == 0, within_s=1.0, what="the slot freed")
         await eventually(lambda: server.stats.open_streams == 0, within_s=1.0, what="closed")
 
@@ -368,3 +369,16 @@ def test_gpugate_fastpath_0_turns_the_fast_path_off(setting: str) -> None:
 @pytest.mark.parametrize("environ", [{}, {"GPUGATE_FASTPATH": "1"}])
 def test_the_fast_path_is_on_by_default(environ: dict[str, str]) -> None:
     assert fastpath.enabled(environ)
+
+
+async def test_the_fast_path_is_busy_while_a_request_waits_for_its_answer(
+    sqlite_dsn: str,
+) -> None:
+    async with gateway(sqlite_dsn, ServerBehaviour(hang=True)) as (gw, _):
+        pool = gw.gateway.registry.upstream("u").pool
+        assert not fastpath.busy()
+        async with connection(gw) as (_, writer):
+            writer.write(post("/v1/chat/completions", CHAT))
+            await eventually(lambda: pool.inflight == 1, what="the request at the upstream")
+            assert fastpath.busy()
+        await eventually(lambda: not fastpath.busy(), within_s=1.0, what="no longer busy")

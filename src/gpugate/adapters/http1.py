@@ -28,7 +28,6 @@ import contextlib
 import math
 import socket
 import ssl
-from collections import deque
 from collections.abc import AsyncIterator
 from typing import Protocol, cast
 
@@ -128,7 +127,7 @@ class Response:
         self.head_done = False
         self._loop = asyncio.get_running_loop()
         self._waiter: asyncio.Future[None] | None = None
-        self._chunks: deque[bytes] = deque()
+        self._chunks: list[bytes] = []  # a list, not a deque: 56 bytes, not ~0.7 KB a stream
         self._buffered = 0
         self._eof = False
         self._error: Exception | None = None
@@ -254,7 +253,7 @@ class Response:
         while True:
             chunks = self._chunks
             if chunks:
-                data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 chunks.clear()
                 self._buffered = 0
                 conn = self._conn
@@ -267,6 +266,17 @@ class Response:
                 raise self._error
             self._waiter = waiter = self._loop.create_future()
             await waiter
+
+    async def read_chunk_by(self, deadline: float) -> bytes:
+        """:meth:`read_chunk`, failing with :class:`UpstreamTimeout` (the connection closed) when
+        nothing has come by ``deadline`` (loop time); no timer when a piece is there already."""
+        if self._chunks or self._eof or self._error is not None:
+            return await self.read_chunk()
+        timer = self._loop.call_at(deadline, self._timed_out)
+        try:
+            return await self.read_chunk()
+        finally:
+            timer.cancel()
 
     def at_eof(self) -> bool:
         """Whether the whole body has been read."""

@@ -51,7 +51,7 @@ from gpugate.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gpugate.metrics import Metrics, bounded
+from gpugate.metrics import Metrics, bounded, observer
 from gpugate.retry import Backoff, is_load_signal, parse_retry_after, retryable
 from gpugate.services.attempts import (
     KEEP_LIMIT,
@@ -249,10 +249,11 @@ class Proxy:
         self._counted: dict[tuple[str, str, str, str], Any] = {}  # metric children, by labels
         self._attempt_counters: dict[tuple[str, str], Any] = {}
         self._models: dict[str, ModelConfig] = {m.name: m for m in models}
-        self._timed: dict[tuple[str, str], Any] = {}
+        self._timed: dict[tuple[str, str], Callable[[float], None]] = {}
         self._picked: dict[tuple[str, str], Any] = {}
-        self._generation: dict[tuple[str, str], Any] = {}  # GenAI histogram children
-        self._ttfb: dict[str, Any] = {}  # upstream_ttfb children, by upstream id
+        self._generation: dict[tuple[str, str], Callable[[float], None]] = {}  # GenAI histograms
+        self._ttfb: dict[str, Callable[[float], None]] = {}  # upstream_ttfb's, by upstream id
+        self._overhead = observer(metrics.overhead)
         #: Per attempt, made once per upstream config and endpoint (bounded: cleared when the
         #: fleet has changed enough to fill it): the deadlines, and how errors name the endpoint.
         self._deadlines: dict[tuple[int, bool], tuple[object, Timeouts]] = {}
@@ -717,25 +718,26 @@ class Proxy:
         stays silent or opens with an error event: a bad start, retried invisibly."""
         held: list[bytes] = []
         buffer = b""
-        try:
-            async with asyncio.timeout(max(0.0, timeout_s - spent_s)):
-                while True:
-                    chunk = await response.read_chunk()
-                    if not chunk:
-                        raise UpstreamError("the upstream's stream ended before its first event")
-                    held.append(chunk)
-                    buffer = buffer + chunk if buffer else chunk
-                    if b"\r" in buffer:  # CRLF framing: find the event as LF
-                        buffer = buffer.replace(b"\r\n", b"\n")
-                    end = first_data_end(buffer)
-                    if end >= 0:
-                        break
-                    if len(buffer) > KEEP_LIMIT:
-                        raise UpstreamError("the upstream's stream sent no data event")
-        except TimeoutError as exc:
-            raise UpstreamTimeout(
-                f"the upstream sent no first event within {timeout_s:g} s"
-            ) from exc
+        # the response's own timer, and none when the event came with the head (no Timeout)
+        deadline = asyncio.get_running_loop().time() + max(0.0, timeout_s - spent_s)
+        while True:
+            try:
+                chunk = await response.read_chunk_by(deadline)
+            except UpstreamTimeout as exc:
+                raise UpstreamTimeout(
+                    f"the upstream sent no first event within {timeout_s:g} s"
+                ) from exc
+            if not chunk:
+                raise UpstreamError("the upstream's stream ended before its first event")
+            held.append(chunk)
+            buffer = buffer + chunk if buffer else chunk
+            if b"\r" in buffer:  # CRLF framing: find the event as LF
+                buffer = buffer.replace(b"\r\n", b"\n")
+            end = first_data_end(buffer)
+            if end >= 0:
+                break
+            if len(buffer) > KEEP_LIMIT:
+                raise UpstreamError("the upstream's stream sent no data event")
         if first_event_error(buffer[:end]):
             raise UpstreamError("the upstream's stream opened with an error event")
         return held
@@ -766,11 +768,13 @@ class Proxy:
             picking.record_latency(endpoint, ttfb, now=now)
         timer = self._ttfb.get(upstream.id)
         if timer is None:
-            timer = self._ttfb[upstream.id] = self._metrics.upstream_ttfb.labels(upstream.id)
-        timer.observe(ttfb)
+            timer = self._ttfb[upstream.id] = observer(
+                self._metrics.upstream_ttfb.labels(upstream.id)
+            )
+        timer(ttfb)
         run.upstream_time += ttfb
         overhead = max(0.0, now - out.received_at - run.upstream_time - run.waited)
-        self._metrics.overhead.observe(overhead)
+        self._overhead(overhead)
         if run.attempts > 1:
             log.info(
                 "%s answered by %s after attempts=%d (model %s)",
@@ -855,8 +859,8 @@ class Proxy:
         timed = (model, out.cls.value)
         timer = self._timed.get(timed)
         if timer is None:
-            timer = self._timed[timed] = self._metrics.request_duration.labels(*timed)
-        timer.observe(self.clock.monotonic() - out.received_at)
+            timer = self._timed[timed] = observer(self._metrics.request_duration.labels(*timed))
+        timer(self.clock.monotonic() - out.received_at)
 
     def generated(self, out: Outbound, reply: Reply, seen: Generated) -> None:
         """Record what a finished answer told of its generation (TTFT, time per output token,
@@ -869,10 +873,12 @@ class Proxy:
             ("output", seen.output_tokens),
         ):
             if value is not None:
-                child = self._generation.get((model, kind))
-                if child is None:
-                    child = self._generation[model, kind] = self._generation_child(model, kind)
-                child.observe(value)
+                timer = self._generation.get((model, kind))
+                if timer is None:
+                    timer = self._generation[model, kind] = observer(
+                        self._generation_child(model, kind)
+                    )
+                timer(value)
 
     def _generation_child(self, model: str, kind: str) -> Any:
         m = self._metrics

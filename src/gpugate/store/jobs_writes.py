@@ -12,7 +12,9 @@ Each method validates its arguments, takes the time from the clock and hands one
 * :meth:`JobWrites._change_job` changes one job whatever its lease (operator verbs).
 
 Creates and fenced writes go through :class:`~gpugate.store.group_commit.GroupCommit`: written
-at once when the store is idle, and together with whatever arrived meanwhile when it is busy.
+at once when the store is idle, and together with whatever arrived meanwhile when it is busy
+(fenced writes: ``_leased_overlap`` batches at once, so on PostgreSQL a completion does not wait
+for an unrelated batch to commit; SQLite has one writer, and one batch at a time).
 Each write still succeeds or fails on its own: a backend answers an exception for an item that
 failed, not for the batch.
 """
@@ -136,6 +138,7 @@ class JobWrites(Protocol):
     _clock: Clock
     _leased_group: GroupCommit[LeasedWrite, JobRecord | None] | None = None
     _create_group: GroupCommit[Creation, Created] | None = None
+    _leased_overlap: int = 1
 
     @abstractmethod
     async def _change_leased_many(
@@ -171,7 +174,8 @@ class JobWrites(Protocol):
     ) -> JobRecord | None:
         """One fenced write, group-committed with the others in flight."""
         if self._leased_group is None:
-            self._leased_group = GroupCommit(self._change_leased_many)
+            overlap = self._leased_overlap
+            self._leased_group = GroupCommit(self._change_leased_many, overlap=overlap)
         noted = _Noted(decide)
         job = await self._leased_group.submit(LeasedWrite(slug, token, now, noted))
         if job is not None:

@@ -302,8 +302,11 @@ async def _relay_stream(
 ) -> None:
     """A streamed answer: the headers, then the events (a stream is never kept under a key)."""
     try:
+        # the events are re-framed (CRLF as LF, a missing [DONE], a continuation, an error
+        # event): the upstream's length does not hold; the head goes out with the first events
+        head = [h for h in _head(reply, rid) if h[0] != b"content-length"]
         try:
-            await ex.start(reply.status, _head(reply, rid))
+            await ex.start(reply.status, head, hold=True)
         except BaseException:
             reply.close()
             raise
@@ -355,6 +358,14 @@ class _Events:
                 self.finished = b'"finish_reason":"' in chunk or b'"finish_reason": "' in chunk
             return chunk
 
+    def end_now(self) -> bytes | None:
+        """When the reply has ended already and ends properly: what closes the stream (``b""``,
+        or the ``[DONE]`` it lacked after its finish), so the last events and the end go out
+        in one write; None when more may come or the end is a break (:meth:`next` says so)."""
+        if not self.reply.at_eof() or self.pending or not (self.done or self.finished):
+            return None
+        return self._end()
+
     def _end(self) -> bytes:
         if self.pending or not (self.done or self.finished):
             raise UpstreamError("the upstream's stream ended without data: [DONE]")
@@ -383,13 +394,13 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, ex: Exchange) 
     the terminal ``event: error`` naming the *first* break. The current reply is closed at the
     end, whatever happens.
     """
-    keep: list[bytes] | None = [] if continuable(out.doc, out.path) else None
-    kept_size = 0
+    kept = _Kept(continuable(out.doc, out.path))
     events = _Events(reply)
     replay: Replay | None = None
     continued = 0
     first: UpstreamError | None = None  # the first break: the story if nothing rescues it
     code: str | None = None
+    end: bytes | None = None
     seen = Generation(out.received_at, gw.clock.monotonic, stream=True)
     try:
         while True:
@@ -406,6 +417,7 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, ex: Exchange) 
                 first = first or error
                 code = first.code
                 rescue = None
+                keep = kept.events
                 if keep is not None and continued < MAX_CONTINUATIONS and not events.done:
                     rescue = await _continue(gw, out, keep, error)
                 if rescue is None:
@@ -416,19 +428,41 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, ex: Exchange) 
                 events.reply.discard()  # the request is recorded once, by the reply that ends it
                 events, replay, code = _Events(rescue[0]), rescue[1], None
                 continue
+            if (end := events.end_now()) is not None:  # the last events: sent with the end
+                chunk += end
+                await ex.body(chunk, more=False)
+                seen.chunk(chunk)
+                break
             await ex.body(chunk, more=True)
             seen.chunk(chunk)
-            if keep is not None:
-                kept_size += len(chunk)
-                keep = keep if kept_size <= KEEP_LIMIT else None  # too long to continue
-                if keep is not None:
-                    keep.append(chunk)
+            kept.add(chunk)
         if events.repaired:
             gw.metrics.continuations.labels(out.model or "", "completed_missing_done").inc()
-        await ex.body(b"", more=False)
+        if end is None:  # the reply ended after its last events were sent
+            await ex.body(b"", more=False)
         _generated(gw, out, events.reply, seen)
     finally:
         events.reply.close(code)
+
+
+class _Kept:
+    """The events delivered so far, for a continuation: ``events`` is None when the request
+    cannot be continued, or once they are too long to be (:data:`KEEP_LIMIT`)."""
+
+    __slots__ = ("events", "size")
+
+    def __init__(self, continuable: bool) -> None:
+        self.events: list[bytes] | None = [] if continuable else None
+        self.size = 0
+
+    def add(self, chunk: bytes) -> None:
+        events = self.events
+        if events is not None:
+            self.size += len(chunk)
+            if self.size <= KEEP_LIMIT:
+                events.append(chunk)
+            else:
+                self.events = None  # too long to continue
 
 
 async def _continue(

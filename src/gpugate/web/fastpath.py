@@ -67,6 +67,55 @@ _NO_BODY = (204, 304)
 _ERROR_500 = b"Internal Server Error"
 
 
+class _Signal:
+    """What a cycle's ``message_event`` is asked (``set``, ``clear``, ``wait``) for its one
+    waiter, the request's task: an ``asyncio.Event`` allocates a deque of waiters (~0.8 KB) per
+    request, which 1,000 open streams hold as long as they run."""
+
+    __slots__ = ("_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self) -> bool:
+        if not self._set:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+        return True
+
+
+class _Unanswered:
+    """Fast-path requests being served whose response has not begun: while there are any, the
+    loop has work queued for a client (:func:`busy`; :mod:`gpugate.web.collector` waits)."""
+
+    count = 0
+
+
+def busy() -> bool:
+    """Whether a fast-path request is being served and its answer has not begun (a stream whose
+    events are being relayed has begun: waiting for its next token is not work)."""
+    return _Unanswered.count > 0
+
+
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the fast path is on (it is unless ``GPUGATE_FASTPATH=0``)."""
     return (os.environ if environ is None else environ).get(ENVIRONMENT, "1").strip() != "0"
@@ -207,6 +256,7 @@ class FastCycle:
     __slots__ = (
         "_body_read",
         "_chunked",
+        "_counted",
         "_finished",
         "_held",
         "_limit",
@@ -250,7 +300,7 @@ class FastCycle:
         self.http_version = http_version
         self.keep_alive = keep_alive
         self.waiting_for_100_continue = protocol.expect_100_continue
-        self.message_event = asyncio.Event()
+        self.message_event = _Signal()
         self.disconnected = False
         self.more_body = True
         self.response_started = False
@@ -266,6 +316,7 @@ class FastCycle:
         self._task: asyncio.Task[object] | None = None
         self._finished = False
         self._body_read = False
+        self._counted = False  # in _Unanswered until the response begins or the request ends
 
     # --- from the protocol ----------------------------------------------------------------
 
@@ -299,6 +350,8 @@ class FastCycle:
         assert task is not None
         self._task = task
         self.protocol.running = self
+        self._counted = True
+        _Unanswered.count += 1
         guard = routes.guard
         if guard is not None:
             self._progress = guard.track(task)
@@ -329,6 +382,7 @@ class FastCycle:
         self, task: asyncio.Task[object], guard: ShutdownGuard | None, started: float
     ) -> None:
         self._finished = True
+        self._begun()
         if self.protocol.running is self:
             self.protocol.running = None
         if guard is not None:
@@ -407,6 +461,7 @@ class FastCycle:
         if flow.write_paused:
             await flow.drain()
         self.response_started = True
+        self._begun()
         self.protocol.transport.write(self._head(None))
 
     async def body(self, chunk: bytes, *, more: bool) -> None:
@@ -419,6 +474,7 @@ class FastCycle:
         if self._held:
             self._held = False
             self.response_started = True
+            self._begun()
             head = self._head(None if more else len(chunk))
         if self._chunked:
             data = b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunk else b""
@@ -440,6 +496,7 @@ class FastCycle:
         if flow.write_paused:
             await flow.drain()
         self.response_started = True
+        self._begun()
         self.protocol.transport.write(self._head(len(body)) + body)
         self._complete()
 
@@ -488,6 +545,11 @@ class FastCycle:
             progress.started = True
             progress.event_stream = event_stream
         return b"".join(parts)
+
+    def _begun(self) -> None:
+        if self._counted:
+            self._counted = False
+            _Unanswered.count -= 1
 
     def _complete(self) -> None:
         self.response_complete = True
