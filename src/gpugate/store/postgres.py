@@ -31,8 +31,8 @@ from gpugate.store.dialect import Json
 from gpugate.store.jobs_sql import JOBS_CHANNEL
 from gpugate.store.migrations import Migration, load_migrations, pending
 from gpugate.store.replicas import replica_id
-from gpugate.store.sql_store import SqlStore
-from gpugate.store.tx import SKIPPED, Codec, Last, PostgresCodec, Result, Rollback
+from gpugate.store.sql_store import Store
+from gpugate.store.tx import POSTGRES_CODEC, SKIPPED, Codec, Last, Result, Rollback
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -67,15 +67,15 @@ log = logging.getLogger("gpugate.store")
 _OPEN = frozenset({psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR})
 
 
-class PostgresStore(SqlStore):
+class PostgresStore(Store):
     """The shared store: PostgreSQL through a psycopg connection pool.
 
-    Every method is written once (:class:`SqlStore`); this is its driver: each transaction runs
+    Every method is written once (:class:`Store`); this is its driver: each transaction runs
     on a pooled connection, each step awaited (:mod:`gpugate.store.tx`).
     """
 
     backend = "postgresql"
-    _codec: Codec = PostgresCodec()
+    _codec: Codec = POSTGRES_CODEC
     _leased_overlap = 2  # a fenced batch in flight does not hold the next one back
 
     def __init__(
