@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from gpugate.errors import MigrationError, StoreError, StoreUnavailable
 from gpugate.store.dialect import Json
-from gpugate.store.migrations import Migration, load_migrations, pending
+from gpugate.store.migrations import Migration, load_migrations, pending, schema_version
 from gpugate.store.replicas import replica_id
 from gpugate.store.sql_store import Store
 from gpugate.store.tx import SKIPPED, SQLITE_CODEC, Codec, Result, Rollback
@@ -124,7 +124,7 @@ class SqliteStore(Store):
         return applied
 
     async def schema_version(self) -> int:
-        self._schema = await self._hop(_schema_version)
+        self._schema = await self._query(schema_version())
         return self._schema
 
     # --- the hop to the store's thread -------------------------------------------------------
@@ -173,7 +173,7 @@ class SqliteStore(Store):
                 conn.set_trace_callback(self._trace)
             for pragma in _PRAGMAS:
                 conn.execute(pragma)
-            version = _schema_version(conn)
+            version = _drive(schema_version(), conn)
         except BaseException:
             conn.close()
             raise
@@ -275,7 +275,7 @@ def _apply_migrations(
             (migration.version, migration.name, now),
         )
         names.append(migration.name)
-    return names, _schema_version(conn)
+    return names, _drive(schema_version(), conn)
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -293,14 +293,3 @@ def _statements(script: str) -> Iterator[str]:
 
 def _comment(line: str) -> bool:
     return line.strip().startswith("--")
-
-
-def _schema_version(conn: sqlite3.Connection) -> int:
-    found = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
-    ).fetchone()
-    if found is None:
-        return 0
-    return int(
-        conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
-    )
