@@ -82,7 +82,8 @@ async def test_200_jobs_on_two_push_workers_survive_kill_9_of_one_mid_job(
     slugs = [f"p{i:03d}" for i in range(200)]
     gw_port, ports = free_port(), (free_port(), free_port())
     async with ModelServer(["qwen"], name="q0") as fake:
-        fake.update(delay_s=0.05)
+        # each job runs long enough that the kill lands mid-job even on a loaded machine
+        fake.update(delay_s=0.2)
         config = write_config(
             tmp_path / "gw.yaml", port=gw_port, store=f"sqlite:///{db}",
             upstream_url=fake.url, extra=push_runtimes(ports),
