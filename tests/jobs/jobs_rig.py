@@ -19,12 +19,12 @@ from typing import Any
 
 from gpugate.clock import ManualClock
 from gpugate.core.jobs import RuntimeView, runtime_views
+from gpugate.core.lease import RESERVED_CALL
 from gpugate.fleet import FakeExporter, ModelServer
 from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.reaper import Reaper
 from gpugate.services.runtimes import CallStatus, Runtime, Submission, UpstreamRuntime
 from gpugate.store import JobEvent, JobRecord, NewJob, Store
-from gpugate.store.ledger import RESERVED_CALL
 from gpugate.web.batches import present
 from gpugate.wiring import Gateway, build_gateway
 from harness import make_config, upstream

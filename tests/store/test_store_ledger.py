@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from gpugate.core.budget import Cost
+from gpugate.core.lease import RESERVED_CALL
 from gpugate.store import NewJob
-from gpugate.store.ledger import RESERVED_CALL, SOFT_CAP_ACTION, Cost, SpendDay
+from gpugate.store.ledger import SOFT_CAP_ACTION, SpendDay
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -49,6 +49,7 @@ from typing import Literal, Protocol, TypeVar
 
 from gpugate.clock import Clock, sleep_or_wake
 from gpugate.config import GatewayConfig
+from gpugate.core.budget import BUDGET_FACTOR, Cost
 from gpugate.core.jobs import (
     ATTEMPTS_SPENT,
     SUBMIT_LIMIT,
@@ -72,7 +73,7 @@ from gpugate.errors import (
 from gpugate.retry import Backoff
 from gpugate.services.runtimes.base import Runtime, Submission
 from gpugate.store import JobEvent, JobRecord, JobStore
-from gpugate.store.ledger import BUDGET_FACTOR, Cost, LedgerStore
+from gpugate.store.ledger import LedgerStore
 from gpugate.telemetry import (
     NO_SPAN,
     NO_TRACER,

@@ -25,8 +25,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from gpugate.clock import sleep_or_wake
+from gpugate.core.budget import BUDGET_FACTOR
 from gpugate.errors import GpugateError
-from gpugate.store.ledger import BUDGET_FACTOR, LedgerEntry, SpendDay
+from gpugate.store.ledger import LedgerEntry, SpendDay
 
 if TYPE_CHECKING:
     from collections.abc import Callable

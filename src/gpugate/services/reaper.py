@@ -36,11 +36,11 @@ from typing import Literal
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
 from gpugate.core.jobs import RUNTIME_DRAINED
+from gpugate.core.lease import RESERVED_CALL
 from gpugate.errors import GpugateError, RuntimeFailure, StoreError
 from gpugate.services.results import Results
 from gpugate.services.runtimes.base import CallStatus, Runtime
 from gpugate.store import JobRecord, JobStore
-from gpugate.store.ledger import RESERVED_CALL
 
 log = logging.getLogger("gpugate.reaper")
 

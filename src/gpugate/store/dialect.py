@@ -41,9 +41,6 @@ class Query:
     sqlite: str | None
     postgres: str | None
 
-    def text(self, dialect: str) -> str | None:
-        return self.sqlite if dialect == SQLITE else self.postgres
-
 
 class Json:
     """A parameter stored as JSON (text on SQLite, jsonb on PostgreSQL)."""

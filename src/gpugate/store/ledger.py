@@ -4,11 +4,12 @@ methods, once for both backends.
 * **A reservation** (:meth:`LedgerStore.reserve_call`), taken by the dispatcher before each
   submit to a runtime with a budget or a ``max_concurrency``, in ONE transaction:
 
-  - the call slot: the job's ``leased_by`` becomes ``<runtime>:`` + :data:`RESERVED_CALL` only
-    when fewer than ``max_concurrency`` calls of the runtime are leased. Calls are counted
-    under a per-runtime lock (PostgreSQL: an advisory transaction lock; SQLite: the single
-    writer), so two replicas can never both take the last slot. The slot is held by the job
-    row itself: it frees when the job's call ends, however it ends, with nothing to release.
+  - the call slot: the job's ``leased_by`` becomes ``<runtime>:`` +
+    :data:`~gpugate.core.lease.RESERVED_CALL` only when fewer than ``max_concurrency`` calls
+    of the runtime are leased. Calls are counted under a per-runtime lock (PostgreSQL: an
+    advisory transaction lock; SQLite: the single writer), so two replicas can never both
+    take the last slot. The slot is held by the job row itself: it frees when the job's call
+    ends, however it ends, with nothing to release.
   - the budget: today's spend row (``spend_days``) grows by the estimate only when the new
     total stays within the limit (``2 x daily_cents``) — one conditional upsert that serialises
     on the row — and the ledger entry (``reserved``, ``estimated``) is written with it.
@@ -33,9 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpugate.core.budget import BUDGET_FACTOR, Cost, Reserved
+from gpugate.core.budget import Cost, Reserved
 from gpugate.core.job_states import check_runtime
-from gpugate.core.lease import RESERVED_CALL, Lease
+from gpugate.core.lease import Lease
 from gpugate.store.audit import insert_audit
 from gpugate.store.base import AuditEvent, check_limit
 from gpugate.store.dialect import only_postgres, sql
@@ -46,17 +47,6 @@ if TYPE_CHECKING:
     from datetime import date, datetime
 
     from gpugate.store.tx import Codec, Tx
-
-__all__ = [
-    "BUDGET_FACTOR",
-    "RESERVED_CALL",
-    "SOFT_CAP_ACTION",
-    "Cost",
-    "LedgerEntry",
-    "LedgerStore",
-    "Reserved",
-    "SpendDay",
-]
 
 SOFT_CAP_ACTION = "runtime.soft_cap"
 """Audit action written (once per runtime and UTC day) when today's spend reaches daily_cents."""

@@ -13,11 +13,20 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 from gpugate.errors import MigrationError
+from gpugate.store.dialect import sql
+from gpugate.store.tx import one
 
 if TYPE_CHECKING:
     from collections.abc import Collection
 
+    from gpugate.store.tx import Tx
+
 _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
+_HAS_SCHEMA_MIGRATIONS = sql(
+    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'",
+    postgres="SELECT to_regclass('schema_migrations') IS NOT NULL",
+)
+_SCHEMA_VERSION = sql("SELECT coalesce(max(version), 0) FROM schema_migrations")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,3 +60,10 @@ def load_migrations(backend: str) -> list[Migration]:
 def pending(migrations: list[Migration], applied: Collection[int]) -> list[Migration]:
     """The migrations not applied yet, in the order to apply them."""
     return [migration for migration in migrations if migration.version not in applied]
+
+
+def schema_version() -> Tx[int]:
+    """The newest applied migration, 0 on an empty database (no ``schema_migrations`` yet)."""
+    if not (yield from one(_HAS_SCHEMA_MIGRATIONS))[0]:
+        return 0
+    return int((yield from one(_SCHEMA_VERSION))[0])

@@ -29,10 +29,10 @@ from gpugate.config.fields import redact_store_url as redact_dsn
 from gpugate.errors import MigrationError, StoreError, StoreUnavailable
 from gpugate.store.dialect import Json
 from gpugate.store.jobs_sql import JOBS_CHANNEL
-from gpugate.store.migrations import Migration, load_migrations, pending
+from gpugate.store.migrations import Migration, load_migrations, pending, schema_version
 from gpugate.store.replicas import replica_id
-from gpugate.store.sql_store import SqlStore
-from gpugate.store.tx import SKIPPED, Codec, Last, PostgresCodec, Result, Rollback
+from gpugate.store.sql_store import Store
+from gpugate.store.tx import POSTGRES_CODEC, SKIPPED, Codec, Last, Result, Rollback
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -60,22 +60,20 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 _RECORD_MIGRATION = """
 INSERT INTO schema_migrations (version, name, applied_at) VALUES (%(version)s, %(name)s, %(now)s)
 """
-_HAS_SCHEMA_MIGRATIONS = "SELECT to_regclass('schema_migrations') IS NOT NULL"
-_SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM schema_migrations"
 
 log = logging.getLogger("gpugate.store")
 _OPEN = frozenset({psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR})
 
 
-class PostgresStore(SqlStore):
+class PostgresStore(Store):
     """The shared store: PostgreSQL through a psycopg connection pool.
 
-    Every method is written once (:class:`SqlStore`); this is its driver: each transaction runs
+    Every method is written once (:class:`Store`); this is its driver: each transaction runs
     on a pooled connection, each step awaited (:mod:`gpugate.store.tx`).
     """
 
     backend = "postgresql"
-    _codec: Codec = PostgresCodec()
+    _codec: Codec = POSTGRES_CODEC
     _leased_overlap = 2  # a fenced batch in flight does not hold the next one back
 
     def __init__(
@@ -162,12 +160,12 @@ class PostgresStore(SqlStore):
             names = [
                 await _apply(conn, migration, now) for migration in pending(migrations, applied)
             ]
-            self._schema = await _schema_version(conn)
+            self._schema = await _drive(conn, schema_version())
         return names
 
     async def schema_version(self) -> int:
         async with self._transaction() as conn:
-            self._schema = await _schema_version(conn)
+            self._schema = await _drive(conn, schema_version())
         return self._schema
 
     # --- connections ---------------------------------------------------------------------------
@@ -178,7 +176,7 @@ class PostgresStore(SqlStore):
         async with await psycopg.AsyncConnection.connect(
             self._dsn, connect_timeout=timeout
         ) as conn:
-            return await _schema_version(conn)
+            return await _drive(conn, schema_version())
 
     async def _transact(self, tx: Tx[T], *, single: bool = False) -> T:
         try:
@@ -232,20 +230,6 @@ async def _apply(conn: Connection, migration: Migration, now: datetime) -> str:
     params = {"version": migration.version, "name": migration.name, "now": now}
     await conn.execute(_RECORD_MIGRATION, params)
     return migration.name
-
-
-async def _schema_version(conn: Connection) -> int:
-    (exists,) = await _one(await conn.execute(_HAS_SCHEMA_MIGRATIONS))
-    if not exists:
-        return 0
-    return int((await _one(await conn.execute(_SCHEMA_VERSION)))[0])
-
-
-async def _one(cursor: psycopg.AsyncCursor[TupleRow]) -> TupleRow:
-    row = await cursor.fetchone()
-    if row is None:
-        raise StoreError("the statement returned no row")
-    return row
 
 
 async def _drive(conn: Connection, tx: Tx[T]) -> T:

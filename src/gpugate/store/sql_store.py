@@ -81,13 +81,21 @@ WHERE key = :key AND owner = :owner AND state = 'in_flight' AND expires_at > :no
 _IDEM_PURGE = sql("DELETE FROM idempotency WHERE expires_at <= :now")
 
 
-def _save_config(c: Codec, params: dict[str, Any]) -> Tx[ConfigVersion]:
-    yield from rows(_LOCK_CONFIG)
+def _insert_config(
+    c: Codec, params: dict[str, Any], action: str, **detail: Any
+) -> Tx[ConfigVersion]:
+    """The next version, audited as ``action`` (detail: its version and ``detail``)."""
     saved = read(c, ConfigVersion, (yield from one(_SAVE_CONFIG, params)))
-    detail = {"version": saved.version, "note": params["note"]}
-    event = AuditEvent(params["actor"], CONFIG_SAVED, CONFIG_SUBJECT, detail)
+    event = AuditEvent(
+        params["actor"], action, CONFIG_SUBJECT, {"version": saved.version, **detail}
+    )
     yield from insert_audit(c, params["now"], event)
     return saved
+
+
+def _save_config(c: Codec, params: dict[str, Any]) -> Tx[ConfigVersion]:
+    yield from rows(_LOCK_CONFIG)
+    return (yield from _insert_config(c, params, CONFIG_SAVED, note=params["note"]))
 
 
 def _seed_config(c: Codec, params: dict[str, Any]) -> Tx[tuple[ConfigVersion, bool]]:
@@ -95,11 +103,7 @@ def _seed_config(c: Codec, params: dict[str, Any]) -> Tx[tuple[ConfigVersion, bo
     current = yield from first(_CURRENT_CONFIG)
     if current is not None:
         return read(c, ConfigVersion, current), False
-    seeded = read(c, ConfigVersion, (yield from one(_SAVE_CONFIG, params | {"note": "seeded"})))
-    detail = {"version": seeded.version}
-    event = AuditEvent(params["actor"], CONFIG_SEEDED, CONFIG_SUBJECT, detail)
-    yield from insert_audit(c, params["now"], event)
-    return seeded, True
+    return (yield from _insert_config(c, params | {"note": "seeded"}, CONFIG_SEEDED)), True
 
 
 def _idem_begin(c: Codec, params: dict[str, Any]) -> Tx[IdemBegin]:
@@ -235,7 +239,3 @@ class Store(
     async def idem_purge_expired(self) -> int:
         """Delete every expired idempotency row; returns how many."""
         return await self._transact(count(_IDEM_PURGE, {"now": self._clock.now()}), single=True)
-
-
-SqlStore = Store
-"""The name the drivers (:mod:`gpugate.store.sqlite`, :mod:`gpugate.store.postgres`) derive from."""

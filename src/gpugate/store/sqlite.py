@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from gpugate.errors import MigrationError, StoreError, StoreUnavailable
 from gpugate.store.dialect import Json
-from gpugate.store.migrations import Migration, load_migrations, pending
+from gpugate.store.migrations import Migration, load_migrations, pending, schema_version
 from gpugate.store.replicas import replica_id
-from gpugate.store.sql_store import SqlStore
-from gpugate.store.tx import SKIPPED, Codec, Result, Rollback, SqliteCodec
+from gpugate.store.sql_store import Store
+from gpugate.store.tx import SKIPPED, SQLITE_CODEC, Codec, Result, Rollback
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -63,15 +63,15 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 )"""
 
 
-class SqliteStore(SqlStore):
+class SqliteStore(Store):
     """The embedded store: a SQLite file in WAL mode, reached through one worker thread.
 
-    Every method is written once (:class:`SqlStore`); this is its driver: each transaction is
+    Every method is written once (:class:`Store`); this is its driver: each transaction is
     one hop to the thread, which runs all its steps (:mod:`gpugate.store.tx`).
     """
 
     backend = "sqlite"
-    _codec: Codec = SqliteCodec()
+    _codec: Codec = SQLITE_CODEC
 
     def __init__(
         self, path: str, *, clock: Clock, trace: Callable[[str], None] | None = None
@@ -116,7 +116,7 @@ class SqliteStore(SqlStore):
         """One process owns a SQLite store: its dispatcher is woken in-process, nothing to do."""
 
     async def ping(self) -> None:
-        await self._read(lambda conn: conn.execute("SELECT 1").fetchone())
+        await self._hop(lambda conn: conn.execute("SELECT 1").fetchone())
 
     async def migrate(self) -> list[str]:
         work = partial(_apply_migrations, load_migrations("sqlite"), _ts(self._clock.now()))
@@ -124,7 +124,7 @@ class SqliteStore(SqlStore):
         return applied
 
     async def schema_version(self) -> int:
-        self._schema = await self._read(_schema_version)
+        self._schema = await self._query(schema_version())
         return self._schema
 
     # --- the hop to the store's thread -------------------------------------------------------
@@ -138,10 +138,7 @@ class SqliteStore(SqlStore):
 
     async def _query(self, tx: Tx[T], *, single: bool = True) -> T:
         del single  # reads need no transaction on the store's one connection
-        return await self._read(partial(_drive, tx))
-
-    async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._hop(work)
+        return await self._hop(partial(_drive, tx))
 
     async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return await self._hop(partial(_in_transaction, work))
@@ -176,7 +173,7 @@ class SqliteStore(SqlStore):
                 conn.set_trace_callback(self._trace)
             for pragma in _PRAGMAS:
                 conn.execute(pragma)
-            version = _schema_version(conn)
+            version = _drive(schema_version(), conn)
         except BaseException:
             conn.close()
             raise
@@ -213,11 +210,6 @@ def _execute(
     return Result(found, cursor.rowcount)
 
 
-def _json(value: object) -> str:
-    """Compact JSON, non-ASCII kept as is; a time in it (a batch's rows) as :func:`_ts`."""
-    return _ENCODER.encode(value)
-
-
 def _time_in_json(value: object) -> str:
     if isinstance(value, datetime):
         return _ts(value)
@@ -225,6 +217,7 @@ def _time_in_json(value: object) -> str:
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_time_in_json)
+"""Compact JSON, non-ASCII kept as is; a time in it (a batch's rows) as :func:`_ts`."""
 
 
 def _ts(moment: datetime) -> str:
@@ -247,7 +240,7 @@ def _encode(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, Json):
         try:
-            return _json(value.value)
+            return _ENCODER.encode(value.value)
         except (TypeError, ValueError) as exc:  # as psycopg's Jsonb: the group commit retries
             raise StoreError(f"a value JSON cannot hold: {exc}") from exc
     return value
@@ -282,7 +275,7 @@ def _apply_migrations(
             (migration.version, migration.name, now),
         )
         names.append(migration.name)
-    return names, _schema_version(conn)
+    return names, _drive(schema_version(), conn)
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -300,14 +293,3 @@ def _statements(script: str) -> Iterator[str]:
 
 def _comment(line: str) -> bool:
     return line.strip().startswith("--")
-
-
-def _schema_version(conn: sqlite3.Connection) -> int:
-    found = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
-    ).fetchone()
-    if found is None:
-        return 0
-    return int(
-        conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
-    )

@@ -15,7 +15,7 @@ A transaction that must undo what it wrote raises :class:`Rollback` with its ans
 from __future__ import annotations
 
 import json
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -64,47 +64,29 @@ class Rollback(Exception):
         self.value = value
 
 
-class Codec(ABC):
-    """How a backend hands values back."""
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """How a backend hands values back: a time, a JSON document, a day."""
 
     dialect: str
-
-    @abstractmethod
-    def time(self, value: Any) -> datetime: ...
-
-    @abstractmethod
-    def json(self, value: Any) -> Any: ...
-
-    @abstractmethod
-    def day(self, value: Any) -> date: ...
+    time: Callable[[Any], datetime]
+    json: Callable[[Any], Any]
+    day: Callable[[Any], date]
 
 
-class SqliteCodec(Codec):
-    dialect = SQLITE
-
-    def time(self, value: Any) -> datetime:
-        return datetime.fromisoformat(value)
-
-    def json(self, value: Any) -> Any:
-        return json.loads(value)
-
-    def day(self, value: Any) -> date:
-        return date.fromisoformat(value)
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
 
 
-class PostgresCodec(Codec):
-    dialect = POSTGRES
+def _as_is(value: Any) -> Any:
+    return value
 
-    def time(self, value: Any) -> datetime:
-        moment: datetime = value
-        return moment.astimezone(UTC)
 
-    def json(self, value: Any) -> Any:
-        return value
+SQLITE_CODEC = Codec(SQLITE, datetime.fromisoformat, json.loads, date.fromisoformat)
+"""SQLite's: ISO-8601 text for times and days, JSON as text."""
 
-    def day(self, value: Any) -> date:
-        day: date = value
-        return day
+POSTGRES_CODEC = Codec(POSTGRES, _utc, _as_is, _as_is)
+"""PostgreSQL's: psycopg's own types, a time made UTC."""
 
 
 def run(
