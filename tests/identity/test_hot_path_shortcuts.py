@@ -16,11 +16,11 @@ from gpugate.clock import ManualClock
 from gpugate.config import GatewayConfig
 from gpugate.config.loader import parse_config
 from gpugate.core.classes import RequestClass, parse_request_class
-from gpugate.core.keys import ClientKey, Principal, clamp
+from gpugate.core.keys import ClientKey, Principal, clamp, digest
 from gpugate.core.limits import Price
 from gpugate.core.usage import with_include_usage, with_include_usage_doc
 from gpugate.errors import BadRequest, Unauthorized
-from gpugate.services.keys import KeyCache, Keys, KeySpec
+from gpugate.services.keys import MAX_CACHED_SECRET, KeyCache, Keys, KeySpec
 from gpugate.services.limits import Quota, prices_of
 from gpugate.store.factory import open_store
 from gpugate.store.keys import KEY_REVOKED
@@ -148,5 +148,24 @@ async def test_a_key_revoked_in_the_store_stops_working_here_once_its_cache_entr
         clock.advance(config.auth.key_cache_s / 2)
         with pytest.raises(Unauthorized, match="revoked"):
             await keys.authenticate(issued.secret)
+    finally:
+        await store.close()
+
+
+async def test_a_long_offered_secret_is_cached_as_its_digest_and_still_refused(
+    tmp_path: Path,
+) -> None:
+    """A flood of header-sized wrong keys fills the cache with digests, not with the headers."""
+    clock = ManualClock(start=datetime(2026, 12, 1, 13, 0, tzinfo=UTC))
+    store = open_store(f"sqlite:///{tmp_path}/keys.db", clock=clock)
+    await store.open()
+    try:
+        await store.migrate()
+        keys = Keys(store, _config, clock)
+        long = "gk-" + "x" * (MAX_CACHED_SECRET * 64)
+        for _ in range(2):  # a lookup, then a cache hit
+            with pytest.raises(Unauthorized, match="unknown"):
+                await keys.authenticate(long)
+        assert [digest(long)] == list(keys._cache._entries)
     finally:
         await store.close()

@@ -28,6 +28,15 @@ def test_a_json_body_s_usage_is_its_last_usage_object() -> None:
     assert json_usage(b'{"usage":null}') is None
 
 
+def test_a_json_body_s_usage_is_read_whatever_it_nests_and_only_when_its_counts_are_whole() -> None:
+    nested = b'{"usage":{"prompt_tokens":3,"completion_tokens":4,"details":{"cached":1}}}'
+    assert Usage(3, 4) == json_usage(nested)
+    assert Usage(3, 0) == json_usage(b'{"usage": {"prompt_tokens": 3}}')
+    assert json_usage(b'{"usage":{"prompt_tokens":3.5,"completion_tokens":4}}') is None
+    assert json_usage(b'{"usage":{"prompt_tokens":3,"completion_tokens":') is None  # cut off
+    assert json_usage(b'{"usage":{"prompt_tokens":3,"x":"\xff"}}') is None  # not UTF-8
+
+
 def test_a_hidden_usage_chunk_and_its_nulls_are_taken_out_across_split_chunks() -> None:
     plain = b'data: {"id":"x","choices":[{"delta":{"content":"hi"}}]}\n\n'
     asked = b'data: {"id":"x","usage":null,"choices":[{"delta":{"content":"hi"}}]}\n\n'

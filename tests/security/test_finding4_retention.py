@@ -15,13 +15,13 @@ import pytest
 from gpugate.adapters.blobs import LocalBlobs
 from gpugate.clock import ManualClock
 from gpugate.config import RetentionConfig
+from gpugate.core.job_states import NewJob
 from gpugate.metrics import Metrics
 from gpugate.services.retention import Retention
 from gpugate.store import Store
 from gpugate.store.base import AuditEvent
 from gpugate.store.facade_base import FileRecord, NewBatch
 from gpugate.store.factory import open_store
-from gpugate.store.jobs_base import NewJob
 from harness import eventually
 
 DAY = 86400.0

@@ -113,3 +113,59 @@ async def test_a_batch_holds_at_most_max_batch_writes() -> None:
 def test_max_batch_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_batch"):
         GroupCommit(Gate().flush, max_batch=0)
+
+
+async def two_in_flight(
+    group: GroupCommit[str, str], gate: Gate
+) -> tuple[asyncio.Future[str], asyncio.Future[str]]:
+    """``a`` submitted, then ``b`` while ``a``'s flush is held: both flushes held."""
+    gate.open.clear()
+    first = asyncio.ensure_future(group.submit("a"))
+    while len(gate.batches) < 1:
+        await asyncio.sleep(0)
+    second = asyncio.ensure_future(group.submit("b"))
+    while len(gate.batches) < 2:  # started while "a" is still held
+        await asyncio.sleep(0)
+    return first, second
+
+
+async def test_with_overlap_a_write_arriving_while_a_flush_is_in_flight_goes_at_once() -> None:
+    """PostgreSQL's fenced writes (overlap 2): a completion waits for no unrelated batch to
+    commit; a third batch waits until one of the two in flight is done."""
+    gate = Gate()
+    group: GroupCommit[str, str] = GroupCommit(gate.flush, overlap=2)
+    first, second = await two_in_flight(group, gate)
+    rest = [asyncio.ensure_future(group.submit(item)) for item in ("c", "d")]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    held = [list(batch) for batch in gate.batches]
+    gate.open.set()
+
+    answers = await asyncio.gather(first, second, *rest)
+
+    assert [["a"], ["b"]] == held
+    assert ["A", "B", "C", "D"] == answers
+    assert [["a"], ["b"], ["c", "d"]] == gate.batches
+    assert "<GroupCommit flushes=3 items=4>" == repr(group)
+
+
+async def test_with_overlap_a_cancelled_drain_leaves_the_queue_to_the_other() -> None:
+    gate = Gate()
+    group: GroupCommit[str, str] = GroupCommit(gate.flush, overlap=2)
+    first, second = await two_in_flight(group, gate)
+    later = asyncio.ensure_future(group.submit("c"))
+    await asyncio.sleep(0)
+    drains = [t for t in asyncio.all_tasks() if t.get_name() == "gpugate.store.group_commit"]
+    drains[0].cancel()
+    await asyncio.sleep(0)
+    gate.open.set()
+
+    answers = await asyncio.gather(first, second, later, return_exceptions=True)
+
+    assert 1 == sum(isinstance(answer, StoreUnavailable) for answer in answers[:2])
+    assert "C" == answers[2]
+
+
+def test_overlap_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="overlap"):
+        GroupCommit(Gate().flush, overlap=0)

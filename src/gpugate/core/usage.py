@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,11 @@ def usage_of(doc: Any) -> Usage | None:
     """The ``usage`` of a parsed response or chunk, or None."""
     if not isinstance(doc, dict):
         return None
-    usage = doc.get("usage")
+    return _counts(doc.get("usage"))
+
+
+def _counts(usage: Any) -> Usage | None:
+    """A parsed ``usage`` object's counts, or None."""
     if not isinstance(usage, dict):
         return None
     prompt = usage.get("prompt_tokens")
@@ -39,7 +44,8 @@ def usage_of(doc: Any) -> Usage | None:
     return Usage(prompt, completion)
 
 
-_DECODER = json.JSONDecoder()
+#: The scanner ``JSONDecoder.raw_decode`` calls: (text, index) -> (value, end); untyped in typeshed
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def json_usage(body: bytes) -> Usage | None:
@@ -52,9 +58,9 @@ def json_usage(body: bytes) -> Usage | None:
     colon = body.find(b":", at)
     if 0 <= colon < start and not body[colon + 1 : start].strip():
         try:
-            usage, _ = _DECODER.raw_decode(body[start:].decode())
-            found = usage_of({"usage": usage})
-        except (ValueError, UnicodeDecodeError):
+            usage, _ = _SCAN(body[start:].decode(), 0)  # raw_decode's scanner, called directly
+            found = _counts(usage)
+        except (ValueError, StopIteration):  # bad JSON or UTF-8 (a ValueError), or no value
             found = None
         if found is not None:
             return found

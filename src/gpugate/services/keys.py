@@ -5,9 +5,10 @@ lookup on a hit: the digest is computed, and the store asked, only on a miss); a
 trusted for ``auth.key_cache_s`` (default 2 s), so a key revoked or changed on one replica stops
 working on every other replica within that delay plus one lookup. Unknown secrets are cached
 too (so a flood of wrong keys costs one lookup per secret per TTL), and the cache is bounded
-(``auth.max_keys_cached``; the oldest entries go first). A hit hands back the entry's
-:class:`~gpugate.core.keys.Principal`, built once per lookup with what each request of the key
-needs worked out.
+(``auth.max_keys_cached``; the oldest entries go first; a secret longer than
+:data:`MAX_CACHED_SECRET` is kept as its digest, so the bound holds for memory too). A hit hands
+back the entry's :class:`~gpugate.core.keys.Principal`, built once per lookup with what each
+request of the key needs worked out.
 
 Bootstrap keys come from the environment variable named by ``auth.bootstrap_keys_env``: a JSON
 list of ``{"name", "tenant", "key", ...}`` objects, with the fields of ``POST /admin/keys``
@@ -114,17 +115,27 @@ class Keys:
         """Whether requests need a key (``auth.mode: keys``)."""
         return self._config().auth.mode == "keys"
 
+    def known(self, secret: str | None) -> Principal | None:
+        """:meth:`authenticate`'s answer from this replica's cache alone, without an await;
+        None when the secret is not cached (then :meth:`authenticate` asks the store)."""
+        if not secret or not secret.startswith(SECRET_PREFIX):
+            raise Unauthorized("a client key is required (Authorization: Bearer <key>)")
+        found = self._cache.get(_cache_key(secret), self._clock.monotonic())
+        return None if found is None else self._let_in(found)
+
     async def authenticate(self, secret: str | None) -> Principal:
         """The principal of a request offering ``secret``; :class:`Unauthorized` for none, a
         wrong, a revoked or an expired key (the message never repeats the secret)."""
-        if not secret or not secret.startswith(SECRET_PREFIX):
-            raise Unauthorized("a client key is required (Authorization: Bearer <key>)")
-        now = self._clock.monotonic()
-        found = self._cache.get(secret, now)
-        if found is None:  # the digest and the store only on a miss
-            stored = await self._store.key_by_digest(digest(secret))
-            found = _UNKNOWN if stored is None else Principal(stored)
-            self._cache.put(secret, found, now)
+        cached = self.known(secret)
+        if cached is not None:
+            return cached
+        assert secret is not None  # known() refused it otherwise
+        stored = await self._store.key_by_digest(digest(secret))  # only on a miss
+        found = _UNKNOWN if stored is None else Principal(stored)
+        self._cache.put(_cache_key(secret), found, self._clock.monotonic())
+        return self._let_in(found)
+
+    def _let_in(self, found: object) -> Principal:
         if type(found) is not Principal:
             raise Unauthorized("unknown client key")
         if found.dated:  # else: no clock read
@@ -194,6 +205,15 @@ class Keys:
 
     def __repr__(self) -> str:
         return f"<Keys mode={self._config().auth.mode} cached={len(self._cache)}>"
+
+
+#: Longer offered secrets are cached by their digest: a flood of long wrong ones must not fill
+#: ``auth.max_keys_cached`` entries with header-sized strings (a generated secret has 46 chars).
+MAX_CACHED_SECRET = 128
+
+
+def _cache_key(secret: str) -> str:
+    return secret if len(secret) <= MAX_CACHED_SECRET else digest(secret)
 
 
 def _found(key: ClientKey | None, key_id: str) -> ClientKey:

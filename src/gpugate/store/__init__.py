@@ -9,6 +9,11 @@ picks the backend from the DSN and returns the store unopened: ``await store.ope
 
 from __future__ import annotations
 
+from gpugate.core.job_states import JOB_STATES as JOB_STATES
+from gpugate.core.job_states import LEASE_LOST as LEASE_LOST
+from gpugate.core.job_states import JobEvent as JobEvent
+from gpugate.core.job_states import JobRecord as JobRecord
+from gpugate.core.job_states import NewJob as NewJob
 from gpugate.store.base import CONFIG_SAVED as CONFIG_SAVED
 from gpugate.store.base import CONFIG_SEEDED as CONFIG_SEEDED
 from gpugate.store.base import AuditEvent as AuditEvent
@@ -19,11 +24,6 @@ from gpugate.store.base import Mismatch as Mismatch
 from gpugate.store.base import Replay as Replay
 from gpugate.store.base import Started as Started
 from gpugate.store.base import request_fingerprint as request_fingerprint
-from gpugate.store.jobs_base import JOB_STATES as JOB_STATES
-from gpugate.store.jobs_base import LEASE_LOST as LEASE_LOST
-from gpugate.store.jobs_base import JobEvent as JobEvent
-from gpugate.store.jobs_base import JobPage as JobPage
-from gpugate.store.jobs_base import JobRecord as JobRecord
-from gpugate.store.jobs_base import JobStore as JobStore
-from gpugate.store.jobs_base import NewJob as NewJob
+from gpugate.store.jobs_sql import JobPage as JobPage
+from gpugate.store.jobs_sql import JobStore as JobStore
 from gpugate.store.sql_store import Store as Store

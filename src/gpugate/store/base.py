@@ -17,7 +17,7 @@ Semantics every backend keeps:
   (:class:`Started`) or reports what holds it. A row past its ``expires_at`` counts as absent.
   Only the owner that started a key may complete or abandon it.
 * Timestamps come from the injected clock, are stored as UTC and returned timezone-aware.
-* Jobs (the :class:`~gpugate.store.jobs_base.JobStore` part, with its values): one idempotency
+* Jobs (the :class:`~gpugate.store.jobs_sql.JobStore` part, with its values): one idempotency
   key makes at most one job, in every state; a claim hands each queued job to exactly one
   claimer; every write a lease holder makes is fenced by the lease's token; every state change
   appends its event in the same transaction.

@@ -7,6 +7,12 @@ BEGIN, the statements and COMMIT, a round trip each). :class:`GroupCommit` write
 write at once — an idle job waits for nothing, there is no timer — and everything that arrives
 while that transaction runs in the next one, so the batch grows exactly with the load.
 
+``overlap`` lets that many flushes run at once (PostgreSQL: 2, each on its own connection): a
+write that arrives while one batch is in flight goes at once in a second one instead of waiting
+for the first to commit — a completion waits for no unrelated batch (the at-least-once window,
+``docs/jobs.md``). Two batches touching one row are ordered by the database's row lock; writes
+that must be ordered (one caller's, each awaited) never meet in two batches.
+
 Each caller still gets its own answer (or its own exception): the backend's ``flush`` returns
 one outcome per item, an exception for an item that failed alone. When a batch's transaction
 fails as a whole with a :class:`~gpugate.errors.StoreError` (rolled back: a constraint, a bad
@@ -30,30 +36,37 @@ R = TypeVar("R")
 
 
 class GroupCommit(Generic[Item, R]):
-    """Runs ``flush`` on batches of items: one flush at a time, at most ``max_batch`` each."""
+    """Runs ``flush`` on batches of items: ``overlap`` flushes at a time (one unless told),
+    at most ``max_batch`` items each."""
 
     def __init__(
         self,
         flush: Callable[[Sequence[Item]], Awaitable[Sequence[R | Exception]]],
         *,
         max_batch: int = 256,
+        overlap: int = 1,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if overlap < 1:
+            raise ValueError(f"overlap must be at least 1, got {overlap}")
         self._flush = flush
         self._max_batch = max_batch
+        self._overlap = overlap
         self._queue: list[tuple[Item, asyncio.Future[R]]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.flushes = 0
         self.items = 0
 
     async def submit(self, item: Item) -> R:
-        """Write ``item`` in the next flush (at once when none is in flight); its outcome."""
+        """Write ``item`` in the next flush (at once when fewer than ``overlap`` are in flight);
+        its outcome."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
         self._queue.append((item, future))
-        if self._task is None:
-            self._task = loop.create_task(self._drain(), name="gpugate.store.group_commit")
+        if len(self._tasks) < self._overlap:
+            task = loop.create_task(self._drain(), name="gpugate.store.group_commit")
+            self._tasks.add(task)
         return await future
 
     async def _drain(self) -> None:
@@ -63,11 +76,15 @@ class GroupCommit(Generic[Item, R]):
                 del self._queue[: self._max_batch]
                 await self._run(batch)
         finally:
-            self._task = None
-            left, self._queue = self._queue, []
-            for _, future in left:  # only when the drain itself was cancelled (shutdown)
-                if not future.done():
-                    future.set_exception(StoreUnavailable("the store closed before this write"))
+            self._tasks.difference_update({asyncio.current_task()})
+            if not self._tasks:  # else another drain takes what is left
+                self._fail_left()
+
+    def _fail_left(self) -> None:
+        left, self._queue = self._queue, []
+        for _, future in left:  # only when the drain itself was cancelled (shutdown)
+            if not future.done():
+                future.set_exception(StoreUnavailable("the store closed before this write"))
 
     async def _run(self, batch: list[tuple[Item, asyncio.Future[R]]]) -> None:
         self.flushes += 1
@@ -103,5 +120,5 @@ class GroupCommit(Generic[Item, R]):
         return outcomes
 
     def __repr__(self) -> str:
-        busy = " flushing" if self._task is not None else ""
+        busy = f" flushing={len(self._tasks)}" if self._tasks else ""
         return f"<GroupCommit flushes={self.flushes} items={self.items}{busy}>"

@@ -1,4 +1,12 @@
-"""The jobs (:class:`gpugate.store.jobs_base.JobStore`), once for both backends.
+"""The durable jobs (:class:`JobStore`), once for both backends; the values it hands back and
+takes are the job domain's (:mod:`gpugate.core.job_states`), its writes in
+:mod:`gpugate.store.jobs_writes`. Both backends pass the contract suite
+``tests/store/test_store_jobs*.py``.
+
+Errors: arguments only a caller's bug can get wrong (an unknown class, state, actor or runtime
+id, a non-positive lease, a naive datetime) raise ValueError; what only the store can judge
+about a client's input (a taken slug, a malformed cursor) raises
+:class:`gpugate.errors.BadRequest`.
 
 Every write reads the jobs it changes under a lock (SQLite: ``BEGIN IMMEDIATE``, the one write
 lock; PostgreSQL: ``FOR UPDATE`` in id order, so two batches never deadlock and a concurrent
@@ -19,22 +27,16 @@ runs the same decisions step by step on its thread, where a step costs no round 
 from __future__ import annotations
 
 import json
+from abc import abstractmethod
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.core import job_transitions as transitions
+from gpugate.core.job_states import JOB_STATES, JobEvent, JobRecord, check_runtime
 from gpugate.errors import BadRequest, StoreError
 from gpugate.store.base import check_limit
 from gpugate.store.dialect import POSTGRES, Json, only_postgres, sql
-from gpugate.store.jobs_base import (
-    JOB_STATES,
-    JobEvent,
-    JobPage,
-    JobRecord,
-    check_runtime,
-    job_cursor,
-    parse_job_cursor,
-)
 from gpugate.store.jobs_writes import Created, Creation, JobWrites, LeasedWrite, fenced, written
 from gpugate.store.ledger import COUNT_LEASED
 from gpugate.store.tx import Driven, first, last, rows, run
@@ -48,6 +50,28 @@ if TYPE_CHECKING:
 
 JOBS_CHANNEL = "gpugate_jobs"
 """The ``NOTIFY`` channel of new jobs (PostgreSQL; ``watch_jobs`` listens)."""
+_MAX_ID = 2**63 - 1
+
+
+def job_cursor(job_id: int) -> str:
+    """The cursor of :meth:`JobStore.list_jobs` that continues after (older than) ``job_id``."""
+    return str(job_id)
+
+
+def parse_job_cursor(cursor: str) -> int:
+    """The job id a cursor of :func:`job_cursor` holds; BadRequest for anything else."""
+    if not (cursor.isascii() and cursor.isdigit() and int(cursor[:20]) <= _MAX_ID):
+        raise BadRequest(f"invalid jobs cursor {cursor[:40]!r}")
+    return int(cursor)
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of :meth:`JobStore.list_jobs`, newest first; ``next_cursor`` None on the last."""
+
+    jobs: list[JobRecord]
+    next_cursor: str | None
+
 
 _JOB = ", ".join(transitions.JOB_COLUMNS)
 _WRITTEN = tuple(name for name in transitions.JOB_FIELDS if name in transitions.WRITABLE_FIELDS)
@@ -243,22 +267,15 @@ def job_of(c: Codec, row: Row) -> JobRecord:
 
 
 def _event_row(c: Codec, job_id: int, at: datetime, event: transitions.EventDraft) -> Any:
-    """An event to store: by name for PostgreSQL's ``jsonb_to_recordset``, a list in the order
-    of :data:`EVENT_COLUMNS <gpugate.core.job_transitions.EVENT_COLUMNS>` for SQLite's
-    ``json_each`` (a time as the driver writes one)."""
-    if c.dialect == POSTGRES:
-        return {
-            "job_id": job_id,
-            "at": at.isoformat(),
-            "status": event.status,
-            "actor": event.actor,
-            "runtime": event.runtime,
-            "call_id": event.call_id,
-            "error_code": event.error_code,
-            "detail": event.detail,
-        }
+    """An event to store: a list in the order of :data:`EVENT_COLUMNS
+    <gpugate.core.job_transitions.EVENT_COLUMNS>` for SQLite's ``json_each`` (a time as the
+    driver writes one), by those names for PostgreSQL's ``jsonb_to_recordset``."""
     e = event
-    return [job_id, at, e.status, e.actor, e.runtime, e.call_id, e.error_code, e.detail]
+    row = [job_id, at, e.status, e.actor, e.runtime, e.call_id, e.error_code, e.detail]
+    if c.dialect == POSTGRES:
+        row[1] = at.isoformat()
+        return dict(zip(transitions.EVENT_COLUMNS, row, strict=True))
+    return row
 
 
 def _job_row(c: Codec, job: JobRecord, names: Iterable[str]) -> dict[str, Any]:
@@ -368,45 +385,39 @@ def _claim(c: Codec, query: Any, params: dict[str, Any], lease_s: float) -> Tx[l
     return [job for job, _ in claimed.values()]
 
 
-def _new_row(creation: Creation) -> dict[str, Any]:
-    new = creation.new
-    return {
-        "slug": creation.slug,
-        "idempotency_key": new.idempotency_key,
-        "model": new.model,
-        "class": new.job_class,
-        "operation": new.operation,
-        "input": new.input,
-        "input_ref": new.input_ref,
-        "runner": new.runner,
-        "not_before": _iso(new.not_before),
-        "allow_external": new.allow_external,
-        "at": _iso(creation.now),
-    }
+_NEW_COLUMNS = (
+    "slug", "idempotency_key", "model", "class", "operation", "input", "input_ref", "runner",
+    "not_before", "allow_external", "at",
+)  # fmt: skip
+"""A new job's values in the order of :data:`_INSERT_JOB`'s ``$[n]`` (SQLite) and names
+(PostgreSQL)."""
+
+
+def _new_row(creation: Creation) -> list[Any]:
+    """A new job's values in the order of :data:`_NEW_COLUMNS`."""
+    n, new = creation, creation.new
+    return [n.slug, new.idempotency_key, new.model, new.job_class, new.operation, new.input,
+            new.input_ref, new.runner, new.not_before, new.allow_external, n.now]  # fmt: skip
 
 
 def _create(c: Codec, creations: Sequence[Creation]) -> Tx[list[Created | Exception]]:
-    inserted: dict[str, JobRecord] = {}
-    if c.dialect == POSTGRES:
-        params = {"rows": _doc([_new_row(creation) for creation in creations])}
-        for row in (yield from rows(_INSERT_JOB, params)):
-            job = job_of(c, row[:-1])
-            inserted[job.slug] = job
-    else:  # the rows as lists in the order of the statement's columns, times as SQLite's
-        new_rows = [
-            [n.slug, n.new.idempotency_key, n.new.model, n.new.job_class, n.new.operation,
-             n.new.input, n.new.input_ref, n.new.runner, n.new.not_before, n.new.allow_external,
-             n.now]
-            for n in creations
-        ]  # fmt: skip
+    new_rows = [_new_row(creation) for creation in creations]
+    if c.dialect == POSTGRES:  # by name, times as text; the last column is pg_notify's
+        named = [dict(zip(_NEW_COLUMNS, row, strict=True)) for row in new_rows]
+        for row in named:
+            row["not_before"], row["at"] = _iso(row["not_before"]), _iso(row["at"])
+        added = [
+            job_of(c, row[:-1]) for row in (yield from rows(_INSERT_JOB, {"rows": _doc(named)}))
+        ]
+    else:  # lists, times as SQLite's (the driver's JSON encoder)
         added = [job_of(c, row) for row in (yield from rows(_INSERT_JOB, {"rows": Json(new_rows)}))]
-        inserted = {job.slug: job for job in added}
         events = [
             _event_row(c, job.id, job.created_at, transitions.created_event(job.runner))
             for job in sorted(added, key=lambda job: job.id)
         ]
         if events:
             yield from run(_INSERT_EVENT, {"events": Json(events)})
+    inserted = {job.slug: job for job in added}
     keys = [n.new.idempotency_key for n in creations if n.new.idempotency_key is not None]
     existing: dict[str | None, JobRecord] = {}
     if len(inserted) < len(creations) and keys:
@@ -440,8 +451,25 @@ def _inserted_by_key(inserted: dict[str, JobRecord], key: str) -> JobRecord | No
     return next((job for job in inserted.values() if job.idempotency_key == key), None)
 
 
-class JobsSql(JobWrites, Driven):
-    """The :class:`gpugate.store.base.JobStore` methods."""
+class JobStore(JobWrites, Driven, Protocol):
+    """The durable jobs: creation, claims, fenced lease-holder writes, operator verbs, reaping.
+
+    Every method is atomic (creates and fenced writes in flight at the same moment may share one
+    transaction — group commit — but each succeeds, is refused or fails on its own) and takes
+    its time from the store's clock. Lifecycle: :meth:`create_job` (``queued``) ->
+    :meth:`claim_jobs` or :meth:`claim_job` (``dispatching``, a fresh lease and token) ->
+    :meth:`promote_runner`, :meth:`record_submit`, :meth:`record_attempt_failure` ->
+    :meth:`mark_running` (or ``record_submit(running=True)``) -> :meth:`complete` |
+    :meth:`fail`; :meth:`release` puts a job back in the queue, :meth:`rescue` takes back a
+    lost lease.
+
+    **Fencing.** Every method that takes ``token`` changes nothing and answers False / None
+    unless the job is ``dispatching`` or ``running`` and its current ``lease_token`` equals
+    ``token``. A token stays the same for the whole lease (the dispatcher's claim, the submit,
+    the runtime's call) and dies when the job is released, rescued, finished or cancelled, so a
+    late writer holding an old token changes nothing. An expired lease that nobody took back
+    yet is still honoured: only :meth:`rescue` ends it.
+    """
 
     async def _create_many(self, creations: Sequence[Creation]) -> list[Created | Exception]:
         # PostgreSQL: one statement each (the insert, then a read of the keys held): no BEGIN.
@@ -463,12 +491,15 @@ class JobsSql(JobWrites, Driven):
         return [job_of(self._codec, row) for row in await self._query(rows(query, params))]
 
     async def get_job(self, slug: str) -> JobRecord | None:
+        """The job, None when no job has this slug."""
         return await self._job(_BY_SLUG, {"slug": slug})
 
     async def job_by_idempotency_key(self, key: str) -> JobRecord | None:
+        """The job created with ``key``, None when there is none."""
         return await self._job(_BY_KEY, {"key": key})
 
     async def job_events(self, slug: str) -> list[JobEvent]:
+        """The job's events, oldest first; empty for an unknown slug."""
         c = self._codec
         return [
             JobEvent(id_, slug_, c.time(at), status, actor, runtime, call, code, c.json(detail))
@@ -486,6 +517,12 @@ class JobsSql(JobWrites, Driven):
         cursor: str | None = None,
         tenant: str | None = None,
     ) -> JobPage:
+        """Jobs newest first (by id), optionally of one state and/or runner (and of one
+        ``tenant``: the jobs it owns, :meth:`KeyStore.own`).
+
+        ``cursor`` is the ``next_cursor`` of the previous page (opaque); a malformed one raises
+        BadRequest, an unknown ``state`` or a ``limit`` below 1 ValueError.
+        """
         if state is not None and state not in JOB_STATES:
             raise ValueError(f"unknown job state {state!r}: expected one of {JOB_STATES}")
         params = {"state": state, "runner": runner, "limit": check_limit(limit) + 1}
@@ -503,11 +540,23 @@ class JobsSql(JobWrites, Driven):
         now: datetime | None = None,
         due_by: datetime | None = None,
     ) -> list[JobRecord]:
+        """Lease up to ``limit`` claimable jobs to the dispatcher, oldest (lowest id) first.
+
+        Claimable: ``queued``, ``not_before`` null or reached by ``due_by``, no live lease. Each
+        claimed job becomes ``dispatching`` with ``leased_by = "<slug>-dispatcher@<replica>"``,
+        a fresh ``lease_token`` and ``lease_expires_at = now + lease_s`` (event
+        ``dispatching`` at ``now``). Concurrent claimers (other replicas included) never get the
+        same job; a claimer may get fewer than ``limit`` while others hold rows. ``now``
+        defaults to the store's clock, ``due_by`` to ``now``: a claimer that looks ahead (a
+        slot freed, so jobs waiting for one are due early) still stamps the claim with the time
+        it happened.
+        """
         at = self._clock.now() if now is None else now
         params = {"due_by": at if due_by is None else due_by}
         return await self._claim(_CLAIM, at, check_limit(limit), lease_s, params)
 
     async def claim_job(self, slug: str, *, lease_s: float) -> JobRecord | None:
+        """:meth:`claim_jobs` for one job (the event-driven path); None unless claimable now."""
         now = self._clock.now()
         claimed = await self._claim(_CLAIM_ONE, now, 1, lease_s, {"slug": slug, "due_by": now})
         return claimed[0] if claimed else None
@@ -525,12 +574,25 @@ class JobsSql(JobWrites, Driven):
     async def expired_leases(
         self, *, now: datetime | None = None, limit: int = 100
     ) -> list[JobRecord]:
+        """``dispatching``/``running`` jobs whose lease expired (``lease_expires_at <= now``),
+        the longest expired first, tokens included so that :meth:`rescue` can be fenced.
+        """
         at = self._clock.now() if now is None else now
         return await self._jobs(_EXPIRED, {"now": at, "limit": check_limit(limit)})
 
     async def count_leased(self, runtime: str) -> int:
+        """Calls of ``runtime`` in flight: ``dispatching``/``running`` jobs whose ``leased_by``
+        is ``<runtime>:...`` (all replicas; what ``max_concurrency`` limits).
+        """
         check_runtime(runtime)
         return int((await self._query(rows(COUNT_LEASED, {"runtime": runtime})))[0][0])
 
     async def queue_depth(self, runtime: str) -> int:
+        """``queued`` jobs whose runner is ``runtime``."""
         return int((await self._query(rows(_QUEUED, {"runner": runtime})))[0][0])
+
+    @abstractmethod
+    async def watch_jobs(self, on_job: Callable[[str], None]) -> None:
+        """Call ``on_job(slug)`` whenever a process creates a job, until
+        cancelled (PostgreSQL: LISTEN/NOTIFY, so every replica wakes at once). Returns at once
+        where one process owns the store (SQLite): the dispatcher is woken in-process."""

@@ -12,7 +12,9 @@ Each method validates its arguments, takes the time from the clock and hands one
 * :meth:`JobWrites._change_job` changes one job whatever its lease (operator verbs).
 
 Creates and fenced writes go through :class:`~gpugate.store.group_commit.GroupCommit`: written
-at once when the store is idle, and together with whatever arrived meanwhile when it is busy.
+at once when the store is idle, and together with whatever arrived meanwhile when it is busy
+(fenced writes: ``_leased_overlap`` batches at once, so on PostgreSQL a completion does not wait
+for an unrelated batch to commit; SQLite has one writer, and one batch at a time).
 Each write still succeeds or fails on its own: a backend answers an exception for an item that
 failed, not for the batch.
 """
@@ -20,15 +22,14 @@ failed, not for the batch.
 from __future__ import annotations
 
 import logging
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass, replace
 from datetime import UTC
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.core import job_transitions as transitions
-from gpugate.store.group_commit import GroupCommit
-from gpugate.store.jobs_base import (
+from gpugate.core.job_states import (
     LEASED_STATES,
     JobRecord,
     NewJob,
@@ -36,6 +37,7 @@ from gpugate.store.jobs_base import (
     check_aware,
     check_runtime,
 )
+from gpugate.store.group_commit import GroupCommit
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -130,12 +132,13 @@ def _as_read(name: str, value: Any) -> Any:
     return value
 
 
-class JobWrites(ABC):
-    """The writes of :class:`gpugate.store.base.JobStore`, batched by group commit."""
+class JobWrites(Protocol):
+    """The writes of :class:`gpugate.store.jobs_sql.JobStore`, batched by group commit."""
 
     _clock: Clock
     _leased_group: GroupCommit[LeasedWrite, JobRecord | None] | None = None
     _create_group: GroupCommit[Creation, Created] | None = None
+    _leased_overlap: int = 1
 
     @abstractmethod
     async def _change_leased_many(
@@ -155,6 +158,12 @@ class JobWrites(ABC):
         """
 
     async def create_job(self, new: NewJob) -> tuple[JobRecord, bool]:
+        """Store ``new`` as ``queued`` (event ``queued``); returns (job, created).
+
+        With an ``idempotency_key`` already used, by any job in any state, returns that job and
+        False and stores nothing, however many callers race (the unique key decides). A taken
+        ``slug`` under another (or no) key raises BadRequest.
+        """
         creation = Creation(new, new.slug or transitions.new_slug(), self._clock.now())
         if self._create_group is None:
             self._create_group = GroupCommit(self._create_many)
@@ -165,7 +174,8 @@ class JobWrites(ABC):
     ) -> JobRecord | None:
         """One fenced write, group-committed with the others in flight."""
         if self._leased_group is None:
-            self._leased_group = GroupCommit(self._change_leased_many)
+            overlap = self._leased_overlap
+            self._leased_group = GroupCommit(self._change_leased_many, overlap=overlap)
         noted = _Noted(decide)
         job = await self._leased_group.submit(LeasedWrite(slug, token, now, noted))
         if job is not None:
@@ -192,6 +202,8 @@ class JobWrites(ABC):
     async def promote_runner(
         self, slug: str, token: str, runtime: str, *, actor: str = "dispatcher", why: str = ""
     ) -> bool:
+        """Make ``runtime`` the job's runner (event ``walked`` when it changes, its detail
+        saying from which runtime and ``why`` it was left). Fenced."""
         check_runtime(runtime)
         check_actor(actor)
         done = await self._fenced(
@@ -210,6 +222,14 @@ class JobWrites(ABC):
         running: bool,
         actor: str = "dispatcher",
     ) -> bool:
+        """Record that ``runtime`` accepted the job as ``call_id``. Fenced; keeps the token.
+
+        ``leased_by = "<runtime>:<call_id>"``, ``submit_count + 1``, ``attempts[runtime] + 1``,
+        ``lease_expires_at = now + lease_s``, event ``submitted``. ``running`` (a serverless
+        call runs from submit) makes the job ``running``; otherwise its state stays as it is (a
+        fast push worker may have marked it running already). False when the job finished or
+        lost its lease meanwhile: nothing more to do for this lease.
+        """
         check_runtime(runtime)
         transitions.check_lease_s(lease_s)
         check_actor(actor)
@@ -229,6 +249,9 @@ class JobWrites(ABC):
         retryable: bool,
         actor: str = "dispatcher",
     ) -> bool:
+        """Count a failed attempt on ``runtime`` (``attempts[runtime] + 1``; event ``failed``
+        with ``error_code`` and detail ``{retryable, message}``). The job stays leased. Fenced.
+        """
         check_runtime(runtime)
         check_actor(actor)
         given = {"error_code": error_code, "message": message, "retryable": retryable}
@@ -247,6 +270,11 @@ class JobWrites(ABC):
         error_code: str | None = None,
         actor: str = "dispatcher",
     ) -> bool:
+        """Put the job back in the queue: ``queued``, lease cleared, ``not_before`` set as given.
+
+        ``status`` is ``released`` or ``deferred`` (with ``not_before`` and an ``error_code``
+        such as ``GPU_SATURATED`` or ``AT_CAPACITY``). Fenced.
+        """
         if status not in transitions.RELEASE_STATUSES:
             raise ValueError(f"release status must be released or deferred, got {status!r}")
         check_actor(actor)
@@ -257,17 +285,30 @@ class JobWrites(ABC):
         )
 
     async def extend_lease(self, slug: str, token: str, *, lease_s: float) -> datetime | None:
+        """Set ``lease_expires_at = now + lease_s`` and return it; None when fenced off.
+
+        Not a state change: no event.
+        """
         transitions.check_lease_s(lease_s)
         job = await self._fenced(slug, token, _extend, lease_s=lease_s)
         return None if job is None else job.lease_expires_at
 
     async def mark_running(self, slug: str, token: str, *, actor: str) -> bool:
+        """A push worker's ``claimed``: ``dispatching -> running`` (event ``running``). Fenced.
+
+        True, changing nothing, when the job is running already (a repeated ``claimed``).
+        """
         check_actor(actor)
         return await self._fenced(slug, token, transitions.mark_running, actor=actor) is not None
 
     async def record_progress(
         self, slug: str, token: str, detail: dict[str, Any], *, actor: str | None = None
     ) -> bool:
+        """Append a ``progress`` event with ``detail``. Fenced.
+
+        ``actor`` defaults to ``worker:<runtime>`` of the call holding the lease (``dispatcher``
+        before a submit).
+        """
         if actor is not None:
             check_actor(actor)
         rule = transitions.progress
@@ -283,6 +324,9 @@ class JobWrites(ABC):
         actor: str,
         result_ref: str | None = None,
     ) -> bool:
+        """``completed`` with ``result`` (JSON) or ``result_ref`` (a blob), lease cleared,
+        ``finished_at`` set (event ``completed``). Fenced.
+        """
         check_actor(actor)
         given = {"result": result, "result_ref": result_ref, "cost_cents": cost_cents}
         return (
@@ -292,6 +336,9 @@ class JobWrites(ABC):
     async def fail(
         self, slug: str, token: str, *, error_code: str, message: str, actor: str
     ) -> bool:
+        """Terminal ``failed`` (``CHAIN_EXHAUSTED``, ``LEASE_LOST``, ...), lease cleared,
+        ``finished_at`` set (event ``failed``, detail ``{message, terminal: true}``). Fenced.
+        """
         check_actor(actor)
         if not error_code:
             raise ValueError("a failed job needs an error code")
@@ -299,6 +346,10 @@ class JobWrites(ABC):
         return await self._fenced(slug, token, transitions.fail, **given) is not None
 
     async def cancel_job(self, slug: str, *, actor: str) -> JobRecord | None:
+        """``queued | dispatching | running -> cancelled``, lease cleared, ``finished_at`` set
+        (event ``cancelled``, naming the call that held the lease). A finished job is returned
+        as it is; None for an unknown slug. Not fenced (operator/API verb).
+        """
         check_actor(actor)
         now = self._clock.now()
         return await self._noted_change(
@@ -306,6 +357,10 @@ class JobWrites(ABC):
         )
 
     async def retry_job(self, slug: str, *, actor: str) -> JobRecord | None:
+        """``failed -> queued`` (event ``retried``): a fresh drive, so attempts, submit and
+        rescue counts start again and the error, ``not_before`` and ``finished_at`` are
+        cleared. Any other job is returned as it is; None for an unknown slug. Not fenced.
+        """
         check_actor(actor)
         now = self._clock.now()
         return await self._noted_change(slug, now, partial(transitions.retry, now=now, actor=actor))
@@ -313,6 +368,12 @@ class JobWrites(ABC):
     async def rescue(
         self, slug: str, token: str, *, max_rescues: int, actor: str = "reaper"
     ) -> JobRecord | None:
+        """Take back a lost lease. Fenced (None when the token is stale).
+
+        ``rescue_count + 1`` and back to ``queued`` (event ``rescued``); but when that count
+        would exceed ``max_rescues``, terminal ``failed`` with ``LEASE_LOST`` instead. Does not
+        look at the expiry: the reaper also rescues calls their runtime reports lost.
+        """
         if max_rescues < 0:
             raise ValueError(f"max_rescues must be at least 0, got {max_rescues}")
         check_actor(actor)

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.core.budget import BUDGET_FACTOR, Cost, Reserved
+from gpugate.core.job_states import check_runtime
 from gpugate.core.lease import RESERVED_CALL, Lease
 from gpugate.store.audit import insert_audit
 from gpugate.store.base import AuditEvent, check_limit
 from gpugate.store.dialect import only_postgres, sql
-from gpugate.store.jobs_base import check_runtime
 from gpugate.store.runtime_state import runtime_subject
 from gpugate.store.tx import Driven, Rollback, first, read, rows, run
 

@@ -3,11 +3,14 @@
 Every method is one transaction on a pooled connection, run in pipeline mode: ``BEGIN`` goes
 with the transaction's first statement and ``COMMIT`` with its last write (:func:`tx.last`),
 so a fenced write — lock and read the jobs, decide, write — is two round trips, not four, and
-its ``COMMIT`` leaves as soon as the decision is made (the at-least-once window on PostgreSQL is
-how long an answer waits for that, ``docs/jobs.md``). Races between replicas are settled by the
-database: config numbering under a table lock, idempotency keys by ``INSERT ... ON CONFLICT``,
-migrations under a transaction-scoped advisory lock (one per schema, so isolated schemas on one
-server do not wait for each other). JSON is jsonb, response bodies bytea, times timestamptz.
+its ``COMMIT`` leaves as soon as the decision is made. Two batches of fenced writes run at once,
+so a completion does not wait for an unrelated batch to commit (the at-least-once window on
+PostgreSQL is how long an answer waits for its ``COMMIT``: ``docs/jobs.md``).
+
+Races between replicas are settled by the database: config numbering under a table lock,
+idempotency keys by ``INSERT ... ON CONFLICT``, migrations under a transaction-scoped advisory
+lock (one per schema, so isolated schemas on one server do not wait for each other). JSON is
+jsonb, response bodies bytea, times timestamptz.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class PostgresStore(SqlStore):
 
     backend = "postgresql"
     _codec: Codec = PostgresCodec()
+    _leased_overlap = 2  # a fenced batch in flight does not hold the next one back
 
     def __init__(
         self,
@@ -93,10 +97,8 @@ class PostgresStore(SqlStore):
         self._pool: AsyncConnectionPool[Connection] | None = None
         self._schema: int | None = None
 
-    def __repr__(self) -> str:
-        schema = "?" if self._schema is None else str(self._schema)
-        closed = "" if self._pool is not None else " closed"
-        return f"<PostgresStore dsn={self._shown} schema={schema}{closed}>"
+    def _describe(self) -> tuple[str, bool]:
+        return f"dsn={self._shown}", self._pool is not None
 
     async def open(self) -> None:
         if self._pool is not None:

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gpugate.core.job_states import check_runtime
 from gpugate.store.audit import insert_audit
 from gpugate.store.base import AuditEvent
 from gpugate.store.dialect import sql
-from gpugate.store.jobs_base import check_runtime
 from gpugate.store.tx import Driven, first, one, read, rows
 
 if TYPE_CHECKING:

@@ -32,8 +32,7 @@ from gpugate.store.base import (
 )
 from gpugate.store.dialect import Json, only_postgres, sql
 from gpugate.store.facade_base import FacadeStore
-from gpugate.store.jobs_base import JobStore
-from gpugate.store.jobs_sql import JobsSql
+from gpugate.store.jobs_sql import JobStore
 from gpugate.store.keys import KeyStore
 from gpugate.store.ledger import LedgerStore
 from gpugate.store.replicas import ReplicaStore
@@ -121,7 +120,6 @@ def _idem_begin(c: Codec, params: dict[str, Any]) -> Tx[IdemBegin]:
 
 
 class Store(
-    JobsSql,
     JobStore,
     AuditStore,
     RuntimeStateStore,
@@ -137,6 +135,18 @@ class Store(
 
     backend: str
     """``"sqlite"`` or ``"postgresql"``."""
+    _schema: int | None
+    """The newest applied migration as last read, None before the first read."""
+
+    def __repr__(self) -> str:
+        where, is_open = self._describe()
+        schema = "?" if self._schema is None else str(self._schema)
+        return f"<{type(self).__name__} {where} schema={schema}{'' if is_open else ' closed'}>"
+
+    @abstractmethod
+    def _describe(self) -> tuple[str, bool]:
+        """Where the store is, as ``repr`` names it (``path=...``, ``dsn=...`` without a
+        password), and whether it is open."""
 
     @abstractmethod
     async def open(self) -> None:

@@ -89,10 +89,8 @@ class SqliteStore(SqlStore):
     def path(self) -> str:
         return self._path
 
-    def __repr__(self) -> str:
-        schema = "?" if self._schema is None else str(self._schema)
-        closed = "" if self._executor is not None else " closed"
-        return f"<SqliteStore path={self._path} schema={schema}{closed}>"
+    def _describe(self) -> tuple[str, bool]:
+        return f"path={self._path}", self._executor is not None
 
     async def open(self) -> None:
         if self._executor is not None:

@@ -67,6 +67,9 @@ OPENAI_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embed
 RAW_PREFIX = "/u/"
 _KEY_HEADERS = frozenset({b"authorization", b"api-key", b"x-api-key"})
 _DROPPED = _KEY_HEADERS | {b"x-request-class", b"content-length"}  # what _Head reads or replaces
+_ANSWER_HEADERS = frozenset(
+    {b"x-gateway-upstream", b"x-gateway-model", b"idempotent-replayed", b"content-type"}
+)  # what _Watch.started reads
 _MAX_KEPT = 8 * 1024 * 1024  # a JSON response longer than this is not parsed for its usage
 log = logging.getLogger("gpugate.keys")
 
@@ -209,17 +212,22 @@ class ClientKeys:
         keys = self.gateway.keys
         assert keys is not None
         head = _Head(ex.headers)
-        try:
-            principal = await keys.authenticate(head.secret)
-            body = await ex.read_body(None, self.gateway.config.server.max_body_bytes)
-            headers, body, watch = await self.admit(principal, head, body)
+        gw = self.gateway
+        try:  # no await but the body's read for a cached key without limits
+            principal = keys.known(head.secret) or await keys.authenticate(head.secret)
+            body = await ex.read_body(None, gw.config.server.max_body_bytes)
+            headers, body, model, hide, doc = self._checked(principal, head, body)
+            held = None
+            if principal.limited:
+                held = await gw.quota.reserve(principal, model, doc, len(body))
         except GpugateError as exc:
             await ex.answer(*self._refusal(ex.headers, exc))
             return
+        watched = WatchedExchange(ex, headers, body, gw, principal, held, model, hide)
         try:
-            await plane.serve(WatchedExchange(ex, headers, body, watch), openai=True)
+            await plane.serve(watched, openai=True)
         finally:
-            await _settle(watch)
+            await _settle(watched)
 
     async def _openai(
         self, principal: Principal, head: _Head, scope: Scope, receive: Receive
@@ -234,6 +242,20 @@ class ClientKeys:
         """An authenticated request to an OpenAI route, let in or refused (a
         :class:`GpugateError`): the headers and body the data plane gets, and the watch its
         response goes through. Shared by the ASGI path and :meth:`serve`."""
+        gw = self.gateway
+        headers, body, model, hide, doc = self._checked(principal, head, body)
+        held = None
+        if principal.limited:
+            held = await gw.quota.reserve(principal, model, doc, len(body))
+        return headers, body, _Watch(gw, principal, held, model, hide=hide)
+
+    def _checked(
+        self, principal: Principal, head: _Head, body: bytes
+    ) -> tuple[list[tuple[bytes, bytes]], bytes, str | None, bool, dict[str, Any] | None]:
+        """:meth:`admit` but for the reservation and the watch: the checks, the class clamp,
+        the usage option, the header rewrite. The headers and body the data plane gets, the
+        model, whether the answer's usage is to be hidden, and the parsed body (the
+        reservation's estimate reads it)."""
         gw = self.gateway
         cls_header = principal.class_header(head.requested)  # a bad class: 400 before reserving
         doc = _json_object(body)
@@ -256,11 +278,7 @@ class ClientKeys:
                 body = parsed_body(body, doc)
         if not isinstance(model, str):
             model = None
-        held = None
-        if principal.limited:
-            held = await gw.quota.reserve(principal, model, doc, len(body))
-        watch = _Watch(gw, principal, held, model, hide=hide)
-        return head.admitted(principal, len(body), cls_header), body, watch
+        return head.admitted(principal, len(body), cls_header), body, model, hide, doc
 
     async def _raw(
         self, principal: Principal, scope: Scope, receive: Receive
@@ -369,6 +387,8 @@ class _Watch:
         self.status = status
         content_type = b""
         for name, value in headers:
+            if name not in _ANSWER_HEADERS:  # most of them: one set lookup each
+                continue
             if name == b"x-gateway-upstream":
                 self.upstream = value.decode("latin-1")
             elif name == b"x-gateway-model" and self.model is not None:
@@ -465,15 +485,14 @@ async def _settle(watch: _Watch) -> None:
         log.warning("usage of key %s not settled: %s", watch.principal.key.prefix, exc.message)
 
 
-class WatchedExchange:
+class WatchedExchange(_Watch):
     """An :class:`~gpugate.web.exchange.Exchange` as :meth:`ClientKeys.serve` hands it to the
-    data plane: the admitted headers and body in place of the client's, the response through
-    the request's :class:`_Watch` on its way to the client's exchange."""
+    data plane, and the request's :class:`_Watch` in one object: the admitted headers and body
+    in place of the client's, the response watched on its way to the client's exchange."""
 
     __slots__ = (
         "_body",
         "_ex",
-        "_watch",
         "headers",
         "method",
         "path",
@@ -483,12 +502,20 @@ class WatchedExchange:
         "while_connected",
     )
 
-    def __init__(
-        self, ex: Exchange, headers: list[tuple[bytes, bytes]], body: bytes, watch: _Watch
+    def __init__(  # noqa: PLR0913, PLR0917 - the exchange's parts and the watch's, made once
+        self,
+        ex: Exchange,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        gateway: Gateway,
+        principal: Principal,
+        held: Reservation | None,
+        model: str | None,
+        hide: bool,
     ) -> None:
+        super().__init__(gateway, principal, held, model, hide=hide)
         self._ex = ex
         self._body = body
-        self._watch = watch
         self.method = ex.method
         self.path = ex.path
         self.query = ex.query
@@ -508,16 +535,15 @@ class WatchedExchange:
     async def start(
         self, status: int, headers: list[tuple[bytes, bytes]], *, hold: bool = False
     ) -> None:
-        self._watch.started(status, headers)
+        self.started(status, headers)
         await self._ex.start(status, headers, hold=hold)
 
     async def body(self, chunk: bytes, *, more: bool) -> None:
-        await self._ex.body(self._watch.piece(chunk, more=more), more=more)
+        await self._ex.body(self.piece(chunk, more=more), more=more)
 
     async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        watch = self._watch
-        watch.started(status, headers)
-        await self._ex.answer(status, headers, watch.piece(body, more=False))
+        self.started(status, headers)
+        await self._ex.answer(status, headers, self.piece(body, more=False))
 
 
 def _served_externally(config: GatewayConfig) -> frozenset[str]:
