@@ -410,8 +410,8 @@ MEANING: dict[str, str] = {
     "(`/admin/usage` on another replica lags by up to this)",
     "auth.key_label": "also count tokens per key prefix in `gateway_key_tokens_total` (one "
     "series per key: only with few keys)",
-    "auth.max_keys_cached": "the most key lookups a replica keeps (wrong keys too); the oldest "
-    "go first",
+    "auth.max_keys_cached": "the most key lookups a replica keeps, and as many wrong keys apart "
+    "(a flood of wrong keys never pushes a real one out); the oldest go first",
     "tls": "serve HTTPS on `listen` (and `admin_listen`); null: plain HTTP (put a TLS proxy in "
     "front, docs/security.md)",
     "tls.cert_file": "the server's certificate chain (PEM)",

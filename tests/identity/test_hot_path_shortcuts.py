@@ -166,6 +166,31 @@ async def test_a_long_offered_secret_is_cached_as_its_digest_and_still_refused(
         for _ in range(2):  # a lookup, then a cache hit
             with pytest.raises(Unauthorized, match="unknown"):
                 await keys.authenticate(long)
-        assert [digest(long)] == list(keys._cache._entries)
+        assert [digest(long)] == list(keys._unknown._entries)
+    finally:
+        await store.close()
+
+
+async def test_a_flood_of_wrong_keys_never_pushes_a_real_key_out_of_the_cache(
+    tmp_path: Path,
+) -> None:
+    """Unknown secrets are cached apart: past ``auth.max_keys_cached`` wrong keys, a real key is
+    still answered from the cache (no await, no store lookup) and every wrong key still refused."""
+    clock = ManualClock(start=datetime(2026, 12, 1, 13, 0, tzinfo=UTC))
+    config = _config()
+    store = open_store(f"sqlite:///{tmp_path}/keys.db", clock=clock)
+    await store.open()
+    try:
+        await store.migrate()
+        keys = Keys(store, lambda: config, clock)
+        issued = await keys.create(KeySpec(name="k", tenant="t"), actor="test")
+        principal = await keys.authenticate(issued.secret)
+        for n in range(config.auth.max_keys_cached + 10):
+            with pytest.raises(Unauthorized, match="unknown"):
+                await keys.authenticate(f"gk-wrong-{n}")
+        assert principal is keys.known(issued.secret)  # still cached
+        assert len(keys._unknown) == config.auth.max_keys_cached  # bounded
+        with pytest.raises(Unauthorized, match="unknown"):
+            keys.known(f"gk-wrong-{config.auth.max_keys_cached + 9}")  # the newest: cached
     finally:
         await store.close()

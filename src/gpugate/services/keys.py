@@ -4,7 +4,8 @@ Authentication looks the offered secret up in a small local cache before the sto
 lookup on a hit: the digest is computed, and the store asked, only on a miss); an entry is
 trusted for ``auth.key_cache_s`` (default 2 s), so a key revoked or changed on one replica stops
 working on every other replica within that delay plus one lookup. Unknown secrets are cached
-too (so a flood of wrong keys costs one lookup per secret per TTL), and the cache is bounded
+too (so a flood of wrong keys costs one lookup per secret per TTL), in a cache of their own so
+that such a flood never pushes a real key out; each cache is bounded
 (``auth.max_keys_cached``; the oldest entries go first; a secret longer than
 :data:`MAX_CACHED_SECRET` is kept as its digest, so the bound holds for memory too). A hit hands
 back the entry's :class:`~gpugate.core.keys.Principal`, built once per lookup with what each
@@ -109,6 +110,7 @@ class Keys:
         self._clock = clock
         auth = config().auth
         self._cache = KeyCache(auth.key_cache_s, auth.max_keys_cached)
+        self._unknown = KeyCache(auth.key_cache_s, auth.max_keys_cached)  # secrets no key has
 
     @property
     def enforced(self) -> bool:
@@ -120,7 +122,10 @@ class Keys:
         None when the secret is not cached (then :meth:`authenticate` asks the store)."""
         if not secret or not secret.startswith(SECRET_PREFIX):
             raise Unauthorized("a client key is required (Authorization: Bearer <key>)")
-        found = self._cache.get(_cache_key(secret), self._clock.monotonic())
+        cached, now = _cache_key(secret), self._clock.monotonic()
+        found = self._cache.get(cached, now)
+        if found is None:
+            found = self._unknown.get(cached, now)
         return None if found is None else self._let_in(found)
 
     async def authenticate(self, secret: str | None) -> Principal:
@@ -132,7 +137,8 @@ class Keys:
         assert secret is not None  # known() refused it otherwise
         stored = await self._store.key_by_digest(digest(secret))  # only on a miss
         found = _UNKNOWN if stored is None else Principal(stored)
-        self._cache.put(_cache_key(secret), found, self._clock.monotonic())
+        cache = self._unknown if stored is None else self._cache
+        cache.put(_cache_key(secret), found, self._clock.monotonic())
         return self._let_in(found)
 
     def _let_in(self, found: object) -> Principal:
