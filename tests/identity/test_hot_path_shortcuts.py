@@ -6,7 +6,8 @@ principal cached per offered secret."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from gpugate.core.usage import with_include_usage, with_include_usage_doc
 from gpugate.errors import BadRequest, Unauthorized
 from gpugate.services.keys import MAX_CACHED_SECRET, KeyCache, Keys, KeySpec
 from gpugate.services.limits import Quota, prices_of
+from gpugate.store import Store
 from gpugate.store.factory import open_store
 from gpugate.store.keys import KEY_REVOKED
 from gpugate.web.auth import _served_externally
@@ -127,70 +129,68 @@ def test_the_key_cache_trusts_an_entry_for_its_ttl_and_drops_the_oldest_past_its
     assert (None, "A2", "C") == (cache.get("b", 2.2), cache.get("a", 2.2), cache.get("c", 2.2))
 
 
+@dataclass
+class _KeysRig:
+    clock: ManualClock
+    config: GatewayConfig
+    store: Store
+    keys: Keys
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[_KeysRig]:
+    """:class:`Keys` on a real SQLite store, on a clock the test moves."""
+    clock = ManualClock(start=datetime(2026, 12, 1, 13, 0, tzinfo=UTC))
+    config = _config()
+    store = open_store(f"sqlite:///{tmp_path}/keys.db", clock=clock)
+    await store.open()
+    try:
+        await store.migrate()
+        yield _KeysRig(clock, config, store, Keys(store, lambda: config, clock))
+    finally:
+        await store.close()
+
+
 async def test_a_key_revoked_in_the_store_stops_working_here_once_its_cache_entry_is_over(
-    tmp_path: Path,
+    rig: _KeysRig,
 ) -> None:
     """What another replica's revocation looks like from here: the cached principal is trusted
     for ``auth.key_cache_s``, then the store is asked again."""
-    clock = ManualClock(start=datetime(2026, 12, 1, 13, 0, tzinfo=UTC))
-    config = _config()
-    store = open_store(f"sqlite:///{tmp_path}/keys.db", clock=clock)
-    await store.open()
-    try:
-        await store.migrate()
-        keys = Keys(store, lambda: config, clock)
-        issued = await keys.create(KeySpec(name="k", tenant="t"), actor="test")
-        first = await keys.authenticate(issued.secret)
-        revoked = replace(issued.key, revoked_at=clock.now())
-        await store.save_key(revoked, actor="elsewhere", action=KEY_REVOKED)  # not through keys
-        clock.advance(config.auth.key_cache_s / 2)
-        assert first is await keys.authenticate(issued.secret)  # the same principal, cached
-        clock.advance(config.auth.key_cache_s / 2)
-        with pytest.raises(Unauthorized, match="revoked"):
-            await keys.authenticate(issued.secret)
-    finally:
-        await store.close()
+    keys, clock, ttl_s = rig.keys, rig.clock, rig.config.auth.key_cache_s
+    issued = await keys.create(KeySpec(name="k", tenant="t"), actor="test")
+    first = await keys.authenticate(issued.secret)
+    revoked = replace(issued.key, revoked_at=clock.now())
+    await rig.store.save_key(revoked, actor="elsewhere", action=KEY_REVOKED)  # not through keys
+    clock.advance(ttl_s / 2)
+    assert first is await keys.authenticate(issued.secret)  # the same principal, cached
+    clock.advance(ttl_s / 2)
+    with pytest.raises(Unauthorized, match="revoked"):
+        await keys.authenticate(issued.secret)
 
 
 async def test_a_long_offered_secret_is_cached_as_its_digest_and_still_refused(
-    tmp_path: Path,
+    rig: _KeysRig,
 ) -> None:
     """A flood of header-sized wrong keys fills the cache with digests, not with the headers."""
-    clock = ManualClock(start=datetime(2026, 12, 1, 13, 0, tzinfo=UTC))
-    store = open_store(f"sqlite:///{tmp_path}/keys.db", clock=clock)
-    await store.open()
-    try:
-        await store.migrate()
-        keys = Keys(store, _config, clock)
-        long = "gk-" + "x" * (MAX_CACHED_SECRET * 64)
-        for _ in range(2):  # a lookup, then a cache hit
-            with pytest.raises(Unauthorized, match="unknown"):
-                await keys.authenticate(long)
-        assert [digest(long)] == list(keys._unknown._entries)
-    finally:
-        await store.close()
+    long = "gk-" + "x" * (MAX_CACHED_SECRET * 64)
+    for _ in range(2):  # a lookup, then a cache hit
+        with pytest.raises(Unauthorized, match="unknown"):
+            await rig.keys.authenticate(long)
+    assert [digest(long)] == list(rig.keys._unknown._entries)
 
 
 async def test_a_flood_of_wrong_keys_never_pushes_a_real_key_out_of_the_cache(
-    tmp_path: Path,
+    rig: _KeysRig,
 ) -> None:
     """Unknown secrets are cached apart: past ``auth.max_keys_cached`` wrong keys, a real key is
     still answered from the cache (no await, no store lookup) and every wrong key still refused."""
-    clock = ManualClock(start=datetime(2026, 12, 1, 13, 0, tzinfo=UTC))
-    config = _config()
-    store = open_store(f"sqlite:///{tmp_path}/keys.db", clock=clock)
-    await store.open()
-    try:
-        await store.migrate()
-        keys = Keys(store, lambda: config, clock)
-        issued = await keys.create(KeySpec(name="k", tenant="t"), actor="test")
-        principal = await keys.authenticate(issued.secret)
-        for n in range(config.auth.max_keys_cached + 10):
-            with pytest.raises(Unauthorized, match="unknown"):
-                await keys.authenticate(f"gk-wrong-{n}")
-        assert principal is keys.known(issued.secret)  # still cached
-        assert len(keys._unknown) == config.auth.max_keys_cached  # bounded
+    keys, size = rig.keys, rig.config.auth.max_keys_cached
+    issued = await keys.create(KeySpec(name="k", tenant="t"), actor="test")
+    principal = await keys.authenticate(issued.secret)
+    for n in range(size + 10):
         with pytest.raises(Unauthorized, match="unknown"):
-            keys.known(f"gk-wrong-{config.auth.max_keys_cached + 9}")  # the newest: cached
-    finally:
-        await store.close()
+            await keys.authenticate(f"gk-wrong-{n}")
+    assert principal is keys.known(issued.secret)  # still cached
+    assert len(keys._unknown) == size  # bounded
+    with pytest.raises(Unauthorized, match="unknown"):
+        keys.known(f"gk-wrong-{size + 9}")  # the newest: cached
