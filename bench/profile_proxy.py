@@ -126,16 +126,23 @@ def budget(
     return counts
 
 
-def print_budget(target: str, counts: Counter[str], cpu_us: float, rps: float) -> None:
+def print_shares(heading: str, counts: Counter[str], cpu_us: float) -> None:
+    """``heading``, then each place's share of the samples and its µs of ``cpu_us``."""
     total = counts.total()
-    print(
-        f"\n== {target}: {cpu_us:,.0f} µs of CPU per request at {rps:,.0f} req/s"
-        f" (wrk -c64, no profiler); {total:,} samples under py-spy =="
-    )
+    print(f"\n== {heading}; {total:,} samples ==")
     rows = [
         [name, f"{n / total:.1%}", f"{n / total * cpu_us:,.1f}"] for name, n in counts.most_common()
     ]
     print(table(["where", "share", "µs/request"], rows))
+
+
+def print_budget(target: str, counts: Counter[str], cpu_us: float, rps: float) -> None:
+    print_shares(
+        f"{target}: {cpu_us:,.0f} µs of CPU per request at {rps:,.0f} req/s"
+        " (wrk -c64, no profiler), under py-spy",
+        counts,
+        cpu_us,
+    )
 
 
 def profile(
@@ -199,15 +206,9 @@ def in_process(duration: int, out: Path) -> None:
             raise BenchError(f"in-process profile of {label} failed:\n{done.stderr[-2000:]}")
         us = next(iter(json.loads(found[1]).values()))
         counts = budget(raw, OWN_RULES, within="_time_app")
-        total = counts.total()
-        print(
-            f"\n== {label}: {us:,.1f} µs of CPU per request in process (the collector tuned);"
-            f" {total:,} samples =="
+        print_shares(
+            f"{label}: {us:,.1f} µs of CPU per request in process (the collector tuned)", counts, us
         )
-        rows = [
-            [name, f"{n / total:.1%}", f"{n / total * us:,.1f}"] for name, n in counts.most_common()
-        ]
-        print(table(["where", "share", "µs/request"], rows))
 
 
 def main() -> int:

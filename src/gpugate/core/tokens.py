@@ -35,6 +35,8 @@ class _Pool:
             return self._bytes[start : self._at]
 
     def forget(self) -> None:
+        """In a forked child: no bytes of the parent's, and a lock no parent thread holds."""
+        self._lock = threading.Lock()
         self._bytes, self._at = b"", 0
 
 

@@ -76,7 +76,7 @@ class GroupCommit(Generic[Item, R]):
                 del self._queue[: self._max_batch]
                 await self._run(batch)
         finally:
-            self._tasks.difference_update({asyncio.current_task()})
+            self._tasks.discard(asyncio.current_task())
             if not self._tasks:  # else another drain takes what is left
                 self._fail_left()
 
