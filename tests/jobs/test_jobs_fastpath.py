@@ -7,6 +7,7 @@ same requests get the same statuses, bodies (but for the new job's own values) a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -15,10 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gpugate.services.jobs import JobRequest, Jobs
 from gpugate.web import fastpath
 from gpugate.web.fast_jobs import JobCreation
 from gpugate.web.fastpath import FastCycle
-from harness import make_config, model_servers, serving, upstream
+from harness import RunningGateway, connection, make_config, model_servers, serving, upstream
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}]}
 JOB = {"model": "qwen", "input": CHAT}
@@ -40,11 +42,17 @@ def fast_served(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def gateway_url(dsn: str, **extra: Any) -> AsyncIterator[str]:
+async def gateway(dsn: str, **extra: Any) -> AsyncIterator[RunningGateway]:
     async with model_servers(("q0", ["qwen"])) as (server,):
         config = make_config(dsn, [upstream("q0", [server.url], ["qwen"])], **extra)
         async with serving(config, run_job_loops=False) as gw:
-            yield gw.url
+            yield gw
+
+
+async def listed(url: str) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as http, http.get(url + "/v1/jobs") as resp:
+        jobs: list[dict[str, Any]] = (await resp.json())["data"]
+        return jobs
 
 
 async def answers(url: str, key: str) -> list[tuple[int, dict[str, str], Any]]:
@@ -89,12 +97,12 @@ async def test_post_v1_jobs_on_the_fast_path_answers_as_the_asgi_route_does(
     dsn: str, fast_served: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     limits = {"server": {"max_body_bytes": 4096}}
-    async with gateway_url(dsn, **limits) as url:
-        fast = await answers(url, "fast")
+    async with gateway(dsn, **limits) as gw:
+        fast = await answers(gw.url, "fast")
     assert ["/v1/jobs"] * 6 == fast_served
     monkeypatch.setenv(fastpath.ENVIRONMENT, "0")
-    async with gateway_url(dsn, **limits) as url:  # the same store: keys of its own
-        asgi = await answers(url, "asgi")
+    async with gateway(dsn, **limits) as gw:  # the same store: keys of its own
+        asgi = await answers(gw.url, "asgi")
     assert 6 == len(fast_served)  # the second gateway served all through ASGI
     assert [202, 200, 422, 400, 413, 400] == [status for status, _, _ in fast]
     assert "IDEMPOTENCY_KEY_REUSED" == fast[2][2]["error"]["code"]
@@ -106,10 +114,46 @@ async def test_post_v1_jobs_on_the_fast_path_answers_as_the_asgi_route_does(
 async def test_a_create_with_a_query_or_another_method_is_left_to_asgi(
     dsn: str, fast_served: list[str]
 ) -> None:
-    async with gateway_url(dsn) as url, aiohttp.ClientSession() as http:
-        async with http.post(url + "/v1/jobs?wait=0", json=JOB) as resp:
+    async with gateway(dsn) as gw, aiohttp.ClientSession() as http:
+        async with http.post(gw.url + "/v1/jobs?wait=0", json=JOB) as resp:
             waited = resp.status
-        async with http.get(url + "/v1/jobs") as resp:
+        async with http.get(gw.url + "/v1/jobs") as resp:
             listed = resp.status
     assert (202, 200) == (waited, listed)
     assert [] == fast_served
+
+
+async def test_a_create_whose_client_leaves_is_still_made_whole(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path cancels a data-plane request whose client leaves; a create runs to its
+    end (its owner and its job are one thing), only its answer is dropped."""
+    entered, gone, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    create, lost = Jobs.create, FastCycle.lost
+
+    async def held(self: Jobs, request: JobRequest, *, idempotency_key: str | None) -> Any:
+        entered.set()
+        await release.wait()
+        return await create(self, request, idempotency_key=idempotency_key)
+
+    def noticed(self: FastCycle) -> None:
+        lost(self)
+        gone.set()
+
+    monkeypatch.setattr(Jobs, "create", held)
+    monkeypatch.setattr(FastCycle, "lost", noticed)
+    body = json.dumps(JOB).encode()
+    request = b"POST /v1/jobs HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+    request += b"content-length: %d\r\n\r\n%b" % (len(body), body)
+    async with gateway(dsn) as gw:
+        async with connection(gw) as (_, writer):
+            writer.write(request)
+            async with asyncio.timeout(5):
+                await entered.wait()
+        async with asyncio.timeout(5):
+            await gone.wait()  # the server saw the client leave while the create was held
+        release.set()
+        async with asyncio.timeout(5):
+            while not (jobs := await listed(gw.url)):
+                await asyncio.sleep(0.01)
+    assert ["queued"] == [job["state"] for job in jobs]
