@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from datetime import UTC
 from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.core import job_transitions as transitions
@@ -114,12 +115,23 @@ def fenced(job: JobRecord, token: str) -> bool:
     return job.state in LEASED_STATES and job.lease_token == token
 
 
+_JOB_FIELDS = tuple(f.name for f in fields(JobRecord))
+_FIELD_AT = {name: at for at, name in enumerate(_JOB_FIELDS)}
+_ALL_VALUES = attrgetter(*_JOB_FIELDS)
+
+
 def written(job: JobRecord, change: transitions.Change) -> JobRecord:
-    """The job as ``change`` leaves it: what the backend wrote, as reading it back would give."""
+    """The job as ``change`` leaves it: what the backend wrote, as reading it back would give.
+
+    ``dataclasses.replace`` by position (three per job, on SQLite's store thread, under the
+    GIL): its walk of the 29 fields and its keyword call were twice the cost of reading them
+    all with one ``attrgetter`` and calling the class with the changed ones put in place."""
     if not change.values:
         return job
-    values = {name: _as_read(name, value) for name, value in change.values.items()}
-    return replace(job, **values)
+    values = list(_ALL_VALUES(job))
+    for name, value in change.values.items():
+        values[_FIELD_AT[name]] = _as_read(name, value)
+    return JobRecord(*values)
 
 
 def _as_read(name: str, value: Any) -> Any:
