@@ -501,6 +501,7 @@ class WatchedExchange(_Watch):
         "server",
         "while_connected",
     )
+    generated = None
 
     def __init__(  # noqa: PLR0913, PLR0917 - the exchange's parts and the watch's, made once
         self,
