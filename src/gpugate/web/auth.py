@@ -275,29 +275,25 @@ class ClientKeys:
         the usage option, the header rewrite. The headers and body the data plane gets, the
         model, whether the answer's usage is to be hidden, and the parsed body (the
         reservation's estimate reads it)."""
-        gw = self.gateway
         cls_header = principal.class_header(head.requested)  # a bad class: 400 before reserving
-        doc = _json_object(body)
-        model = doc.get("model") if doc is not None else None
-        stream = doc is not None and doc.get("stream") is True
-        hide = False
-        if isinstance(model, str):
-            key = principal.key
-            if not key.may_use_model(model):
-                raise ModelNotAllowed(f"client key {key.prefix}… may not use model {model!r}")
-            if not key.allow_external and model in self._external_models(gw.config):
-                raise ExternalUpstreamForbidden(
-                    f"client key {key.prefix}… may not use an external upstream, and one "
-                    f"serves {model!r}"
-                )
-            if stream and doc is not None and not asks_usage(doc):
-                body, hide = with_include_usage(doc, body), True
-                body = parsed_body(body, with_include_usage_doc(doc))  # the data plane's parse
-            elif doc is not None:
-                body = parsed_body(body, doc)
-        if not isinstance(model, str):
-            model = None
-        return head.admitted(principal, len(body), cls_header), body, model, hide, doc
+        doc = json_document(body)  # BadRequest as the data plane would answer
+        model = doc.get("model") if type(doc) is dict else None
+        if type(model) is not str:  # the data plane's 400 (or a body that is no object)
+            return head.admitted(principal, body, cls_header, same=True), body, None, False, None
+        key = principal.key
+        if key.models is not None and model not in key.models:
+            raise ModelNotAllowed(f"client key {key.prefix}… may not use model {model!r}")
+        if not key.allow_external and model in self._external_models(self.gateway.config):
+            raise ExternalUpstreamForbidden(
+                f"client key {key.prefix}… may not use an external upstream, and one "
+                f"serves {model!r}"
+            )
+        hide = doc.get("stream") is True and not asks_usage(doc)
+        if hide:  # the data plane's parse of the new bytes: built, not parsed
+            body = parsed_body(with_include_usage(doc, body), with_include_usage_doc(doc))
+        else:
+            body = parsed_body(body, doc)
+        return head.admitted(principal, body, cls_header, same=not hide), body, model, hide, doc
 
     async def _raw(
         self, principal: Principal, scope: Scope, receive: Receive
@@ -507,16 +503,16 @@ async def _settle(watch: _Watch) -> None:
 class KeyedExchange:
     """An :class:`~gpugate.web.exchange.Exchange` as :meth:`ClientKeys.serve` hands it to the
     data plane: the admitted headers and body in place of the client's; the answer goes to the
-    client's exchange as it is (``start`` and ``body`` are the client's own, but for a stream
-    whose usage is to be hidden), and the data plane tells :meth:`generated` what a whole
-    answer said — its usage, upstream and model, read once for the GenAI histograms and the
-    key alike. What it holds of the key's limits ends with :meth:`end_local` or :meth:`end`."""
+    client's exchange as it is (``body`` is the client's own, but for a stream whose usage is
+    to be hidden), and the data plane tells :meth:`generated` what a whole answer said — its
+    usage, upstream and model, read once for the GenAI histograms and the key alike. What it
+    holds of the key's limits ends with :meth:`end_local` or :meth:`end`."""
 
     __slots__ = (
         "_body",
         "_ex",
-        "_head",
         "body",
+        "head",
         "headers",
         "held",
         "method",
@@ -525,13 +521,10 @@ class KeyedExchange:
         "principal",
         "query",
         "raw_target",
-        "replayed",
+        "reply",
         "server",
-        "start",
-        "status",
         "stream",
-        "tokens",
-        "upstream",
+        "told",
         "while_connected",
     )
 
@@ -557,19 +550,16 @@ class KeyedExchange:
         self.while_connected: Callable[[Coroutine[Any, Any, None]], Coroutine[Any, Any, None]] = (
             ex.while_connected
         )
-        self.principal = principal
-        self.held = held
-        self.model = model
-        self.status: int | None = None  # set by start or answer, or by the data plane's tale
-        self.replayed = False
-        self.upstream = ""
-        self.tokens: tuple[int, int] | None = None  # the answer's usage, as the data plane read it
-        self._head: list[tuple[bytes, bytes]] | None = None
-        self.stream: StreamUsage | None = None
-        self.start: Callable[..., Coroutine[Any, Any, None]] = self._start
         self.body: Callable[..., Coroutine[Any, Any, None]] = (
             self._hiding if hide else ex.body  # the client's own: nothing to take out
         )
+        self.principal = principal
+        self.held = held
+        self.model = model
+        self.head: list[tuple[bytes, bytes]] | None = None  # a success's head, once started
+        self.reply: Reply | None = None  # the data plane's tale of a whole answer
+        self.told: Generated | None = None
+        self.stream: StreamUsage | None = None
 
     async def read_body(self, declared: int | None, limit: int) -> bytes:
         check_length(declared, limit)
@@ -577,10 +567,11 @@ class KeyedExchange:
             raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
         return self._body
 
-    def _start(
+    def start(
         self, status: int, headers: list[tuple[bytes, bytes]], *, hold: bool = False
     ) -> Coroutine[Any, Any, None]:
-        self.status, self._head = status, headers  # read only if no tale comes (a break)
+        if status < 400:  # an answer that may break before its tale: it counts all the same
+            self.head = headers
         return self._ex.start(status, headers, hold=hold)  # its coroutine: no frame of ours
 
     def _hiding(self, chunk: bytes, *, more: bool) -> Coroutine[Any, Any, None]:
@@ -597,57 +588,58 @@ class KeyedExchange:
     def answer(
         self, status: int, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> Coroutine[Any, Any, None]:
-        """A whole answer: the data plane's own (an error, a replay), never an upstream's."""
-        self.status = status
-        self.replayed = (b"idempotent-replayed", b"true") in headers
+        """A whole answer: the data plane's own (an error, a replay), never an upstream's, so
+        nothing of it counts."""
         return self._ex.answer(status, headers, body)
 
     def generated(self, reply: Reply, told: Generated) -> None:
         """The data plane's tale of a whole answer: its status, upstream, model and usage."""
-        self.status = reply.status
-        self.upstream = reply.upstream.id
-        if reply.model is not None and self.model is not None:
-            self.model = reply.model  # the model that answered (a fallback)
-        if told.input_tokens is not None:  # the answer's usage (else the estimate counts)
-            self.tokens = (told.input_tokens, told.output_tokens or 0)
+        self.reply, self.told = reply, told
 
-    def _answered(self) -> bool:
-        """Whether the upstream answered it (a success, not a replay): its usage counts."""
-        status = self.status
-        if status is None or status >= 400 or self.replayed:
-            return False
-        if self.tokens is None and not self.upstream and self._head is not None:
-            self.upstream = _upstream_of(self._head)  # a break: who answered, from the head
-        return True
-
-    def _usage(self) -> tuple[int, int]:
-        tokens = self.tokens
-        if tokens is None and self.stream is not None and self.stream.usage is not None:
-            tokens = (self.stream.usage.prompt_tokens, self.stream.usage.completion_tokens)
-        if tokens is not None:
-            return tokens
+    def _counted(self) -> tuple[str, str, int, int] | None:
+        """The model, upstream and tokens this request counts (None: nothing answered it, or
+        an error or a replay did): the tale's usage, else a hidden stream's, else the
+        estimate's (an answer that broke off, or came without usage)."""
+        reply, told, model = self.reply, self.told, self.model
+        if reply is not None and told is not None:
+            if reply.status >= 400:
+                return None
+            if reply.model is not None and model is not None:
+                model = reply.model  # the model that answered (a fallback)
+            if told.input_tokens is not None:
+                return model or "", reply.upstream.id, told.input_tokens, told.output_tokens or 0
+            upstream = reply.upstream.id
+        elif self.head is not None:
+            upstream = _upstream_of(self.head)
+        else:
+            return None
+        usage = self.stream.usage if self.stream is not None else None
+        if usage is not None:
+            return model or "", upstream, usage.prompt_tokens, usage.completion_tokens
         held = self.held
-        if held is not None:
-            return held.estimate.prompt_tokens, held.estimate.completion_tokens
-        return 0, 0
+        if held is None:
+            return model or "", upstream, 0, 0
+        return model or "", upstream, held.estimate.prompt_tokens, held.estimate.completion_tokens
 
     def end_local(self, gw: Gateway) -> None:
         """The end of a request whose reservation is local (or none): settled or given back."""
-        if not self._answered():
+        counted = self._counted()
+        if counted is None:
             gw.quota.release_local(self.held)
             return
-        prompt, completion = self._usage()
-        cents = gw.quota.settle_local(self.held, prompt, completion, self.model)
-        gw.usage.record(self.principal, self.model or "", self.upstream, prompt, completion, cents)
+        model, upstream, prompt, completion = counted
+        cents = gw.quota.settle_local(self.held, prompt, completion, model or None)
+        gw.usage.record(self.principal, model, upstream, prompt, completion, cents)
 
     async def end(self, gw: Gateway) -> None:
         """:meth:`end_local` of a per-request reservation in the store."""
-        if not self._answered():
+        counted = self._counted()
+        if counted is None:
             await gw.quota.release(self.held)
             return
-        prompt, completion = self._usage()
-        cents = await gw.quota.settle(self.held, prompt, completion, self.model)
-        gw.usage.record(self.principal, self.model or "", self.upstream, prompt, completion, cents)
+        model, upstream, prompt, completion = counted
+        cents = await gw.quota.settle(self.held, prompt, completion, model or None)
+        gw.usage.record(self.principal, model, upstream, prompt, completion, cents)
 
 
 def _upstream_of(headers: list[tuple[bytes, bytes]]) -> str:
@@ -722,22 +714,27 @@ class _Head:
         return self._secret
 
     def admitted(
-        self, principal: Principal, body_length: int, cls_header: tuple[bytes, bytes] | None
+        self,
+        principal: Principal,
+        body: bytes,
+        cls_header: tuple[bytes, bytes] | None,
+        *,
+        same: bool,
     ) -> list[tuple[bytes, bytes]]:
         """The headers the data plane gets: without the key, an ``Idempotency-Key`` in the key's
-        tenant (one tenant's key never names another's response), the body's length, the class
-        clamped (``cls_header``: :meth:`Principal.class_header`; none for the default class)."""
+        tenant (one tenant's key never names another's response), the body's length (``same``:
+        the body is the one the client sent), the class clamped (``cls_header``:
+        :meth:`Principal.class_header`; none for the default class)."""
         kept = self.kept
-        length = b"%d" % body_length
         if kept is None:  # the common head: the client's list less what changes
             kept = self.headers.copy()
             kept.remove((b"authorization", self.raw))  # type: ignore[arg-type]  # raw is set
             if self.requested is not None:
                 kept.remove((b"x-request-class", self.requested))
-            if self._length != length:
+            if not same or self._length is None:  # else the client's length is the body's
                 if self._length is not None:
                     kept.remove((b"content-length", self._length))
-                kept.append((b"content-length", length))
+                kept.append((b"content-length", b"%d" % len(body)))
             idempotency = self._idempotency
             if idempotency is not None:
                 at = kept.index((b"idempotency-key", idempotency))
@@ -746,7 +743,7 @@ class _Head:
             for at, (name, value) in enumerate(kept):
                 if name == b"idempotency-key":
                     kept[at] = (name, principal.idempotency_prefix + value)
-            kept.append((b"content-length", length))
+            kept.append((b"content-length", b"%d" % len(body)))
         if cls_header is not None:
             kept.append(cls_header)
         return kept
@@ -817,8 +814,3 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replayed
-
-
-def _json_object(body: bytes) -> dict[str, Any] | None:
-    doc = json_document(body)  # BadRequest as the data plane would answer
-    return doc if isinstance(doc, dict) else None
