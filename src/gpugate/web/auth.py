@@ -550,16 +550,18 @@ class KeyedExchange:
         self.while_connected: Callable[[Coroutine[Any, Any, None]], Coroutine[Any, Any, None]] = (
             ex.while_connected
         )
-        self.body: Callable[..., Coroutine[Any, Any, None]] = (
-            self._hiding if hide else ex.body  # the client's own: nothing to take out
-        )
+        self.stream: StreamUsage | None = None
+        if hide:  # not a method of self: a bound method kept on self would make a cycle
+            self.stream = StreamUsage(hide=True)
+            self.body: Callable[..., Coroutine[Any, Any, None]] = _Hiding(self.stream, ex).body
+        else:
+            self.body = ex.body  # the client's own: nothing to take out
         self.principal = principal
         self.held = held
         self.model = model
         self.head: list[tuple[bytes, bytes]] | None = None  # a success's head, once started
         self.reply: Reply | None = None  # the data plane's tale of a whole answer
         self.told: Generated | None = None
-        self.stream: StreamUsage | None = None
 
     async def read_body(self, declared: int | None, limit: int) -> bytes:
         check_length(declared, limit)
@@ -573,17 +575,6 @@ class KeyedExchange:
         if status < 400:  # an answer that may break before its tale: it counts all the same
             self.head = headers
         return self._ex.start(status, headers, hold=hold)  # its coroutine: no frame of ours
-
-    def _hiding(self, chunk: bytes, *, more: bool) -> Coroutine[Any, Any, None]:
-        """A piece of a stream whose usage the gateway asked for: what asking added taken out."""
-        stream = self.stream
-        if stream is None:
-            stream = self.stream = StreamUsage(hide=True)
-        if not more or not stream.passes(chunk):
-            chunk = stream.feed(chunk)
-            if not more:
-                chunk += stream.flush()
-        return self._ex.body(chunk, more=more)
 
     def answer(
         self, status: int, headers: list[tuple[bytes, bytes]], body: bytes
@@ -640,6 +631,25 @@ class KeyedExchange:
         model, upstream, prompt, completion = counted
         cents = await gw.quota.settle(self.held, prompt, completion, model or None)
         gw.usage.record(self.principal, model, upstream, prompt, completion, cents)
+
+
+class _Hiding:
+    """A stream's pieces on their way to the client, what asking for its usage added taken
+    out (:class:`~gpugate.core.usage.StreamUsage`)."""
+
+    __slots__ = ("_ex", "_stream")
+
+    def __init__(self, stream: StreamUsage, ex: Exchange) -> None:
+        self._stream = stream
+        self._ex = ex
+
+    def body(self, chunk: bytes, *, more: bool) -> Coroutine[Any, Any, None]:
+        stream = self._stream
+        if not more or not stream.passes(chunk):
+            chunk = stream.feed(chunk)
+            if not more:
+                chunk += stream.flush()
+        return self._ex.body(chunk, more=more)
 
 
 def _upstream_of(headers: list[tuple[bytes, bytes]]) -> str:
