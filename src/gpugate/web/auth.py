@@ -231,8 +231,11 @@ class ClientKeys:
             body = await ex.read_body(None, gw.config.server.max_body_bytes)
             headers, body, model, hide, doc = self._checked(principal, head, body)
             held = None
-            if principal.limited:
-                held = await gw.quota.reserve(principal, model, doc, len(body))
+            if principal.limited:  # from this replica's slice, else the store's (or a 429)
+                quota = gw.quota
+                held = quota.reserve_now(principal, model, doc, len(body)) or await quota.reserve(
+                    principal, model, doc, len(body)
+                )
         except GpugateError as exc:
             await ex.answer(*self._refusal(ex.headers, exc))
             return
