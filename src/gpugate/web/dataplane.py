@@ -226,7 +226,7 @@ class Handler:
             await ex.body(last, more=False)
         finally:
             if code is None and reply.at_eof() and out.model is not None:
-                _generated(gw, out, reply, seen)
+                _generated(gw, out, reply, seen, ex)
             reply.close(code)
             if ticket is not None:
                 await asyncio.shield(gw.idempotency.abandon(ticket))
@@ -289,12 +289,15 @@ async def _relay_kept(
     return held, kept
 
 
-def _generated(gw: Gateway, out: Outbound, reply: Reply, seen: Generation) -> None:
-    """A whole answer went by: its GenAI histograms and the request span's usage."""
+def _generated(gw: Gateway, out: Outbound, reply: Reply, seen: Generation, ex: Exchange) -> None:
+    """A whole answer went by: its GenAI histograms, the request span's usage, and the
+    exchange's :attr:`~Exchange.generated` told (a client key's usage)."""
     told = seen.finish(model=out.span.recording)  # the answer's model is only a span's
     if reply.status < 300:
         gw.proxy.generated(out, reply, told)
     generated_span(out.span, reply.status, told)
+    if ex.generated is not None:
+        ex.generated(reply, told)
 
 
 async def _relay_stream(
@@ -440,7 +443,7 @@ async def _relay_events(gw: Gateway, out: Outbound, reply: Reply, ex: Exchange) 
             gw.metrics.continuations.labels(out.model or "", "completed_missing_done").inc()
         if end is None:  # the reply ended after its last events were sent
             await ex.body(b"", more=False)
-        _generated(gw, out, events.reply, seen)
+        _generated(gw, out, events.reply, seen, ex)
     finally:
         events.reply.close(code)
 
