@@ -286,6 +286,17 @@ class Processes:
                     f"{name} exited with {code}:\n" + "\n".join([*panics, log[-2000:]])
                 )
 
+    def stop_one(self, name: str) -> None:
+        """End ``name`` alone (SIGTERM, then SIGKILL of its group) and forget it."""
+        proc = self._procs.pop(name)
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
     def stop(self) -> None:
         for proc in self._procs.values():
             if proc.poll() is None:
