@@ -15,7 +15,6 @@ Each round starts every gateway afresh (the RSS of a process is what its own his
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -23,13 +22,11 @@ from functools import partial
 from pathlib import Path
 
 import uvloop
-from proxy_bursts import start_gateway
+from proxy_bursts import prepare, start_gateway
 from proxy_load import BODIES, MIXES, hold_streams, run_wrk
 from proxy_report import fmt, table
-from proxy_targets import CHAT, BenchError, Cores, Processes, rss_mb, start_all
+from proxy_targets import CHAT, BenchError, Processes, rss_mb, start_all
 from venvs import VenvError
-
-from proxy import ensure_tools, ensure_venvs, raise_fd_limit
 
 
 def main() -> int:
@@ -41,21 +38,11 @@ def main() -> int:
     parser.add_argument("--baseline", metavar="REV", help="also gpugate at REV (gpugate-base)")
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=SRC")
     args = parser.parse_args()
-    trees = dict(spec.partition("=")[::2] for spec in args.tree)
-    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-    if args.baseline:
-        targets.append("gpugate-base")
-    targets = list(dict.fromkeys([*targets, *(f"gpugate@{name}" for name in trees)]))
-    wrk, nginx = ensure_tools()
     try:
-        tools = ensure_venvs(tuple(targets), args.baseline)
+        trees, targets, tools, (wrk, nginx), cores = prepare(args)
     except VenvError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
-    raise_fd_limit()
-    cores = Cores.split(pin=True)
-    print(f"cores: {cores.describe()}", flush=True)
-    os.sched_setaffinity(0, cores.load)
     rows: dict[str, list[tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="gpugate-bench-") as tmp, Processes(Path(tmp)) as procs:
         try:
