@@ -7,10 +7,10 @@ latency EWMA, and its health as seen by two observers.
   endpoint when the failures in a rolling window reach ``failure_ratio`` (with at least
   ``min_samples`` outcomes; the window counts outcomes in :data:`WINDOW_SLICES` slices of time, so
   its memory is bounded whatever the request rate), or after ``consecutive_failures`` in a row —
-  but never on a single failure. An ejected endpoint sits out ``cooldown_s``; then it is *half-
-  open*: exactly one probe request may go through (:func:`try_acquire_probe`, or :func:`claim`).
-  The probe's success closes the circuit and resets the cooldown; its failure ejects again for
-  twice as long, up to ``max_cooldown_s``.
+  but never on a single failure. An ejected endpoint sits out ``cooldown_s``; then it is
+  *half-open*: exactly one probe request may go through (:func:`try_acquire_probe`, or
+  :func:`claim`). The probe's success closes the circuit and resets the cooldown; its failure
+  ejects again for twice as long, up to ``max_cooldown_s``.
 * **Active health** is an optional prober's verdict (:func:`mark_probe_result`): down after
   ``down_after_failed_probes`` failed probes in a row, up again after one success. It is
   independent of passive health: an endpoint is available only when both allow it.
