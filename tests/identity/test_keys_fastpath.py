@@ -10,14 +10,16 @@ client, SQLite as the store.
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import aiohttp
 import pytest
 from keyed import ENVIRON, bearer, chat, create_key, keyed_config
 
+from gpugate.core.usage import StreamUsage
 from gpugate.fleet import ServerBehaviour
-from gpugate.web.auth import ClientKeys
+from gpugate.web.auth import ClientKeys, KeyedExchange
 from harness import eventually, model_servers, serving
 
 CHAT = "/v1/chat/completions"
@@ -122,3 +124,32 @@ async def _until_admitted(
             break
         await asyncio.sleep(0.02)
     return statuses
+
+
+async def test_a_keyed_request_leaves_nothing_of_its_own_for_the_cyclic_collector(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """Its exchange, its hidden stream and their answer are freed when it ends: a cycle of
+    them (a bound method kept on the exchange did that once) would hold each stream's objects
+    until the collector runs, and make it run more."""
+    async with model_servers(("u", ["m"])) as (server,):
+        config = keyed_config(sqlite_dsn, [server.url], ["m"])
+        async with serving(config, environ=ENVIRON) as gw:
+            free = (await create_key(http, gw.url))["key"]
+            limited = (await create_key(http, gw.url, limits={"requests_per_min": 10**6}))["key"]
+            asked = {"stream_options": {"include_usage": True}}
+            bodies = [chat(), chat(stream=True), chat(stream=True, **asked)]
+            gc.collect()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                for secret in (free, limited):
+                    for body in bodies:
+                        async with http.post(gw.url + CHAT, json=body, headers=bearer(secret)) as r:
+                            assert 200 == r.status
+                            await r.read()
+                gc.collect()
+                ours = [o for o in gc.garbage if type(o) in (KeyedExchange, StreamUsage)]
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+    assert [] == ours

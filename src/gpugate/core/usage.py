@@ -18,6 +18,12 @@ from typing import Any
 _NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,')
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 _MAX_EVENT = 1 << 20  # a single SSE event larger than this is passed on unread
+#: The usage object as OpenAI-compatible servers write it, both counts whole numbers each ended
+#: by a comma or the object's end: what a JSON parse of it says, read by one regex match
+_PLAIN_USAGE = re.compile(
+    rb'"usage"\s*:\s*\{\s*"prompt_tokens"\s*:\s*(\d{1,15})\s*,'
+    rb'\s*"completion_tokens"\s*:\s*(\d{1,15})\s*[,}]'
+)
 
 
 @dataclass(slots=True)  # not frozen: one per keyed response, and frozen costs a setattr per field
@@ -54,6 +60,9 @@ def json_usage(body: bytes) -> Usage | None:
     at = body.rfind(b'"usage"')
     if at < 0:
         return None
+    plain = _PLAIN_USAGE.match(body, at)  # the common layout: no decode, no parse
+    if plain is not None:
+        return Usage(int(plain[1]), int(plain[2]))
     start = body.find(b"{", at)
     colon = body.find(b":", at)
     if 0 <= colon < start and not body[colon + 1 : start].strip():

@@ -73,28 +73,39 @@ class Issued:
 
 
 class KeyCache:
-    """Offered secret → (principal or unknown, until when it is trusted): bounded, oldest
-    first out (a plain dict keeps its insertion order; an entry put again moves to the end)."""
+    """Offered secret (or a raw ``Authorization`` value that carried one, :meth:`alias`) →
+    (principal or unknown, until when it is trusted): bounded, oldest first out (a plain dict
+    keeps its insertion order; an entry put again moves to the end)."""
 
     def __init__(self, ttl_s: float, size: int) -> None:
         self.ttl_s = ttl_s
         self.size = size
-        self._entries: dict[str, tuple[object, float]] = {}
+        self._entries: dict[str | bytes, tuple[object, float]] = {}
 
-    def get(self, key: str, now: float) -> object | None:
+    def get(self, key: str | bytes, now: float) -> object | None:
         entry = self._entries.get(key)
         if entry is None or now >= entry[1]:
             return None
         return entry[0]
 
-    def put(self, key: str, value: object, now: float) -> None:
+    def put(self, key: str | bytes, value: object, now: float) -> None:
+        self._keep(key, (value, now + self.ttl_s))
+
+    def alias(self, key: str | bytes, existing: str | bytes) -> None:
+        """``key`` names the entry of ``existing`` too, trusted until the same moment (so an
+        alias never stretches the revocation delay); nothing if there is no such entry."""
+        entry = self._entries.get(existing)
+        if entry is not None:
+            self._keep(key, entry)
+
+    def _keep(self, key: str | bytes, entry: tuple[object, float]) -> None:
         entries = self._entries
         entries.pop(key, None)
-        entries[key] = (value, now + self.ttl_s)
+        entries[key] = entry
         while len(entries) > self.size:
             del entries[next(iter(entries))]
 
-    def drop(self, key: str) -> None:
+    def drop(self, key: str | bytes) -> None:
         self._entries.pop(key, None)
 
     def __len__(self) -> int:
@@ -127,6 +138,24 @@ class Keys:
         if found is None:
             found = self._unknown.get(cached, now)
         return None if found is None else self._let_in(found)
+
+    def known_header(self, authorization: bytes) -> Principal | None:
+        """:meth:`known` for a request's raw ``Authorization`` value, when that value was seen
+        before with a real key (:meth:`authenticate_header`): one dict lookup, no parse of the
+        header, no decode; None when it is not cached."""
+        found = self._cache.get(authorization, self._clock.monotonic())
+        if found is None:
+            return None
+        return found if type(found) is Principal and not found.dated else self._let_in(found)
+
+    async def authenticate_header(self, authorization: bytes, secret: str | None) -> Principal:
+        """:meth:`authenticate` of the ``secret`` a raw ``Authorization`` value offers; a real
+        key's value is remembered beside its secret, with the same expiry, for
+        :meth:`known_header` (a wrong key's never: the cache of real keys stays theirs)."""
+        principal = await self.authenticate(secret)
+        if secret is not None and len(authorization) <= MAX_CACHED_SECRET:
+            self._cache.alias(authorization, secret)
+        return principal
 
     async def authenticate(self, secret: str | None) -> Principal:
         """The principal of a request offering ``secret``; :class:`Unauthorized` for none, a

@@ -166,6 +166,26 @@ class Quota:
         self._minute: tuple[tuple[object, ...], Windows | None] = ((), None)
         self._minute_ends = -math.inf  # when _minute's windows stop being now (monotonic)
 
+    def reserve_now(
+        self, principal: Principal, model: str | None, doc: object, body_size: int
+    ) -> Reservation | None:
+        """:meth:`reserve` of a key whose estimate this replica's slice holds already: no
+        await, no store; None when it does not (a key without a lease yet, or a short one, or
+        with a concurrency limit: then :meth:`reserve` refills, asks the store or refuses)."""
+        key = principal.key
+        lease = self._leases.get(key.id)
+        if lease is None or key.limits.concurrency is not None:
+            return None
+        spans = self._current_windows()
+        if lease.windows is not spans:
+            return None
+        price = self._prices(model) if model is not None else None
+        est = estimate(doc if type(doc) is dict else None, body_size, price)
+        if lease.short(est) is not None:
+            return None
+        lease.take(1, est.tokens, est.cents)
+        return Reservation(key.id, spans, est, price, leased=True)
+
     async def reserve(
         self, principal: Principal, model: str | None, doc: object, body_size: int
     ) -> Reservation | None:
@@ -174,14 +194,13 @@ class Quota:
         key = principal.key
         if not principal.limited:
             return None
+        held = self.reserve_now(principal, model, doc, body_size)
+        if held is not None:
+            return held
         price = self._prices(model) if model is not None else None
         est = estimate(doc if isinstance(doc, dict) else None, body_size, price)
         spans = self._current_windows()
         if key.limits.concurrency is None:
-            lease = self._leases.get(key.id)
-            if lease is not None and lease.windows is spans and lease.short(est) is None:
-                lease.take(1, est.tokens, est.cents)  # the slice holds it: no await
-                return Reservation(key.id, spans, est, price, leased=True)
             code = await self._lease(key.id, key.limits, est, spans)
             if code is None:
                 return Reservation(key.id, spans, est, price, leased=True)

@@ -32,7 +32,7 @@ import hmac
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -62,6 +62,10 @@ from gpugate.web.exchange import Exchange, check_length
 from gpugate.web.requestid import HEADER as REQUEST_ID
 from gpugate.web.requestid import RequestIds
 from gpugate.wiring import Gateway
+
+if TYPE_CHECKING:
+    from gpugate.services.proxy import Reply
+    from gpugate.telemetry import Generated
 
 OPENAI_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 RAW_PREFIX = "/u/"
@@ -207,27 +211,45 @@ class ClientKeys:
     async def serve(self, ex: Exchange, plane: _Plane) -> None:
         """A keyed request to an OpenAI route, as :meth:`__call__` does it, over an
         :class:`~gpugate.web.exchange.Exchange` instead of ASGI (the fast path): the data plane
-        (``plane``) sees the admitted headers and body, and its response goes through the
-        request's :class:`_Watch` on its way to ``ex``."""
+        (``plane``) is handed a :class:`KeyedExchange` with the admitted headers and body,
+        which the data plane tells what the answer said (its usage), so the answer itself goes
+        to ``ex`` unwatched unless the usage asked for it is to be hidden."""
         keys = self.gateway.keys
         assert keys is not None
         head = _Head(ex.headers)
         gw = self.gateway
         try:  # no await but the body's read for a cached key without limits
-            principal = keys.known(head.secret) or await keys.authenticate(head.secret)
+            raw = head.raw
+            principal = (keys.known_header(raw) if raw is not None else None) or (
+                keys.known(head.secret)
+                or await (
+                    keys.authenticate(head.secret)
+                    if raw is None
+                    else keys.authenticate_header(raw, head.secret)
+                )
+            )
             body = await ex.read_body(None, gw.config.server.max_body_bytes)
             headers, body, model, hide, doc = self._checked(principal, head, body)
             held = None
-            if principal.limited:
-                held = await gw.quota.reserve(principal, model, doc, len(body))
+            if principal.limited:  # from this replica's slice, else the store's (or a 429)
+                quota = gw.quota
+                held = quota.reserve_now(principal, model, doc, len(body)) or await quota.reserve(
+                    principal, model, doc, len(body)
+                )
         except GpugateError as exc:
             await ex.answer(*self._refusal(ex.headers, exc))
             return
-        watched = WatchedExchange(ex, headers, body, gw, principal, held, model, hide)
+        keyed = KeyedExchange(ex, headers, body, principal, held, model, hide=hide)
         try:
-            await plane.serve(watched, openai=True)
+            await plane.serve(keyed, openai=True)
         finally:
-            await _settle(watched)
+            try:
+                if held is not None and not held.leased:  # the store's settle: never cut off
+                    await asyncio.shield(keyed.end(gw))
+                else:
+                    keyed.end_local(gw)
+            except GpugateError as exc:  # the answer is out already; the counts are late
+                log.warning("usage of key %s not settled: %s", principal.key.prefix, exc.message)
 
     async def _openai(
         self, principal: Principal, head: _Head, scope: Scope, receive: Receive
@@ -256,29 +278,25 @@ class ClientKeys:
         the usage option, the header rewrite. The headers and body the data plane gets, the
         model, whether the answer's usage is to be hidden, and the parsed body (the
         reservation's estimate reads it)."""
-        gw = self.gateway
         cls_header = principal.class_header(head.requested)  # a bad class: 400 before reserving
-        doc = _json_object(body)
-        model = doc.get("model") if doc is not None else None
-        stream = doc is not None and doc.get("stream") is True
-        hide = False
-        if isinstance(model, str):
-            key = principal.key
-            if not key.may_use_model(model):
-                raise ModelNotAllowed(f"client key {key.prefix}… may not use model {model!r}")
-            if not key.allow_external and model in self._external_models(gw.config):
-                raise ExternalUpstreamForbidden(
-                    f"client key {key.prefix}… may not use an external upstream, and one "
-                    f"serves {model!r}"
-                )
-            if stream and doc is not None and not asks_usage(doc):
-                body, hide = with_include_usage(doc, body), True
-                body = parsed_body(body, with_include_usage_doc(doc))  # the data plane's parse
-            elif doc is not None:
-                body = parsed_body(body, doc)
-        if not isinstance(model, str):
-            model = None
-        return head.admitted(principal, len(body), cls_header), body, model, hide, doc
+        doc = json_document(body)  # BadRequest as the data plane would answer
+        model = doc.get("model") if type(doc) is dict else None
+        if type(model) is not str:  # the data plane's 400 (or a body that is no object)
+            return head.admitted(principal, body, cls_header, same=True), body, None, False, None
+        key = principal.key
+        if key.models is not None and model not in key.models:
+            raise ModelNotAllowed(f"client key {key.prefix}… may not use model {model!r}")
+        if not key.allow_external and model in self._external_models(self.gateway.config):
+            raise ExternalUpstreamForbidden(
+                f"client key {key.prefix}… may not use an external upstream, and one "
+                f"serves {model!r}"
+            )
+        hide = doc.get("stream") is True and not asks_usage(doc)
+        if hide:  # the data plane's parse of the new bytes: built, not parsed
+            body = parsed_body(with_include_usage(doc, body), with_include_usage_doc(doc))
+        else:
+            body = parsed_body(body, doc)
+        return head.admitted(principal, body, cls_header, same=not hide), body, model, hide, doc
 
     async def _raw(
         self, principal: Principal, scope: Scope, receive: Receive
@@ -485,35 +503,45 @@ async def _settle(watch: _Watch) -> None:
         log.warning("usage of key %s not settled: %s", watch.principal.key.prefix, exc.message)
 
 
-class WatchedExchange(_Watch):
+class KeyedExchange:
     """An :class:`~gpugate.web.exchange.Exchange` as :meth:`ClientKeys.serve` hands it to the
-    data plane, and the request's :class:`_Watch` in one object: the admitted headers and body
-    in place of the client's, the response watched on its way to the client's exchange."""
+    data plane: the admitted headers and body in place of the client's; the answer goes to the
+    client's exchange as it is (``body`` is the client's own, but for a stream whose usage is
+    to be hidden), and the data plane tells :meth:`generated` what a whole answer said — its
+    usage, upstream and model, read once for the GenAI histograms and the key alike. What it
+    holds of the key's limits ends with :meth:`end_local` or :meth:`end`."""
 
     __slots__ = (
         "_body",
         "_ex",
+        "body",
+        "head",
         "headers",
+        "held",
         "method",
+        "model",
         "path",
+        "principal",
         "query",
         "raw_target",
+        "reply",
         "server",
+        "stream",
+        "told",
         "while_connected",
     )
 
-    def __init__(  # noqa: PLR0913, PLR0917 - the exchange's parts and the watch's, made once
+    def __init__(
         self,
         ex: Exchange,
         headers: list[tuple[bytes, bytes]],
         body: bytes,
-        gateway: Gateway,
         principal: Principal,
         held: Reservation | None,
         model: str | None,
+        *,
         hide: bool,
     ) -> None:
-        super().__init__(gateway, principal, held, model, hide=hide)
         self._ex = ex
         self._body = body
         self.method = ex.method
@@ -525,6 +553,18 @@ class WatchedExchange(_Watch):
         self.while_connected: Callable[[Coroutine[Any, Any, None]], Coroutine[Any, Any, None]] = (
             ex.while_connected
         )
+        self.stream: StreamUsage | None = None
+        if hide:  # not a method of self: a bound method kept on self would make a cycle
+            self.stream = StreamUsage(hide=True)
+            self.body: Callable[..., Coroutine[Any, Any, None]] = _Hiding(self.stream, ex).body
+        else:
+            self.body = ex.body  # the client's own: nothing to take out
+        self.principal = principal
+        self.held = held
+        self.model = model
+        self.head: list[tuple[bytes, bytes]] | None = None  # a success's head, once started
+        self.reply: Reply | None = None  # the data plane's tale of a whole answer
+        self.told: Generated | None = None
 
     async def read_body(self, declared: int | None, limit: int) -> bytes:
         check_length(declared, limit)
@@ -532,18 +572,94 @@ class WatchedExchange(_Watch):
             raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
         return self._body
 
-    async def start(
+    def start(
         self, status: int, headers: list[tuple[bytes, bytes]], *, hold: bool = False
-    ) -> None:
-        self.started(status, headers)
-        await self._ex.start(status, headers, hold=hold)
+    ) -> Coroutine[Any, Any, None]:
+        if status < 400:  # an answer that may break before its tale: it counts all the same
+            self.head = headers
+        return self._ex.start(status, headers, hold=hold)  # its coroutine: no frame of ours
 
-    async def body(self, chunk: bytes, *, more: bool) -> None:
-        await self._ex.body(self.piece(chunk, more=more), more=more)
+    def answer(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Coroutine[Any, Any, None]:
+        """A whole answer: the data plane's own (an error, a replay), never an upstream's, so
+        nothing of it counts."""
+        return self._ex.answer(status, headers, body)
 
-    async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        self.started(status, headers)
-        await self._ex.answer(status, headers, self.piece(body, more=False))
+    def generated(self, reply: Reply, told: Generated) -> None:
+        """The data plane's tale of a whole answer: its status, upstream, model and usage."""
+        self.reply, self.told = reply, told
+
+    def _counted(self) -> tuple[str, str, int, int] | None:
+        """The model, upstream and tokens this request counts (None: nothing answered it, or
+        an error or a replay did): the tale's usage, else a hidden stream's, else the
+        estimate's (an answer that broke off, or came without usage)."""
+        reply, told, model = self.reply, self.told, self.model
+        if reply is not None and told is not None:
+            if reply.status >= 400:
+                return None
+            if reply.model is not None and model is not None:
+                model = reply.model  # the model that answered (a fallback)
+            if told.input_tokens is not None:
+                return model or "", reply.upstream.id, told.input_tokens, told.output_tokens or 0
+            upstream = reply.upstream.id
+        elif self.head is not None:
+            upstream = _upstream_of(self.head)
+        else:
+            return None
+        usage = self.stream.usage if self.stream is not None else None
+        if usage is not None:
+            return model or "", upstream, usage.prompt_tokens, usage.completion_tokens
+        held = self.held
+        if held is None:
+            return model or "", upstream, 0, 0
+        return model or "", upstream, held.estimate.prompt_tokens, held.estimate.completion_tokens
+
+    def end_local(self, gw: Gateway) -> None:
+        """The end of a request whose reservation is local (or none): settled or given back."""
+        counted = self._counted()
+        if counted is None:
+            gw.quota.release_local(self.held)
+            return
+        model, upstream, prompt, completion = counted
+        cents = gw.quota.settle_local(self.held, prompt, completion, model or None)
+        gw.usage.record(self.principal, model, upstream, prompt, completion, cents)
+
+    async def end(self, gw: Gateway) -> None:
+        """:meth:`end_local` of a per-request reservation in the store."""
+        counted = self._counted()
+        if counted is None:
+            await gw.quota.release(self.held)
+            return
+        model, upstream, prompt, completion = counted
+        cents = await gw.quota.settle(self.held, prompt, completion, model or None)
+        gw.usage.record(self.principal, model, upstream, prompt, completion, cents)
+
+
+class _Hiding:
+    """A stream's pieces on their way to the client, what asking for its usage added taken
+    out (:class:`~gpugate.core.usage.StreamUsage`)."""
+
+    __slots__ = ("_ex", "_stream")
+
+    def __init__(self, stream: StreamUsage, ex: Exchange) -> None:
+        self._stream = stream
+        self._ex = ex
+
+    def body(self, chunk: bytes, *, more: bool) -> Coroutine[Any, Any, None]:
+        stream = self._stream
+        if not more or not stream.passes(chunk):
+            chunk = stream.feed(chunk)
+            if not more:
+                chunk += stream.flush()
+        return self._ex.body(chunk, more=more)
+
+
+def _upstream_of(headers: list[tuple[bytes, bytes]]) -> str:
+    for name, value in headers:
+        if name == b"x-gateway-upstream":
+            return value.decode("latin-1")
+    return ""
 
 
 def _served_externally(config: GatewayConfig) -> frozenset[str]:
@@ -553,25 +669,42 @@ def _served_externally(config: GatewayConfig) -> frozenset[str]:
     )
 
 
-class _Head:
-    """A keyed OpenAI-route request's headers, read in one pass: the secret it offers (as
-    :func:`~gpugate.core.keys.offered_secret` finds it), the class it asks for, and every other
-    header but its length, kept in order for :meth:`admitted`."""
+_RARE_KEYS = frozenset({b"api-key", b"x-api-key"})
 
-    __slots__ = ("_idempotency", "kept", "requested", "secret")
+
+class _Head:
+    """A keyed OpenAI-route request's headers, read once: the secret it offers (as
+    :func:`~gpugate.core.keys.offered_secret` finds it), the class it asks for, and how
+    :meth:`admitted` makes the data plane's headers of them.
+
+    The common head — an ``Authorization`` header, no ``api-key`` or ``x-api-key``, no name
+    twice — is read through a dict of it (C loops; ``raw`` is then the ``Authorization`` value,
+    the key cache's fast lookup, and the secret is only parsed out on a miss); any other head
+    by one pass over it."""
+
+    __slots__ = ("_idempotency", "_length", "_secret", "headers", "kept", "raw", "requested")
 
     def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        found = dict(headers)
+        raw = found.get(b"authorization")
+        self.headers = headers
+        self._secret: str | None = None
+        if raw is not None and len(found) == len(headers) and _RARE_KEYS.isdisjoint(found):
+            self.raw: bytes | None = raw
+            self.requested: bytes | None = found.get(b"x-request-class")
+            self._idempotency: bytes | None = found.get(b"idempotency-key")
+            self._length: bytes | None = found.get(b"content-length")
+            self.kept: list[tuple[bytes, bytes]] | None = None  # made by admitted
+            return
+        self.raw = self._idempotency = self._length = None
         kept: list[tuple[bytes, bytes]] = []
         bearer = api_key = x_api_key = requested = None
-        idempotency = -1
         for item in headers:
             name = item[0]
             if name in _DROPPED:
                 value = item[1]
                 if name == b"authorization":
-                    scheme, _, rest = value.partition(b" ")
-                    if scheme.lower() == b"bearer" and rest.strip():
-                        bearer = rest.strip()
+                    bearer = _bearer(value) or bearer
                 elif name == b"x-request-class":
                     requested = value
                 elif name == b"api-key":
@@ -579,29 +712,62 @@ class _Head:
                 elif name == b"x-api-key":
                     x_api_key = value.strip() or None
                 continue  # content-length: the admitted body's goes last
-            if name == b"idempotency-key":
-                idempotency = len(kept)
             kept.append(item)
         chosen = bearer or api_key or x_api_key
-        self.secret = None if chosen is None else chosen.decode("latin-1")
+        self._secret = None if chosen is None else chosen.decode("latin-1")
         self.requested = requested
         self.kept = kept
-        self._idempotency = idempotency
+
+    @property
+    def secret(self) -> str | None:
+        """The secret offered (parsed from ``raw`` only when asked: a key cache miss)."""
+        if self._secret is None and self.raw is not None:
+            bearer = _bearer(self.raw)
+            self._secret = None if bearer is None else bearer.decode("latin-1")
+        return self._secret
 
     def admitted(
-        self, principal: Principal, body_length: int, cls_header: tuple[bytes, bytes] | None
+        self,
+        principal: Principal,
+        body: bytes,
+        cls_header: tuple[bytes, bytes] | None,
+        *,
+        same: bool,
     ) -> list[tuple[bytes, bytes]]:
         """The headers the data plane gets: without the key, an ``Idempotency-Key`` in the key's
-        tenant (one tenant's key never names another's response), the body's length, the class
-        clamped (``cls_header``: :meth:`Principal.class_header`; none for the default class)."""
+        tenant (one tenant's key never names another's response), the body's length (``same``:
+        the body is the one the client sent), the class clamped (``cls_header``:
+        :meth:`Principal.class_header`; none for the default class)."""
         kept = self.kept
-        at = self._idempotency
-        if at >= 0:
-            kept[at] = (b"idempotency-key", principal.idempotency_prefix + kept[at][1])
-        kept.append((b"content-length", b"%d" % body_length))
+        if kept is None:  # the common head: the client's list less what changes
+            kept = self.headers.copy()
+            kept.remove((b"authorization", self.raw))  # type: ignore[arg-type]  # raw is set
+            if self.requested is not None:
+                kept.remove((b"x-request-class", self.requested))
+            if not same or self._length is None:  # else the client's length is the body's
+                if self._length is not None:
+                    kept.remove((b"content-length", self._length))
+                kept.append((b"content-length", b"%d" % len(body)))
+            idempotency = self._idempotency
+            if idempotency is not None:
+                at = kept.index((b"idempotency-key", idempotency))
+                kept[at] = (b"idempotency-key", principal.idempotency_prefix + idempotency)
+        else:
+            for at, (name, value) in enumerate(kept):
+                if name == b"idempotency-key":
+                    kept[at] = (name, principal.idempotency_prefix + value)
+            kept.append((b"content-length", b"%d" % len(body)))
         if cls_header is not None:
             kept.append(cls_header)
         return kept
+
+
+def _bearer(value: bytes) -> bytes | None:
+    """The credentials of an ``Authorization: Bearer`` value, or None."""
+    scheme, _, rest = value.partition(b" ")
+    if scheme.lower() == b"bearer" and rest.strip():
+        return rest.strip()
+    return None
 
 
 def _client_headers(
@@ -661,8 +827,3 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replayed
-
-
-def _json_object(body: bytes) -> dict[str, Any] | None:
-    doc = json_document(body)  # BadRequest as the data plane would answer
-    return doc if isinstance(doc, dict) else None

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 from starlette.types import Receive, Scope, Send
 
 from gpugate.errors import PayloadTooLarge
+
+if TYPE_CHECKING:
+    from gpugate.services.proxy import Reply
+    from gpugate.telemetry import Generated
 
 log = logging.getLogger("gpugate.proxy")
 
@@ -42,6 +46,12 @@ class Exchange(Protocol):
     query: bytes
     headers: list[tuple[bytes, bytes]]
     server: tuple[str, int] | None
+
+    @property
+    def generated(self) -> Callable[[Reply, Generated], None] | None:
+        """Told what a whole answer said (the reply it came from and the data plane's reading
+        of it), when one went by; None: nobody asks (client keys count their usage with it)."""
+        ...
 
     def raw_target(self) -> bytes:
         """The path as the client sent it (percent-encoded)."""
@@ -77,6 +87,7 @@ class AsgiExchange:
     """An :class:`Exchange` over ASGI's ``receive`` and ``send``."""
 
     __slots__ = ("headers", "method", "path", "query", "receive", "scope", "send", "server")
+    generated = None
 
     def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.scope = scope

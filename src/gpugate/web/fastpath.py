@@ -289,6 +289,7 @@ class FastCycle:
         "status",
         "waiting_for_100_continue",
     )
+    generated = None  # the Exchange's: nobody asks what the answer said
 
     def __init__(
         self,
