@@ -77,6 +77,12 @@ class Jobs:
             check_same_request(job, request)
         return job, created
 
+    async def made_before(self, request: JobRequest, *, idempotency_key: str | None) -> bool:
+        """Whether ``idempotency_key`` (the request's tenant's own) already names a job, so
+        that a create would only replay it."""
+        key = tenant_key(request.tenant, idempotency_key)
+        return key is not None and await self._store.job_by_idempotency_key(key) is not None
+
     async def _create_owned(
         self, request: JobRequest, runner: str, idempotency_key: str | None, tenant: str
     ) -> tuple[JobRecord, bool]:

@@ -39,11 +39,13 @@ SHED_SITE = "sync_front"
 @dataclass(frozen=True, slots=True)
 class SyncAnswer:
     """What the front answers: 200 (finished or cached) or 202 (still running), the job's view,
-    and the cache's verdict (None when the model is not cached)."""
+    the cache's verdict (None when the model is not cached), and whether this call made the job
+    (not a repeat of an ``Idempotency-Key`` nor a cache hit)."""
 
     status: int
     view: dict[str, Any]
     cache: str | None = None
+    made: bool = False
 
 
 class SyncFront:
@@ -93,11 +95,11 @@ class SyncFront:
             if cached is not None:
                 return SyncAnswer(200, cached, "hit")
         self._shed_gate(request)
-        job, _ = await self._jobs.create(request, idempotency_key=idempotency_key)
+        job, made = await self._jobs.create(request, idempotency_key=idempotency_key)
         job = await self._waiter.wait(job, wait_s)
         if policy is not None and key is not None:
             self._remember(job, key, policy)
-        return self._answer(job, None if policy is None else "miss")
+        return self._answer(job, None if policy is None else "miss", made=made)
 
     def _shed_gate(self, request: JobRequest) -> None:
         """429 GPU_SATURATED for batch work when every upstream of the model is saturated."""
@@ -116,8 +118,8 @@ class SyncFront:
             self._cache.put(job.model, key, job_view(job), policy)
 
     @staticmethod
-    def _answer(job: JobRecord, cache: str | None) -> SyncAnswer:
-        return SyncAnswer(200 if job.terminal else 202, job_view(job), cache)
+    def _answer(job: JobRecord, cache: str | None, *, made: bool = False) -> SyncAnswer:
+        return SyncAnswer(200 if job.terminal else 202, job_view(job), cache, made)
 
     def __repr__(self) -> str:
         return f"<SyncFront {self._cache!r} {self._waiter!r}>"

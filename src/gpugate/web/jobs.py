@@ -7,9 +7,10 @@ from functools import partial
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gpugate.services.job_quota import charged
 from gpugate.services.jobs import Jobs, event_view, job_view
 from gpugate.web.api import operation, route
-from gpugate.web.auth import keyed_job, tenant_of
+from gpugate.web.auth import keyed_job, principal_of, tenant_of
 from gpugate.web.schemas.jobs import (
     JobCreate,
     JobCreateHeaders,
@@ -51,7 +52,9 @@ def _job(view: JobView, status: int = 200, headers: dict[str, str] | None = None
         403: "MODEL_NOT_ALLOWED, RUNNER_NOT_ALLOWED: the client key may not use it",
         404: "UNKNOWN_MODEL: no runtime serves the model",
         422: "IDEMPOTENCY_KEY_REUSED: the same Idempotency-Key made a job of another body",
-        429: "GPU_SATURATED: with `wait`, a batch job whose every upstream is saturated",
+        429: "RATE_LIMITED, TOKEN_LIMITED, BUDGET_EXCEEDED: the client key is over a limit "
+        "(a job is charged its estimate when it is made); GPU_SATURATED: with `wait`, a batch "
+        "job whose every upstream is saturated",
     },
 )
 async def create_job(
@@ -68,9 +71,19 @@ async def create_job(
     job, 202 if it is still running (see the README's synchronous front).
     """
     job_request, key = keyed_job(request, gateway, body.job_request()), headers.idempotency_key
+    principal = principal_of(request)
     if query.wait is not None:
-        return await create_and_wait(gateway, job_request, key, query.wait, headers.cache_control)
-    job, created = await _jobs(gateway).create(job_request, idempotency_key=key)
+        return await create_and_wait(
+            gateway, job_request, key, query.wait, headers.cache_control, principal
+        )
+    jobs = _jobs(gateway)
+    job, created = await charged(
+        gateway.quota,
+        principal,
+        job_request,
+        lambda: jobs.create(job_request, idempotency_key=key),
+        lambda: jobs.made_before(job_request, idempotency_key=key),
+    )
     return _job(JobView.of(job_view(job)), 202 if created else 200)
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from starlette.responses import Response
 
+from gpugate.core.keys import Principal
+from gpugate.services.job_quota import charged
 from gpugate.services.jobs import JobRequest
-from gpugate.services.sync_front import MAX_WAIT_S
+from gpugate.services.sync_front import MAX_WAIT_S, SyncAnswer
 from gpugate.web.schemas.jobs import JobView
 from gpugate.wiring import Gateway
 
@@ -28,13 +30,26 @@ async def create_and_wait(
     key: str | None,
     wait_s: float,
     cache_control: str | None,
+    principal: Principal | None = None,
 ) -> Response:
-    """200 with the finished (or cached) job, 202 with the job still running after ``wait``."""
-    answer = await gateway.sync_front.create(
+    """200 with the finished (or cached) job, 202 with the job still running after ``wait``;
+    a job it makes is charged to ``principal``'s limits (:mod:`gpugate.services.job_quota`)."""
+
+    async def create() -> tuple[SyncAnswer, bool]:
+        made = await gateway.sync_front.create(
+            job_request,
+            idempotency_key=key,
+            wait_s=min(wait_s, MAX_WAIT_S),
+            use_cache=not no_cache(cache_control),
+        )
+        return made, made.made
+
+    answer, _ = await charged(
+        gateway.quota,
+        principal,
         job_request,
-        idempotency_key=key,
-        wait_s=min(wait_s, MAX_WAIT_S),
-        use_cache=not no_cache(cache_control),
+        create,
+        lambda: gateway.jobs.made_before(job_request, idempotency_key=key),
     )
     headers = {} if answer.cache is None else {CACHE_HEADER: answer.cache}
     view = JobView.of(answer.view)
