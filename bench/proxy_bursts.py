@@ -116,7 +116,26 @@ def burst_row(b: Bursts) -> tuple[float, float, float]:
     return pct(b.latency_ms, 50), pct(b.latency_ms, 99), max(per_burst, default=float("nan"))
 
 
-def main() -> int:  # noqa: C901, PLR0912, PLR0915 - one linear script
+def prepare(
+    args: argparse.Namespace,
+) -> tuple[dict[str, str], list[str], Tools, tuple[str, str], Cores]:
+    """From ``--targets``, ``--baseline`` and ``--tree``: the trees, the targets (each once),
+    their venvs, wrk and nginx, and the cores split (this process moved to the load's)."""
+    trees = dict(spec.partition("=")[::2] for spec in args.tree)
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if args.baseline:
+        targets.append(BASELINE)
+    targets = list(dict.fromkeys([*targets, *(f"gpugate@{name}" for name in trees)]))
+    tools_found = ensure_tools()
+    tools = ensure_venvs(tuple(targets), args.baseline)
+    raise_fd_limit()
+    cores = Cores.split(pin=True)
+    print(f"cores: {cores.describe()}", flush=True)
+    os.sched_setaffinity(0, cores.load)
+    return trees, targets, tools, tools_found, cores
+
+
+def main() -> int:  # noqa: C901, PLR0915 - one linear script
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=int, default=3, help="seconds of bursts per target")
@@ -128,21 +147,11 @@ def main() -> int:  # noqa: C901, PLR0912, PLR0915 - one linear script
         "--gc-watch", action="store_true", help="time every collection (proxy_gc_watch.py)"
     )
     args = parser.parse_args()
-    trees = dict(spec.partition("=")[::2] for spec in args.tree)
-    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-    if args.baseline:
-        targets.append(BASELINE)
-    targets = list(dict.fromkeys([*targets, *(f"gpugate@{name}" for name in trees)]))
-    wrk, nginx = ensure_tools()
     try:
-        tools = ensure_venvs(tuple(targets), args.baseline)
+        trees, targets, tools, (wrk, nginx), cores = prepare(args)
     except VenvError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
-    raise_fd_limit()
-    cores = Cores.split(pin=True)
-    print(f"cores: {cores.describe()}", flush=True)
-    os.sched_setaffinity(0, cores.load)
     added: dict[str, list[tuple[float, float, float]]] = {}
     rps: dict[tuple[str, str], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="gpugate-bench-") as tmp, Processes(Path(tmp)) as procs:

@@ -286,18 +286,29 @@ class Processes:
                     f"{name} exited with {code}:\n" + "\n".join([*panics, log[-2000:]])
                 )
 
+    def stop_one(self, name: str) -> None:
+        """End ``name`` alone (SIGTERM, then SIGKILL of its group) and forget it."""
+        proc = self._procs.pop(name)
+        proc.terminate()
+        _reap(proc)
+
     def stop(self) -> None:
         for proc in self._procs.values():
             if proc.poll() is None:
                 proc.terminate()
         for proc in self._procs.values():
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+            _reap(proc)
         self._procs.clear()
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Wait for a process told to end; after 5 s, SIGKILL its process group."""
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
 
 
 def wait_http(procs: Processes, url: str, timeout_s: float = 30.0) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from gpugate.clock import ManualClock
 from gpugate.core.picking import (
+    WINDOW_SLICES,
     EjectionPolicy,
     EndpointState,
     Health,
@@ -189,6 +190,29 @@ def test_failures_older_than_the_window_do_not_count() -> None:
 
     record_failure(ep, 10.0)  # the window (10 s) now holds just this one
 
+    assert health(ep, 10.0) == Health.HEALTHY
+
+
+def test_the_window_holds_a_bounded_count_of_slices_whatever_the_request_rate() -> None:
+    ep = endpoint()
+    for k in range(50_000):  # 5,000 requests/s for 10 s, then one more
+        record_success(ep, k / 5_000)
+    record_failure(ep, 10.0)
+
+    assert len(ep.outcomes) <= WINDOW_SLICES + 1
+    assert ep.window_failures == 1
+    assert 47_000 < ep.window_samples <= 50_001  # the last 10 s, less up to one slice
+
+
+def test_failures_leave_the_window_when_their_slice_is_as_old_as_the_window() -> None:
+    ep = endpoint(policy=EjectionPolicy(min_samples=3, failure_ratio=0.5))
+    record_failure(ep, 0.2)
+    record_failure(ep, 0.4)
+
+    record_success(ep, 10.0)  # the slice [0, 0.5) started 10 s ago: out
+    record_failure(ep, 10.0)
+
+    assert ep.window_failures == 1
     assert health(ep, 10.0) == Health.HEALTHY
 
 

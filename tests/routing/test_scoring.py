@@ -292,3 +292,28 @@ def test_a_cacheable_prompts_ties_ignore_latency_which_only_tells_past_cache_hit
     chosen = {send(r, eps, chat(f"system prompt {i} " * 30, "q"), seed=i).url for i in range(30)}
 
     assert 1 < len(chosen)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_prompt_under_one_block_is_chosen_as_choose_would_by_load_then_latency(
+    seed: int,
+) -> None:
+    """Router.pick answers a request only load can decide (no blocks, no session, no engine
+    reading) without building Facts: the same endpoint and reason as :func:`choose`, drawing
+    the same random numbers."""
+    draw = random.Random(seed)
+    eps = endpoints(draw.randint(2, 5))
+    for ep in eps:
+        ep.outstanding = draw.randint(0, 2)
+        ep.latency_ewma_s = draw.choice([None, 0.1, 0.2])
+        ep.latency_at = 0.0
+    r = router()
+    planned = r.route("m", None, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert planned.hashes == []
+
+    chosen, reason = r.pick(planned, eps, random.Random(seed), 1.0)
+
+    facts = [Facts(float(ep.outstanding)) for ep in eps]
+    latencies = [ep.latency_ewma_s for ep in eps]
+    expected = choose(facts, CFG, random.Random(seed), latencies=latencies)
+    assert (chosen, reason) == (eps[expected.index], expected.reason)

@@ -22,22 +22,36 @@ from __future__ import annotations
 
 import json
 import ssl
-from typing import Any
-
-import aiohttp
-from yarl import URL
+from typing import TYPE_CHECKING, Any
 
 from gpugate import push_signature
 from gpugate.errors import RuntimeAuthFailed, RuntimeRefused, RuntimeTimeout, RuntimeUnreachable
+
+if TYPE_CHECKING:
+    import aiohttp
 
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 
 class _Session:
-    """The one pooled aiohttp session every runtime's client shares."""
+    """The one pooled aiohttp session every runtime's client shares, made at its first request:
+    aiohttp (and yarl, multidict...) are ~10 MB of a gateway's resident memory, imported only
+    by a gateway that talks to a push worker (issue #21, the RSS target)."""
 
     def __init__(self) -> None:
+        self.started = False
         self.http: aiohttp.ClientSession | None = None
+
+    def get(self) -> aiohttp.ClientSession:
+        assert self.started, "PushClient.start() was not awaited"
+        if self.http is None:
+            import aiohttp
+
+            self.http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(keepalive_timeout=30.0),
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+        return self.http
 
 
 class PushClient:
@@ -64,15 +78,14 @@ class PushClient:
         )
 
     async def start(self) -> None:
-        self._shared.http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(keepalive_timeout=30.0),
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
+        self._shared.started = True
 
     async def close(self) -> None:
-        if self._owner and self._shared.http is not None:
-            await self._shared.http.close()
-            self._shared.http = None
+        if self._owner:
+            self._shared.started = False
+            if self._shared.http is not None:
+                await self._shared.http.close()
+                self._shared.http = None
 
     async def request(
         self,
@@ -84,8 +97,10 @@ class PushClient:
         timeout_s: float,
     ) -> tuple[int, Any]:
         """Send ``body`` (JSON) and read the answer within ``timeout_s`` all told."""
-        session = self._shared.http
-        assert session is not None, "PushClient.start() was not awaited"
+        import aiohttp
+        from yarl import URL
+
+        session = self._shared.get()
         timeout = aiohttp.ClientTimeout(
             total=timeout_s, sock_connect=min(self._connect_timeout_s, timeout_s)
         )
@@ -146,7 +161,7 @@ class PushClient:
             )
 
     def __repr__(self) -> str:
-        state = "open" if self._shared.http is not None else "closed"
+        state = "open" if self._shared.started else "closed"
         return f"<PushClient {state} auth={self._auth}>"
 
 

@@ -97,7 +97,7 @@ class AdmissionPool:
 
     def try_acquire(self) -> Slot | None:
         """A slot if one is free and nobody waits (the hot path: no coroutine, no queue)."""
-        if self._inflight < self._max_inflight and not self.queued:
+        if self._inflight < self._max_inflight and not any(self._queues.values()):  # no waiter
             self._inflight += 1
             return Slot(self._release_slot)
         return None
@@ -112,7 +112,7 @@ class AdmissionPool:
         Raises :class:`~gpugate.errors.QueueFull` at once when ``max_queue`` requests already
         wait, and :class:`~gpugate.errors.QueueTimeout` after ``timeout_s`` without a slot.
         """
-        if self._inflight < self._max_inflight and not self.queued:
+        if self._inflight < self._max_inflight and not any(self._queues.values()):  # no waiter
             self._inflight += 1
             return Slot(self._release_slot)
         if self.queued >= self._max_queue:

@@ -5,11 +5,12 @@ latency EWMA, and its health as seen by two observers.
 
 * **Passive health** (outlier ejection) watches real traffic. :func:`record_failure` ejects the
   endpoint when the failures in a rolling window reach ``failure_ratio`` (with at least
-  ``min_samples`` outcomes), or after ``consecutive_failures`` in a row — but never on a single
-  failure. An ejected endpoint sits out ``cooldown_s``; then it is *half-open*: exactly one probe
-  request may go through (:func:`try_acquire_probe`, or :func:`claim`). The probe's success
-  closes the circuit and resets the cooldown; its failure ejects again for twice as long, up to
-  ``max_cooldown_s``.
+  ``min_samples`` outcomes; the window counts outcomes in :data:`WINDOW_SLICES` slices of time, so
+  its memory is bounded whatever the request rate), or after ``consecutive_failures`` in a row —
+  but never on a single failure. An ejected endpoint sits out ``cooldown_s``; then it is
+  *half-open*: exactly one probe request may go through (:func:`try_acquire_probe`, or
+  :func:`claim`). The probe's success closes the circuit and resets the cooldown; its failure
+  ejects again for twice as long, up to ``max_cooldown_s``.
 * **Active health** is an optional prober's verdict (:func:`mark_probe_result`): down after
   ``down_after_failed_probes`` failed probes in a row, up again after one success. It is
   independent of passive health: an endpoint is available only when both allow it.
@@ -55,6 +56,11 @@ if TYPE_CHECKING:
 DEFAULT_EWMA_ALPHA = 0.3
 #: An idle endpoint's latency figure halves every this many seconds without a new sample.
 LATENCY_HALF_LIFE_S = 10.0
+#: Passive health's window is this many slices of ``window_s / WINDOW_SLICES`` seconds, each
+#: holding a count of outcomes and of failures: a slice leaves the window once its start is
+#: ``window_s`` old, so the window spans the last ``window_s`` less up to one slice. (One entry
+#: per outcome held ~6 MB per endpoint at 7,000 req/s and a 10 s window, kept after the load.)
+WINDOW_SLICES = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +115,9 @@ class EndpointState:
     # load signals (429/503): backed off until this time; consecutive signals double the wait
     backoff_until: float = 0.0
     load_streak: int = 0
-    # passive health
-    outcomes: deque[tuple[float, bool]] = field(default_factory=deque)  # (time, ok) in the window
+    # passive health: the window's slices, oldest first, and its totals
+    outcomes: deque[_Slice] = field(default_factory=deque)
+    window_samples: int = 0
     window_failures: int = 0
     failure_streak: int = 0
     ejected_until: float | None = None  # None: the circuit is closed
@@ -329,15 +336,35 @@ def mark_probe_result(ep: EndpointState, ok: bool, now: float) -> None:
         ep.down = True
 
 
+class _Slice:
+    """One slice of passive health's window: its index (start / width) and its counts."""
+
+    __slots__ = ("failures", "index", "samples")
+
+    def __init__(self, index: int) -> None:
+        self.index, self.samples, self.failures = index, 0, 0
+
+
 def _observe(ep: EndpointState, now: float, *, ok: bool) -> None:
-    ep.outcomes.append((now, ok))
+    window = ep.policy.window_s
+    width = window / WINDOW_SLICES
+    index = int(now // width)
+    outcomes = ep.outcomes
+    if outcomes and outcomes[-1].index == index:
+        current = outcomes[-1]
+    else:
+        current = _Slice(index)
+        outcomes.append(current)
+    current.samples += 1
+    ep.window_samples += 1
     if not ok:
+        current.failures += 1
         ep.window_failures += 1
-    horizon = now - ep.policy.window_s
-    while ep.outcomes and ep.outcomes[0][0] <= horizon:
-        _, old_ok = ep.outcomes.popleft()
-        if not old_ok:
-            ep.window_failures -= 1
+    horizon = now - window
+    while outcomes[0].index * width <= horizon:
+        old = outcomes.popleft()
+        ep.window_samples -= old.samples
+        ep.window_failures -= old.failures
 
 
 def _should_eject(ep: EndpointState) -> bool:
@@ -346,7 +373,7 @@ def _should_eject(ep: EndpointState) -> bool:
         return True
     if ep.window_failures < 2:  # never on a single failure
         return False
-    samples = len(ep.outcomes)
+    samples = ep.window_samples
     return samples >= policy.min_samples and ep.window_failures / samples >= policy.failure_ratio
 
 
@@ -363,4 +390,5 @@ def _close(ep: EndpointState) -> None:
     ep.probing = False
     ep.failure_streak = 0
     ep.outcomes.clear()
+    ep.window_samples = 0
     ep.window_failures = 0

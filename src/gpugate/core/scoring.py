@@ -147,6 +147,32 @@ def choose(
     return Choice(index, _reason(facts[index], loads[index], least, overridden, blocks))
 
 
+def _least_loaded(
+    available: Sequence[EndpointState],
+    signal_of: Callable[[str, str, float], EngineSignal | None],
+    rng: random.Random,
+    now: float,
+) -> EndpointState | None:
+    """:func:`choose`'s answer when nothing but load can decide — no prompt blocks, no session
+    served before, not batch, and no engine reading (else None: ask :func:`choose`) — without
+    its :class:`Facts`: the least outstanding, ties to the lower latency, then at random (the
+    same draws of ``rng``). The bench's short chat turns, and any prompt under one block."""
+    loads = []
+    for ep in available:
+        if signal_of(ep.upstream_id, ep.url, now) is not None:
+            return None
+        loads.append(ep.outstanding)
+    least = min(loads) + _EPSILON
+    ties = [i for i, load in enumerate(loads) if load <= least]
+    if len(ties) > 1:
+        latencies = [picking.latency(available[i], now) for i in ties]
+        known = [v for v in latencies if v is not None]
+        if known:
+            fastest = min(known)
+            ties = [i for i, v in zip(ties, latencies, strict=True) if v is None or v == fastest]
+    return available[ties[0] if len(ties) == 1 else ties[rng.randrange(len(ties))]]
+
+
 def _too_busy(load: float, least: float, cfg: RoutingConfig) -> bool:
     return load - least >= cfg.balance_abs and load >= cfg.balance_rel * least
 
@@ -254,10 +280,14 @@ class Router:
                 return available[0], Reason.LOAD
         affinity = cfg.policy == "prefix_affinity"
         model = route.model
-        runs = self._index(model, cfg).match(model, route.hashes) if affinity else {}
         sessions = self._sessions.get(model)
         last = sessions.get(route.session) if sessions is not None and route.session else None
         signal_of, saturated = self.signal, (self.saturated if route.batch else None)
+        if not route.hashes and last is None and saturated is None:
+            chosen = _least_loaded(available, signal_of, rng, now)
+            if chosen is not None:
+                return chosen, Reason.LOAD
+        runs = self._index(model, cfg).match(model, route.hashes) if affinity else {}
         facts = []
         for ep in available:
             url = ep.url

@@ -51,7 +51,7 @@ from gpugate.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gpugate.metrics import Metrics, bounded, observer
+from gpugate.metrics import Metrics, bounded, incrementer, observer
 from gpugate.retry import Backoff, is_load_signal, parse_retry_after, retryable
 from gpugate.services.attempts import (
     KEEP_LIMIT,
@@ -532,8 +532,8 @@ class Proxy:
     def _picks(self, policy: str, reason: str) -> Any:
         child = self._picked.get((policy, reason))
         if child is None:
-            child = self._picked[policy, reason] = self._metrics.routing_picks.labels(
-                policy, reason
+            child = self._picked[policy, reason] = incrementer(
+                self._metrics.routing_picks.labels(policy, reason)
             )
         return child
 
@@ -584,7 +584,7 @@ class Proxy:
         tried.add(endpoint.url)
         if route is not None and self.router is not None:
             self.router.sent(route, endpoint)
-            self._picks(route.cfg.policy, reason).inc()
+            self._picks(route.cfg.policy, reason)()
         sent_at = self.clock.monotonic()
         cfg = upstream.config
         headers = traced(attempt, self._headers(out, upstream), upstream.endpoints, endpoint)
@@ -746,8 +746,10 @@ class Proxy:
         key = (upstream.id, outcome.value)
         counter = self._attempt_counters.get(key)
         if counter is None:
-            counter = self._attempt_counters[key] = self._metrics.upstream_attempts.labels(*key)
-        counter.inc()
+            counter = self._attempt_counters[key] = incrementer(
+                self._metrics.upstream_attempts.labels(*key)
+            )
+        counter()
 
     def _reply(  # noqa: PLR0913 - one place assembles the reply from the pieces of the path
         self,
@@ -854,8 +856,8 @@ class Proxy:
         key = (model, upstream.id if upstream else "", out.cls.value, code)
         counter = self._counted.get(key)
         if counter is None:
-            counter = self._counted[key] = self._metrics.requests.labels(*key)
-        counter.inc()
+            counter = self._counted[key] = incrementer(self._metrics.requests.labels(*key))
+        counter()
         timed = (model, out.cls.value)
         timer = self._timed.get(timed)
         if timer is None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -488,17 +489,27 @@ async def _continue(
     return rescue
 
 
+_WS = rb"[ \t\r\x0b\x0c]*+"  # what bytes.strip() strips, within a line
+#: A data line that is neither ``[DONE]`` nor a JSON object that is not an error, its ends
+#: checked: searched in ``b"\n" + chunk``, so every line starts with ``\n`` and the search
+#: scans for that literal in C instead of trying ``^`` at every byte (17 against 6 µs for the
+#: bench's 24 events in one piece; the per-line loop it replaces is the spec, pinned in
+#: tests/proxy/test_proxy_well_formed.py).
+_BAD_DATA_LINE = re.compile(
+    rb"\ndata:"
+    + _WS
+    + rb"(?!\[DONE\]"
+    + _WS
+    + rb"(?=\n|\Z)|\{(?!\"error\")[^\n]*\}"
+    + _WS
+    + rb"(?=\n|\Z))"
+)
+
+
 def _well_formed(chunk: bytes) -> bool:
     """Whether every data line of these whole events is ``[DONE]`` or a JSON object that is not
     an error (a cheap check of the ends: a cut-off event fails it)."""
-    for line in chunk.split(b"\n"):
-        if line.startswith(b"data:"):
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                continue
-            if data[:1] != b"{" or data[-1:] != b"}" or data.startswith(b'{"error"'):
-                return False
-    return True
+    return _BAD_DATA_LINE.search(b"\n" + chunk) is None
 
 
 async def _settle(gw: Gateway, ticket: Ticket, reply: Reply, kept: list[bytes] | None) -> None:

@@ -27,6 +27,9 @@ Per request: one task (the data plane awaits the admission queue, the upstream, 
 disconnect watcher — :meth:`connection_lost` cancels the request, which closes the upstream
 request and frees the admission slot at once. ``GPUGATE_FASTPATH=0`` in the environment serves
 everything through ASGI instead (A/B benchmarks, or a suspected fast-path bug).
+
+``POST /v1/jobs`` without a query is served over the same cycle too, by the jobs route's own
+operation (:mod:`gpugate.web.fast_jobs`); the other job routes stay on ASGI.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from gpugate.web.auth import ClientKeys
 from gpugate.web.connections import ConnectionLimits, guarded_protocol
 from gpugate.web.dataplane import DataPlane, Handler
 from gpugate.web.exchange import BrokenStream, ClientGone, check_length
+from gpugate.web.fast_jobs import JobCreation
 from gpugate.web.listeners import ListenerSplit
 from gpugate.web.response_headers import SecurityHeaders, headers_for
 from gpugate.web.shutdown import Progress, ShutdownGuard, answer
@@ -131,6 +135,7 @@ class FastRoutes:
     access_log: bool
     behind_tls_proxy: bool
     admin_port: int | None
+    jobs: JobCreation | None = None  # POST /v1/jobs (gpugate.web.fast_jobs)
 
     @classmethod
     def find(cls, app: ASGIApp) -> FastRoutes | None:
@@ -142,7 +147,8 @@ class FastRoutes:
         layer: object = app
         for _ in range(16):  # the chain is a handful of layers deep
             if isinstance(layer, DataPlane):
-                return cls(layer.handler, guard, keys, logged, tls_proxy, admin_port)
+                jobs = JobCreation.find(layer.app)
+                return cls(layer.handler, guard, keys, logged, tls_proxy, admin_port, jobs)
             if isinstance(layer, ListenerSplit):
                 admin_port = layer.admin_port
             elif isinstance(layer, AccessLog):
@@ -204,9 +210,11 @@ class FastPathProtocol(HttpToolsProtocol):
     def _serve_fast(self) -> bool:
         parser = self.parser
         path, _, query = self.url.partition(b"?")
-        if path not in ROUTES or parser.get_method() != b"POST" or parser.should_upgrade():
-            return False
         routes = self.routes
+        if path not in ROUTES and (routes.jobs is None or not routes.jobs.serves(path, query)):
+            return False
+        if parser.get_method() != b"POST" or parser.should_upgrade():
+            return False
         if routes.admin_port is not None and (self.server or ("", 0))[1] == routes.admin_port:
             return False  # the admin listener's: ListenerSplit answers it
         limit = self.limit_concurrency
@@ -396,6 +404,9 @@ class FastCycle:
             self.abort()  # a response left unfinished must not look whole
 
     async def _serve(self, routes: FastRoutes) -> None:
+        if routes.jobs is not None and self.path == "/v1/jobs":
+            await routes.jobs.serve(self)
+            return
         keys = routes.handler.gateway.keys
         if routes.keys is not None and keys is not None and keys.enforced:
             await routes.keys.serve(self, routes.handler)  # the keys' checks, no ASGI
