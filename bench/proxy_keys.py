@@ -13,17 +13,31 @@ Run alone (the open gpugate and the keyed one only, from the ``gpugate`` on ``PY
 another tree's ``src`` gives that tree's figures with this script)::
 
     python bench/proxy_keys.py [--duration 5] [--rounds 3]
+
+``--instructions`` counts instead, with callgrind (``valgrind``, installed with apt when missing):
+the machine instructions per request of gpugate's own code, open against each key, with no
+transport (the data plane's ``Handler`` and ``ClientKeys.serve`` over an exchange in memory, as
+the fast path calls them; the upstream client answers from memory as in
+``hotpath_micro.py --gateway``). Unlike CPU time it does not move with the machine's load, so a
+change of a few hundred instructions shows; what it cannot show is what the real server's
+colder caches add (about 2-3x per instruction on the keys' own code)::
+
+    python bench/proxy_keys.py --instructions [--requests 400]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from proxy_load import BODIES, MIXES, run_wrk
 from proxy_targets import (
@@ -114,13 +128,146 @@ def phase_keys(
     return problems, shares
 
 
+# -- instructions per request (callgrind) -------------------------------------------------------
+
+KINDS = {"open": None, "keys": KEY_FREE, "keys+limits": KEY_LIMITED}
+_TOGGLE = "functools_reduce"  # callgrind counts only inside this C function: the measured loop
+
+
+class _MemoryExchange:
+    """The fast path's exchange, in memory: the body handed over, the answer counted."""
+
+    __slots__ = ("_body", "headers", "method", "path", "query", "server", "status")
+    generated = None
+
+    def __init__(self, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.method, self.path, self.query = "POST", "/v1/chat/completions", b""
+        self.headers, self.server, self._body = headers, ("127.0.0.1", 1), body
+        self.status = 0
+
+    def raw_target(self) -> bytes:
+        return b"/v1/chat/completions"
+
+    async def read_body(self, _declared: int | None, _limit: int) -> bytes:
+        return self._body
+
+    async def start(self, status: int, _headers: Any, *, hold: bool = False) -> None:  # noqa: ARG002
+        self.status = status
+
+    async def body(self, chunk: bytes, *, more: bool) -> None:
+        pass
+
+    async def answer(self, status: int, _headers: Any, _body: bytes) -> None:
+        self.status = status
+
+    async def while_connected(self, work: Any) -> None:
+        await work
+
+
+def _counted_child(mix: str, kind: str, requests: int) -> None:
+    """In the child under callgrind: warm up, switch instrumentation on, run ``requests``
+    requests inside ``functools.reduce`` (the only code counted), leave."""
+    import uvloop
+    from hotpath_micro import _stub_send
+    from proxy_targets import chat_completion, sse_stream
+
+    from gpugate.config.loader import parse_config
+    from gpugate.web.app import create_app
+    from gpugate.web.fastpath import FastRoutes
+    from gpugate.wiring import build_gateway
+
+    answers = {
+        "chat": ([(b"content-type", b"application/json")], [chat_completion()]),
+        "sse": ([(b"content-type", b"text/event-stream")], [sse_stream()]),
+    }
+    tmp = tempfile.mkdtemp(prefix="gpugate-keys-count-")
+    models = "[json-model, sse-model]"
+    config = parse_config(
+        f"listen: 127.0.0.1:1\nstore: sqlite:///{tmp}/count.db\nupstreams:\n"
+        f"  - {{id: json-model, urls: ['http://127.0.0.1:9', 'http://127.0.0.1:10'],"
+        f" models: {models}, max_inflight: 4096, max_queue: 10000}}\n"
+        "auth: {mode: keys, bootstrap_keys_env: BENCH_KEYS}\n"
+    )
+    loop = uvloop.new_event_loop()
+    built = build_gateway(
+        config, environ={**os.environ, **key_env()}, probe_interval_s=3600, run_job_loops=False
+    )
+    gw = loop.run_until_complete(built.__aenter__())
+    gw.proxy._client.send = _stub_send([answers[mix]])  # noqa: SLF001
+    routes = FastRoutes.find(create_app(gw))
+    assert routes is not None
+    assert routes.keys is not None
+    body, key = BODIES[mix], KINDS[kind]
+
+    async def run(n: int) -> None:
+        for _ in range(n):
+            headers = [
+                (b"host", b"127.0.0.1:8080"),
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+            ]
+            if key is not None:
+                headers.append((b"authorization", b"Bearer " + key.encode()))
+            ex = _MemoryExchange(headers, body)
+            if key is None:
+                await routes.handler.serve(ex, openai=True)
+            else:
+                await routes.keys.serve(ex, routes.handler)
+            assert ex.status == 200, ex.status
+
+    loop.run_until_complete(run(300))  # warm: the key cache, the lease, every code path
+    control = subprocess.Popen(["callgrind_control", "-i", "on", str(os.getpid())])
+    while control.poll() is None:  # busy, so that valgrind sees the command
+        pass
+    functools.reduce(lambda _a, _b: loop.run_until_complete(run(requests)), [0], 0)
+    os._exit(0)  # no teardown counted or waited for
+
+
+def count_instructions(requests: int) -> int:
+    """Instructions per request for each mix and kind, printed with their share of open's."""
+    if shutil.which("valgrind") is None:
+        subprocess.run(["apt-get", "install", "-y", "valgrind"], check=True)
+    print(f"== instructions per request, in process, callgrind ({requests} requests each) ==")
+    for mix in ("chat", "sse"):
+        base = 0
+        for kind in KINDS:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "callgrind.out"
+                argv = [
+                    "valgrind", "--tool=callgrind", "--instr-atstart=no",
+                    "--collect-atstart=no", f"--toggle-collect={_TOGGLE}",
+                    f"--callgrind-out-file={out}",
+                    sys.executable, __file__, "--count-child", mix, kind, str(requests),
+                ]  # fmt: skip
+                done = subprocess.run(argv, capture_output=True, text=True, check=False)
+                totals = [ln for ln in out.read_text().splitlines() if ln.startswith("summary:")]
+                if done.returncode != 0 or not totals:
+                    print(done.stderr[-2000:], file=sys.stderr)
+                    return 1
+                per = int(totals[0].split()[1]) // requests
+            base = base or per
+            print(
+                f"  {mix:<5} {kind:<12} {per:9,d} instructions a request"
+                f"  (+{per - base:7,d}, {per / base:6.1%} of open)"
+            )
+    return 0
+
+
 def main() -> int:
     from proxy import ensure_tools, ensure_venvs, raise_fd_limit
 
+    if sys.argv[1:2] == ["--count-child"]:
+        _counted_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     parser = argparse.ArgumentParser(description="auth.mode keys against open, alone")
     parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run (5)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"alternated rounds ({ROUNDS})")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions (callgrind) instead"
+    )
+    parser.add_argument("--requests", type=int, default=400, help="requests counted (400)")
     args = parser.parse_args()
+    if args.instructions:
+        return count_instructions(args.requests)
     wrk, nginx = ensure_tools()
     targets = ("direct", "gpugate")
     tools = ensure_venvs(targets)

@@ -17,9 +17,13 @@ every request through untouched. With ``keys``, on the data-plane routes it
    model, upstream); an error response or a replay gives the reservation back.
 
 The fast path (:mod:`gpugate.web.fastpath`) serves the OpenAI routes without ASGI: it calls
-:meth:`ClientKeys.serve` with its exchange, which does the same through the same code
-(:meth:`ClientKeys.admit` for 1 to 5, :class:`_Watch`'s ``started``/``piece`` hooks and the shielded
-settle for 6) and hands the data plane a :class:`WatchedExchange`. ``/u/`` stays on ASGI.
+:meth:`ClientKeys.serve` with its exchange, which does 1 to 5 through the same code
+(:meth:`ClientKeys._checked`) and hands the data plane a :class:`KeyedExchange`: the answer goes
+to the client unwatched (but for a stream whose usage is hidden), and 6 reads what the data plane
+tells the exchange a whole answer said (``Exchange.generated``: its usage, upstream and model, the
+reading the GenAI histograms take anyway) instead of reading the answer again. Under ASGI
+(``/u/``, ``GPUGATE_FASTPATH=0``) :class:`_Watch` watches the ASGI messages and reads the usage
+itself (:func:`~gpugate.core.usage.json_usage`, :class:`~gpugate.core.usage.StreamUsage`).
 
 The job routes and ``/v1/models`` check keys in :func:`authorize_client`, called by
 :class:`gpugate.web.api.Endpoint` for every ``Security.CLIENT`` operation.
