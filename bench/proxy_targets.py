@@ -476,6 +476,8 @@ def start_all(
         elif target in GATEWAYS:
             argv = gateway_argv(target, workdir, ports[target]["json"], up, tools)
             env = {**os.environ, **_ENVIRONMENTS[target]} if target in _ENVIRONMENTS else None
+            if target == BASELINE:  # that revision's own gpugate, never a PYTHONPATH's
+                env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
             pids[target] = dict.fromkeys(LANES, procs.start(target, cores.wrap(argv), env=env))
         elif target in PROTOTYPES:
             argv = prototype_argv(tools, target, ports[target]["json"], up)
