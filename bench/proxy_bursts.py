@@ -28,7 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-from proxy_load import BODIES, BURST, MIXES, RATE, Bursts, paced_bursts, pct, run_wrk
+from proxy_load import (
+    BODIES,
+    BURST,
+    MIXES,
+    RATE,
+    Bursts,
+    paced_bursts,
+    pct,
+    run_wrk,
+    slow_streams,
+)
 from proxy_report import fmt, table
 from proxy_targets import (
     BASELINE,
@@ -49,6 +59,8 @@ from proxy_targets import (
 from venvs import VenvError
 
 from proxy import ensure_tools, ensure_venvs, raise_fd_limit
+
+TTFB_CLIENTS = 256  # as bench/proxy.py's slow-streams phase
 
 
 def start_gateway(
@@ -135,7 +147,7 @@ def prepare(
     return trees, targets, tools, tools_found, cores
 
 
-def main() -> int:  # noqa: C901, PLR0915 - one linear script
+def main() -> int:  # noqa: C901, PLR0912, PLR0915 - one linear script
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=int, default=3, help="seconds of bursts per target")
@@ -143,6 +155,9 @@ def main() -> int:  # noqa: C901, PLR0915 - one linear script
     parser.add_argument("--baseline", metavar="REV", help="also gpugate at REV (gpugate-base)")
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=SRC")
     parser.add_argument("--wrk", action="store_true", help="chat and SSE req/s too, each round")
+    parser.add_argument(
+        "--ttfb", action="store_true", help="time to first byte of 256 slow streams too"
+    )
     parser.add_argument(
         "--gc-watch", action="store_true", help="time every collection (proxy_gc_watch.py)"
     )
@@ -154,6 +169,7 @@ def main() -> int:  # noqa: C901, PLR0915 - one linear script
         return 1
     added: dict[str, list[tuple[float, float, float]]] = {}
     rps: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    ttfb: dict[str, list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="gpugate-bench-") as tmp, Processes(Path(tmp)) as procs:
         gc_watch = Path(tmp) if args.gc_watch else None
         try:
@@ -211,6 +227,19 @@ def main() -> int:  # noqa: C901, PLR0915 - one linear script
                             setup.pid(target, lane),
                         )
                         rps.setdefault((target, mix), []).append((load.rps, load.cpu_us))
+                if args.ttfb:
+                    slow = uvloop.run(
+                        slow_streams(
+                            setup.url(target, "slow", CHAT),
+                            BODIES["slow"],
+                            TTFB_CLIENTS,
+                            0.0,
+                            args.duration,
+                        )
+                    )
+                    ttfb.setdefault(target, []).append(
+                        (pct(slow.ttfb_ms, 50), pct(slow.ttfb_ms, 99))
+                    )
             print(f"\n== round {k + 1}: direct p50 {direct[0]:.2f} p99 {direct[1]:.2f} ms ==")
             headers = ["target", "+p50", "+p99", "worst burst", "late p99", "errors"]
             print(table([*headers, "collections 0/1/2 (ms in all)"], rows))
@@ -234,6 +263,17 @@ def main() -> int:  # noqa: C901, PLR0915 - one linear script
     if args.wrk:
         headers += ["chat req/s", "SSE req/s"]
     print(table(headers, rows))
+    if args.ttfb:
+        print(f"\n== time to first byte, {TTFB_CLIENTS} slow streams: p50 / p99 ms per round ==")
+        rows = [
+            [
+                t,
+                " ".join(f"{a:.2f}/{b:.2f}" for a, b in v),
+                fmt(statistics.median(b for _, b in v), 2),
+            ]
+            for t, v in ttfb.items()
+        ]
+        print(table(["target", "p50/p99 per round", "median p99"], rows))
     return 0
 
 
