@@ -64,8 +64,9 @@ class SystemClock:
     def now(self) -> datetime:
         return datetime.now(UTC)
 
-    def monotonic(self) -> float:
-        return time.monotonic()
+    #: ``time.monotonic`` itself, not a method calling it: read a dozen times per proxied
+    #: request, and a Python frame per read was ~1 % of the request's instructions
+    monotonic = staticmethod(time.monotonic)
 
     async def sleep(self, seconds: float) -> None:
         honour_cancellation()

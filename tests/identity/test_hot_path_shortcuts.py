@@ -19,7 +19,7 @@ from gpugate.config.loader import parse_config
 from gpugate.core.classes import RequestClass, parse_request_class
 from gpugate.core.keys import ClientKey, Principal, clamp, digest
 from gpugate.core.limits import Price
-from gpugate.core.usage import with_include_usage, with_include_usage_doc
+from gpugate.core.usage import with_include_usage
 from gpugate.errors import BadRequest, Unauthorized
 from gpugate.services.keys import MAX_CACHED_SECRET, KeyCache, Keys, KeySpec
 from gpugate.services.limits import Quota, prices_of
@@ -39,10 +39,24 @@ from gpugate.web.bodies import json_document, parsed_body
         {"model": "m", "stream": True, "stream_options": {}, "n": 1.5e300, "e": "\u00e9"},
     ],
 )
-def test_the_usage_options_document_is_what_its_bytes_parse_to(doc: dict[str, object]) -> None:
-    body = json.dumps(doc).encode()
-    assert with_include_usage_doc(doc) == json.loads(with_include_usage(doc, body))
-    assert list(with_include_usage_doc(doc)) == list(json.loads(with_include_usage(doc, body)))
+@pytest.mark.parametrize("trailing", [b"", b" \r\n\t"])
+def test_the_usage_options_document_is_what_its_bytes_parse_to(
+    doc: dict[str, object], trailing: bytes
+) -> None:
+    body = json.dumps(doc).encode() + trailing
+    doc = json.loads(body)  # the request's own document, which the option is set in
+    asked = with_include_usage(doc, body)
+    assert asked is not None
+    assert doc == json.loads(asked)
+    assert list(doc) == list(json.loads(asked))  # the new key last, as written
+    assert True is json.loads(asked)["stream_options"]["include_usage"]
+
+
+def test_a_stream_that_asks_for_usage_itself_is_left_as_it_is() -> None:
+    body = b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}'
+    doc = json.loads(body)
+    assert with_include_usage(doc, body) is None
+    assert json.loads(body) == doc
 
 
 def test_a_body_carrying_its_document_is_not_parsed_again() -> None:
@@ -176,7 +190,7 @@ async def test_a_long_offered_secret_is_cached_as_its_digest_and_still_refused(
     for _ in range(2):  # a lookup, then a cache hit
         with pytest.raises(Unauthorized, match="unknown"):
             await rig.keys.authenticate(long)
-    assert [digest(long)] == list(rig.keys._unknown._entries)
+    assert [digest(long)] == list(rig.keys._unknown.entries)
 
 
 async def test_a_flood_of_wrong_keys_never_pushes_a_real_key_out_of_the_cache(

@@ -148,7 +148,7 @@ async def test_a_keyed_request_leaves_nothing_of_its_own_for_the_cyclic_collecto
                             assert 200 == r.status
                             await r.read()
                 gc.collect()
-                ours = [o for o in gc.garbage if type(o) in (KeyedExchange, StreamUsage)]
+                ours = [o for o in gc.garbage if isinstance(o, KeyedExchange | StreamUsage)]
             finally:
                 gc.set_debug(0)
                 gc.garbage.clear()

@@ -18,13 +18,16 @@ from gpugate.core.usage import (
 def test_include_usage_is_written_into_the_body_keeping_every_other_byte() -> None:
     body = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"}"}]}'
     asked = with_include_usage(json.loads(body), body)
+    assert asked is not None
     assert asked.startswith(body[:-1])
     assert {"include_usage": True} == json.loads(asked)["stream_options"]
 
 
 def test_existing_stream_options_are_kept_when_include_usage_is_added() -> None:
     body = b'{"model":"m","stream_options":{"continuous_usage_stats":false}}'
-    options = json.loads(with_include_usage(json.loads(body), body))["stream_options"]
+    asked = with_include_usage(json.loads(body), body)
+    assert asked is not None
+    options = json.loads(asked)["stream_options"]
     assert {"continuous_usage_stats": False, "include_usage": True} == options
 
 

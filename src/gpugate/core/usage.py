@@ -17,6 +17,8 @@ from typing import Any
 
 _NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,')
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+_OPTION = b',"stream_options":{"include_usage":true}'
+_OPTION_END = _OPTION + b"}"
 _MAX_EVENT = 1 << 20  # a single SSE event larger than this is passed on unread
 #: The usage object as OpenAI-compatible servers write it, both counts whole numbers each ended
 #: by a comma or the object's end: what a JSON parse of it says, read by one regex match
@@ -79,36 +81,36 @@ def json_usage(body: bytes) -> Usage | None:
         return None
 
 
-def asks_usage(doc: dict[str, Any]) -> bool:
+def with_include_usage(doc: dict[str, Any], body: bytes | None = None) -> bytes | None:
+    """The request body with ``stream_options.include_usage`` set (the rest kept), or None
+    when ``doc`` asks for usage already (the option is ``true``). The option is set in ``doc``
+    too, so that ``doc`` stays what the bytes parse to (a new key goes last, as written; a
+    parse of them is not needed): ``body`` (``doc``'s own bytes) with the option written in
+    before its closing brace when it has no ``stream_options`` yet, else ``doc`` serialized
+    again."""
     options = doc.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
-
-
-def with_include_usage(doc: dict[str, Any], body: bytes | None = None) -> bytes:
-    """The request body with ``stream_options.include_usage`` set (the rest kept): ``body``
-    (``doc``'s own bytes) with the option written in before its closing brace when it has no
-    ``stream_options`` yet, else ``doc`` serialized again."""
-    if body is not None and "stream_options" not in doc and doc:
-        end = body.rstrip().rfind(b"}")
+    if isinstance(options, dict):
+        if options.get("include_usage") is True:
+            return None
+        doc["stream_options"] = {**options, "include_usage": True}
+        return json.dumps(doc, separators=(",", ":")).encode()
+    fresh = "stream_options" not in doc
+    doc["stream_options"] = {"include_usage": True}
+    if body is not None and fresh and len(doc) > 1:  # not ``{}``: no comma before the option
+        end = body.rfind(b"}")  # a JSON object's last brace is its own: only spaces follow
+        if end == len(body) - 1:
+            return body[:end] + _OPTION_END
         if end > 0:
-            return body[:end] + b',"stream_options":{"include_usage":true}' + body[end:]
-    options = doc.get("stream_options")
-    merged = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-    return json.dumps({**doc, "stream_options": merged}, separators=(",", ":")).encode()
-
-
-def with_include_usage_doc(doc: dict[str, Any]) -> dict[str, Any]:
-    """The document that :func:`with_include_usage`'s bytes parse to, built without parsing
-    them: ``doc`` with ``stream_options.include_usage`` set (a new key goes last, as written)."""
-    options = doc.get("stream_options")
-    merged = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-    return {**doc, "stream_options": merged}
+            return body[:end] + _OPTION + body[end:]
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 class StreamUsage:
     """Watches an SSE stream go by: finds its usage and, when ``hide`` (the gateway asked for
     it, not the client), removes what asking added. Feed it the body chunks in order; it
     returns the bytes to send on (whole events; a partial one waits for its end)."""
+
+    __slots__ = ("_buffer", "hide", "usage")
 
     def __init__(self, *, hide: bool) -> None:
         self.hide = hide

@@ -45,10 +45,8 @@ from gpugate.config import GatewayConfig
 from gpugate.core.keys import Principal, offered_secret
 from gpugate.core.usage import (
     StreamUsage,
-    asks_usage,
     json_usage,
     with_include_usage,
-    with_include_usage_doc,
 )
 from gpugate.errors import (
     BadRequest,
@@ -232,8 +230,9 @@ class ClientKeys:
                     else keys.authenticate_header(raw, head.secret)
                 )
             )
-            body = await ex.read_body(None, gw.config.server.max_body_bytes)
-            headers, body, model, hide, doc = self._checked(principal, head, body)
+            config = gw.live.config
+            body = await ex.read_body(None, config.server.max_body_bytes)
+            headers, body, model, hide, doc = self._checked(principal, head, body, config)
             held = None
             if principal.limited:  # from this replica's slice, else the store's (or a 429)
                 quota = gw.quota
@@ -269,14 +268,14 @@ class ClientKeys:
         :class:`GpugateError`): the headers and body the data plane gets, and the watch its
         response goes through. Shared by the ASGI path and :meth:`serve`."""
         gw = self.gateway
-        headers, body, model, hide, doc = self._checked(principal, head, body)
+        headers, body, model, hide, doc = self._checked(principal, head, body, gw.config)
         held = None
         if principal.limited:
             held = await gw.quota.reserve(principal, model, doc, len(body))
         return headers, body, _Watch(gw, principal, held, model, hide=hide)
 
     def _checked(
-        self, principal: Principal, head: _Head, body: bytes
+        self, principal: Principal, head: _Head, body: bytes, config: GatewayConfig
     ) -> tuple[list[tuple[bytes, bytes]], bytes, str | None, bool, dict[str, Any] | None]:
         """:meth:`admit` but for the reservation and the watch: the checks, the class clamp,
         the usage option, the header rewrite. The headers and body the data plane gets, the
@@ -290,16 +289,19 @@ class ClientKeys:
         key = principal.key
         if key.models is not None and model not in key.models:
             raise ModelNotAllowed(f"client key {key.prefix}… may not use model {model!r}")
-        if not key.allow_external and model in self._external_models(self.gateway.config):
-            raise ExternalUpstreamForbidden(
-                f"client key {key.prefix}… may not use an external upstream, and one "
-                f"serves {model!r}"
-            )
-        hide = doc.get("stream") is True and not asks_usage(doc)
-        if hide:  # the data plane's parse of the new bytes: built, not parsed
-            body = parsed_body(with_include_usage(doc, body), with_include_usage_doc(doc))
-        else:
-            body = parsed_body(body, doc)
+        if not key.allow_external:
+            external = self._external
+            if external[0] is not config:  # the models found once per config version
+                external = self._external = (config, _served_externally(config))
+            if model in external[1]:
+                raise ExternalUpstreamForbidden(
+                    f"client key {key.prefix}… may not use an external upstream, and one "
+                    f"serves {model!r}"
+                )
+        asked = with_include_usage(doc, body) if doc.get("stream") is True else None
+        hide = asked is not None
+        # the data plane's parse of the bytes it gets: ``doc``, set as the bytes are
+        body = parsed_body(body if asked is None else asked, doc)
         return head.admitted(principal, body, cls_header, same=not hide), body, model, hide, doc
 
     async def _raw(
@@ -337,13 +339,6 @@ class ClientKeys:
         headers = [(b"content-type", b"application/json"), (REQUEST_ID, rid)]
         headers += [(k.encode(), v.encode()) for k, v in error_headers(exc).items()]
         return status_of(exc), headers, error_body(exc)
-
-    def _external_models(self, config: GatewayConfig) -> frozenset[str]:
-        """The models an ``external`` upstream serves, found once per config version (not a
-        walk of every upstream on every keyed request)."""
-        if self._external[0] is not config:
-            self._external = (config, _served_externally(config))
-        return self._external[1]
 
     def __repr__(self) -> str:
         return f"<ClientKeys keys={self.gateway.keys!r}>"
@@ -559,8 +554,8 @@ class KeyedExchange:
         )
         self.stream: StreamUsage | None = None
         if hide:  # not a method of self: a bound method kept on self would make a cycle
-            self.stream = StreamUsage(hide=True)
-            self.body: Callable[..., Coroutine[Any, Any, None]] = _Hiding(self.stream, ex).body
+            hiding = self.stream = _Hiding(ex)
+            self.body: Callable[..., Coroutine[Any, Any, None]] = hiding.body
         else:
             self.body = ex.body  # the client's own: nothing to take out
         self.principal = principal
@@ -571,7 +566,8 @@ class KeyedExchange:
         self.told: Generated | None = None
 
     async def read_body(self, declared: int | None, limit: int) -> bytes:
-        check_length(declared, limit)
+        if declared is not None and declared > limit:
+            check_length(declared, limit)
         if len(self._body) > limit:
             raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
         return self._body
@@ -640,22 +636,22 @@ class KeyedExchange:
         gw.usage.record(self.principal, model, upstream, prompt, completion, cents)
 
 
-class _Hiding:
+class _Hiding(StreamUsage):
     """A stream's pieces on their way to the client, what asking for its usage added taken
-    out (:class:`~gpugate.core.usage.StreamUsage`)."""
+    out: whole events without usage (the data plane relays whole events) go on as they are,
+    anything else through :meth:`~gpugate.core.usage.StreamUsage.feed`."""
 
-    __slots__ = ("_ex", "_stream")
+    __slots__ = ("_ex",)
 
-    def __init__(self, stream: StreamUsage, ex: Exchange) -> None:
-        self._stream = stream
+    def __init__(self, ex: Exchange) -> None:
+        self.hide, self.usage, self._buffer = True, None, b""  # StreamUsage's, without a call
         self._ex = ex
 
     def body(self, chunk: bytes, *, more: bool) -> Coroutine[Any, Any, None]:
-        stream = self._stream
-        if not more or not stream.passes(chunk):
-            chunk = stream.feed(chunk)
+        if self._buffer or not chunk.endswith(b"\n\n") or b'"usage"' in chunk:
+            chunk = self.feed(chunk)
             if not more:
-                chunk += stream.flush()
+                chunk += self.flush()
         return self._ex.body(chunk, more=more)
 
 
@@ -686,7 +682,7 @@ class _Head:
     the key cache's fast lookup, and the secret is only parsed out on a miss); any other head
     by one pass over it."""
 
-    __slots__ = ("_idempotency", "_length", "_secret", "headers", "kept", "raw", "requested")
+    __slots__ = ("_found", "_secret", "headers", "kept", "raw", "requested")
 
     def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
         found = dict(headers)
@@ -696,11 +692,10 @@ class _Head:
         if raw is not None and len(found) == len(headers) and _RARE_KEYS.isdisjoint(found):
             self.raw: bytes | None = raw
             self.requested: bytes | None = found.get(b"x-request-class")
-            self._idempotency: bytes | None = found.get(b"idempotency-key")
-            self._length: bytes | None = found.get(b"content-length")
-            self.kept: list[tuple[bytes, bytes]] | None = None  # made by admitted
+            self._found: dict[bytes, bytes] | None = found  # admitted makes the headers of it
+            self.kept: list[tuple[bytes, bytes]] | None = None
             return
-        self.raw = self._idempotency = self._length = None
+        self.raw = self._found = None
         kept: list[tuple[bytes, bytes]] = []
         bearer = api_key = x_api_key = requested = None
         for item in headers:
@@ -742,25 +737,26 @@ class _Head:
         tenant (one tenant's key never names another's response), the body's length (``same``:
         the body is the one the client sent), the class clamped (``cls_header``:
         :meth:`Principal.class_header`; none for the default class)."""
-        kept = self.kept
-        if kept is None:  # the common head: the client's list less what changes
-            kept = self.headers.copy()
-            kept.remove((b"authorization", self.raw))  # type: ignore[arg-type]  # raw is set
+        found = self._found
+        if found is not None:  # the common head: its dict less what changes, in its order
+            self._found = None  # once: the dict becomes the answer
+            del found[b"authorization"]
             if self.requested is not None:
-                kept.remove((b"x-request-class", self.requested))
-            if not same or self._length is None:  # else the client's length is the body's
-                if self._length is not None:
-                    kept.remove((b"content-length", self._length))
-                kept.append((b"content-length", b"%d" % len(body)))
-            idempotency = self._idempotency
+                del found[b"x-request-class"]
+            if not same or b"content-length" not in found:  # else the client's is the body's
+                found[b"content-length"] = b"%d" % len(body)
+            idempotency = found.get(b"idempotency-key")
             if idempotency is not None:
-                at = kept.index((b"idempotency-key", idempotency))
-                kept[at] = (b"idempotency-key", principal.idempotency_prefix + idempotency)
-        else:
-            for at, (name, value) in enumerate(kept):
-                if name == b"idempotency-key":
-                    kept[at] = (name, principal.idempotency_prefix + value)
-            kept.append((b"content-length", b"%d" % len(body)))
+                found[b"idempotency-key"] = principal.idempotency_prefix + idempotency
+            if cls_header is not None:
+                found[cls_header[0]] = cls_header[1]
+            return list(found.items())
+        kept = self.kept
+        assert kept is not None  # the other head's, made by __init__
+        for at, (name, value) in enumerate(kept):
+            if name == b"idempotency-key":
+                kept[at] = (name, principal.idempotency_prefix + value)
+        kept.append((b"content-length", b"%d" % len(body)))
         if cls_header is not None:
             kept.append(cls_header)
         return kept
