@@ -64,8 +64,8 @@ class SystemClock:
     def now(self) -> datetime:
         return datetime.now(UTC)
 
-    def monotonic(self) -> float:
-        return time.monotonic()
+    # time.monotonic itself, not a method calling it: asked ~9 times per proxied request
+    monotonic = staticmethod(time.monotonic)
 
     async def sleep(self, seconds: float) -> None:
         honour_cancellation()

@@ -246,10 +246,10 @@ class Proxy:
         self._metrics = metrics
         self._secrets = dict(secrets or {})
         self._rng = rng or random.Random()  # noqa: S311 - load spreading, not security
-        self._counted: dict[tuple[str, str, str, str], Any] = {}  # metric children, by labels
-        self._attempt_counters: dict[tuple[str, str], Any] = {}
+        self._counted: dict[tuple[str, str, RequestClass, str], Any] = {}  # metric children
+        self._attempt_counters: dict[tuple[str, Outcome], Any] = {}
         self._models: dict[str, ModelConfig] = {m.name: m for m in models}
-        self._timed: dict[tuple[str, str], Callable[[float], None]] = {}
+        self._timed: dict[tuple[str, RequestClass], Callable[[float], None]] = {}
         self._picked: dict[tuple[str, str], Any] = {}
         self._generation: dict[tuple[str, str], Callable[[float], None]] = {}  # GenAI histograms
         self._ttfb: dict[str, Callable[[float], None]] = {}  # upstream_ttfb's, by upstream id
@@ -425,7 +425,7 @@ class Proxy:
             if len(upstreams) == 1
             else [ep for u in upstreams for ep in u.endpoints]
         )
-        resendable = not isinstance(out.body, AsyncIterator)
+        resendable = out.body is None or isinstance(out.body, bytes)  # not the ABC's check
         tried: set[str] = set()
         tries = 0
         slept = False
@@ -743,11 +743,11 @@ class Proxy:
         return held
 
     def _count(self, upstream: UpstreamState, outcome: Outcome) -> None:
-        key = (upstream.id, outcome.value)
+        key = (upstream.id, outcome)  # the member, not its value: an enum's is two calls
         counter = self._attempt_counters.get(key)
         if counter is None:
             counter = self._attempt_counters[key] = incrementer(
-                self._metrics.upstream_attempts.labels(*key)
+                self._metrics.upstream_attempts.labels(upstream.id, outcome.value)
             )
         counter()
 
@@ -853,15 +853,19 @@ class Proxy:
     def finished(self, out: Outbound, upstream: UpstreamState | None, code: str) -> None:
         """Record one finished request (the reply's, or a refusal before any reply)."""
         model = bounded(out.model or "", self.registry.configured)  # never the client's own
-        key = (model, upstream.id if upstream else "", out.cls.value, code)
+        cls = out.cls  # the member in the keys, its value only in a new child's labels
+        key = (model, upstream.id if upstream else "", cls, code)
         counter = self._counted.get(key)
         if counter is None:
-            counter = self._counted[key] = incrementer(self._metrics.requests.labels(*key))
+            child = self._metrics.requests.labels(key[0], key[1], cls.value, code)
+            counter = self._counted[key] = incrementer(child)
         counter()
-        timed = (model, out.cls.value)
+        timed = (model, cls)
         timer = self._timed.get(timed)
         if timer is None:
-            timer = self._timed[timed] = observer(self._metrics.request_duration.labels(*timed))
+            timer = self._timed[timed] = observer(
+                self._metrics.request_duration.labels(model, cls.value)
+            )
         timer(self.clock.monotonic() - out.received_at)
 
     def generated(self, out: Outbound, reply: Reply, seen: Generated) -> None:
