@@ -187,7 +187,7 @@ def main() -> int:
         ):
             setup = start_all(procs, nginx, ("direct",), Cores.split(pin=False), tools)
             up = setup.ports["direct"]
-            print(f"== instructions per request, gpugate serve under callgrind, wrk -c{CONNECTIONS} ==")
+            print(f"== instructions per request, gpugate serve, callgrind, wrk -c{CONNECTIONS} ==")
             for mix in args.mixes.split(","):
                 base = 0
                 for rnd in range(args.rounds):
