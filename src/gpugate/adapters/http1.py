@@ -170,11 +170,12 @@ class Response:
         "status",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``loop``: the running one, when the caller has it (asking costs a ``getpid``)."""
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_done = False
-        self._loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop() if loop is None else loop
         self._waiter: asyncio.Future[None] | None = None
         self._chunks: list[bytes] = []  # a list, not a deque: 56 bytes, not ~0.7 KB a stream
         self._buffered = 0

@@ -743,7 +743,9 @@ class Proxy:
         return held
 
     def _count(self, upstream: UpstreamState, outcome: Outcome) -> None:
-        key = (upstream.id, outcome)  # the member, not its value: an enum's is two calls
+        # the enum member, not its value (two calls in 3.11), and the id from the config,
+        # not UpstreamState's property (one)
+        key = (upstream.config.id, outcome)
         counter = self._attempt_counters.get(key)
         if counter is None:
             counter = self._attempt_counters[key] = incrementer(
@@ -768,7 +770,7 @@ class Proxy:
         picking.record_success(endpoint, now)
         if response.status < 400:
             picking.record_latency(endpoint, ttfb, now=now)
-        timer = self._ttfb.get(upstream.id)
+        timer = self._ttfb.get(upstream.config.id)  # not the property: a call fewer
         if timer is None:
             timer = self._ttfb[upstream.id] = observer(
                 self._metrics.upstream_ttfb.labels(upstream.id)
@@ -854,7 +856,7 @@ class Proxy:
         """Record one finished request (the reply's, or a refusal before any reply)."""
         model = bounded(out.model or "", self.registry.configured)  # never the client's own
         cls = out.cls  # the member in the keys, its value only in a new child's labels
-        key = (model, upstream.id if upstream else "", cls, code)
+        key = (model, upstream.config.id if upstream else "", cls, code)
         counter = self._counted.get(key)
         if counter is None:
             child = self._metrics.requests.labels(key[0], key[1], cls.value, code)

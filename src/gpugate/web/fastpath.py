@@ -398,7 +398,7 @@ class FastCycle:
         if self.disconnected:
             return
         routes = self.protocol.routes
-        task = asyncio.current_task()
+        task = asyncio.current_task(self.protocol.loop)  # the loop given: no getpid()
         assert task is not None
         self._task = task
         self.protocol.running = self
