@@ -248,6 +248,9 @@ def claim(ep: EndpointState, now: float) -> bool:
     Call right after :func:`pick` (no ``await`` between). Raises
     :class:`~gpugate.errors.NoHealthyUpstream` if ``ep`` is not available any more.
     """
+    if ep.ejected_until is None and not ep.down:  # healthy, the common case: never a probe
+        ep.outstanding += 1
+        return False
     if not is_available(ep, now):
         raise NoHealthyUpstream(f"endpoint {ep.url} of {ep.upstream_id} is {health(ep, now)}")
     probe = try_acquire_probe(ep, now)
