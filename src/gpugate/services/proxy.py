@@ -543,13 +543,17 @@ class Proxy:
         now = self.clock.monotonic()
         if route is None or self.router is None:
             return picking.pick(endpoints, self._rng, now, exclude=tried), "p2c"
-        if any(ep.backoff_until > now for ep in endpoints):  # #14.2 under every policy too
-            calm = [
-                ep
-                for ep in endpoints
-                if ep.backoff_until <= now and ep.url not in tried and picking.is_available(ep, now)
-            ]
-            endpoints = calm or endpoints
+        for backed_off in endpoints:  # a loop, not any() over a generator, per pick
+            if backed_off.backoff_until > now:  # #14.2 under every policy too
+                calm = [
+                    ep
+                    for ep in endpoints
+                    if ep.backoff_until <= now
+                    and ep.url not in tried
+                    and picking.is_available(ep, now)
+                ]
+                endpoints = calm or endpoints
+                break
         return self.router.pick(route, endpoints, self._rng, now, exclude=tried)
 
     async def _admit(self, upstream: UpstreamState, cls: RequestClass) -> Slot:
@@ -905,7 +909,10 @@ class Proxy:
 
 
 def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
-    return any(k == b"content-type" and v.startswith(_EVENT_STREAM) for k, v in headers)
+    for k, v in headers:  # noqa: SIM110 - not any() over a generator: no frame resumed per header
+        if k == b"content-type" and v.startswith(_EVENT_STREAM):
+            return True
+    return False
 
 
 async def _read_kept(response: UpstreamResponse, parts: list[bytes] | None = None) -> bytes | None:
