@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from raw_upstream import Peer, upstream
 
+from gpugate.adapters.http1 import HeadDeadlines, HeadTimedOut, Response
 from gpugate.adapters.upstream_client import Timeouts, UpstreamClient
 from gpugate.errors import UpstreamTimeout
 from harness import eventually
@@ -126,3 +127,27 @@ async def test_the_total_timeout_bounds_the_body_too(client: UpstreamClient) -> 
         elapsed = time.monotonic() - started
         response.release()
     assert 0.45 <= elapsed < 1.5  # uvloop timers have a millisecond grain
+
+
+async def test_each_response_fails_at_its_own_first_byte_deadline_under_one_timer() -> None:
+    loop = asyncio.get_running_loop()
+    deadlines = HeadDeadlines(loop)
+    late, early, answered = Response(), Response(), Response()
+    started = loop.time()
+
+    async def wait(response: Response, after_s: float) -> str:
+        try:
+            await response.wait_head(started + after_s, deadlines)
+        except HeadTimedOut:
+            return f"timed out after {round(loop.time() - started, 1)} s"
+        return "head"
+
+    waits = [
+        asyncio.create_task(wait(r, s)) for r, s in ((late, 0.4), (early, 0.2), (answered, 0.3))
+    ]
+    await asyncio.sleep(0)
+    answered.got_head(200, [])
+    async with asyncio.timeout(5):
+        outcomes = await asyncio.gather(*waits)
+    assert ["timed out after 0.4 s", "timed out after 0.2 s", "head"] == outcomes
+    assert "<HeadDeadlines waiting=0 due=inf>" == repr(deadlines)

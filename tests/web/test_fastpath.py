@@ -12,13 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import pytest
+import uvicorn
 
+from gpugate import server
 from gpugate.fleet import ModelServer, ServerBehaviour
 from gpugate.web import fastpath
 from gpugate.web.fastpath import FastCycle
@@ -382,3 +385,47 @@ async def test_the_fast_path_is_busy_while_a_request_waits_for_its_answer(
             await eventually(lambda: pool.inflight == 1, what="the request at the upstream")
             assert fastpath.busy()
         await eventually(lambda: not fastpath.busy(), within_s=1.0, what="no longer busy")
+
+
+@pytest.fixture
+def keep_alive_s(monkeypatch: pytest.MonkeyPatch) -> float:
+    """uvicorn's ``timeout_keep_alive`` for the gateways of this test: 0.4 s, not 30."""
+    made = server._uvicorn_config  # the one place the setting is made
+
+    def config(*args: Any, **kwargs: Any) -> uvicorn.Config:
+        built = made(*args, **kwargs)
+        built.timeout_keep_alive = 0.4  # type: ignore[assignment]  # uvicorn's is an int
+        return built
+
+    monkeypatch.setattr(server, "_uvicorn_config", config)
+    return 0.4
+
+
+async def test_a_connection_idle_for_the_keep_alive_timeout_after_an_answer_is_closed(
+    sqlite_dsn: str, keep_alive_s: float
+) -> None:
+    async with gateway(sqlite_dsn) as (gw, _), connection(gw) as (reader, writer):
+        writer.write(post("/v1/chat/completions", CHAT))
+        answered = await read_answer(reader)
+        idle_from = time.monotonic()
+        async with asyncio.timeout(5):
+            rest = await reader.read()
+        idle_s = time.monotonic() - idle_from
+    assert (200, b"") == (answered.status, rest)
+    assert keep_alive_s - 0.05 <= idle_s < keep_alive_s + 0.5
+
+
+async def test_a_request_after_an_answer_restarts_the_keep_alive_timeout(
+    sqlite_dsn: str, keep_alive_s: float
+) -> None:
+    """The second request comes 0.25 s after the first answer, the third 0.25 s after the
+    second's: 0.5 s after the first answer, past its timeout, the connection is still open."""
+    async with gateway(sqlite_dsn) as (gw, _), connection(gw) as (reader, writer):
+        statuses = []
+        for _ in range(3):
+            writer.write(post("/v1/chat/completions", CHAT))
+            statuses.append((await read_answer(reader)).status)
+            await asyncio.sleep(keep_alive_s * 0.6)
+        async with asyncio.timeout(5):
+            rest = await reader.read()
+    assert ([200, 200, 200], b"") == (statuses, rest)

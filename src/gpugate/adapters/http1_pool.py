@@ -15,6 +15,7 @@ from gpugate.adapters.http1 import (
     ConnectFailed,
     Connection,
     ConnectTimedOut,
+    HeadDeadlines,
     HeadFailed,
     HeadTimedOut,
     Response,
@@ -82,6 +83,7 @@ class Pool:
         "_idle",
         "_limit",
         "_sweeper",
+        "heads",
         "host",
         "keepalive_s",
         "loop",
@@ -109,6 +111,7 @@ class Pool:
         self._busy: set[Connection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self.loop = asyncio.get_running_loop()
+        self.heads = HeadDeadlines(self.loop)  # the first-byte deadlines of its exchanges
 
     def take(self) -> Connection | None:
         """The most recently used idle connection still fit, or None; the expired are closed."""
@@ -207,6 +210,7 @@ class Pool:
         return not self._idle and not self._busy
 
     def close(self) -> None:
+        self.heads.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -241,7 +245,7 @@ async def exchange(
     while True:
         writing = conn.send(response, head, body, head_only=head_only)
         try:
-            await response.wait_head(deadline)
+            await response.wait_head(deadline, pool.heads)
         except Stale as exc:
             if writing is not None:
                 writing.cancel()

@@ -184,7 +184,7 @@ class UpstreamClient:
         head = _head(
             method, target, origin, headers if isinstance(headers, list) else list(headers), body
         )
-        response = UpstreamResponse()
+        response = UpstreamResponse(origin.pool.loop)
         try:
             await http1_pool.exchange(
                 origin.pool, response, head, body, timeouts, head_only=method == "HEAD"

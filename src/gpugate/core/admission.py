@@ -163,7 +163,8 @@ class AdmissionPool:
 
     def _release_slot(self) -> None:
         self._inflight -= 1
-        self._hand_on()
+        if any(self._queues.values()):  # someone may wait (the hot path: nobody, no calls)
+            self._hand_on()
 
     def _hand_on(self) -> None:
         """Give free slots to waiters, highest class first, FIFO within a class."""

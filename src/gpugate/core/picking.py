@@ -152,8 +152,10 @@ def health(ep: EndpointState, now: float) -> Health:
 
 def is_available(ep: EndpointState, now: float) -> bool:
     """Whether a request may go to ``ep`` now: healthy, or half-open with its probe slot free."""
-    state = health(ep, now)
-    return state is Health.HEALTHY or (state is Health.HALF_OPEN and not ep.probing)
+    if ep.down:  # health(ep, now) inline: this is asked several times per request
+        return False
+    until = ep.ejected_until
+    return until is None or (now >= until and not ep.probing)
 
 
 def pick(
@@ -246,6 +248,9 @@ def claim(ep: EndpointState, now: float) -> bool:
     Call right after :func:`pick` (no ``await`` between). Raises
     :class:`~gpugate.errors.NoHealthyUpstream` if ``ep`` is not available any more.
     """
+    if ep.ejected_until is None and not ep.down:  # healthy, the common case: never a probe
+        ep.outstanding += 1
+        return False
     if not is_available(ep, now):
         raise NoHealthyUpstream(f"endpoint {ep.url} of {ep.upstream_id} is {health(ep, now)}")
     probe = try_acquire_probe(ep, now)

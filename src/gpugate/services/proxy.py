@@ -246,10 +246,10 @@ class Proxy:
         self._metrics = metrics
         self._secrets = dict(secrets or {})
         self._rng = rng or random.Random()  # noqa: S311 - load spreading, not security
-        self._counted: dict[tuple[str, str, str, str], Any] = {}  # metric children, by labels
-        self._attempt_counters: dict[tuple[str, str], Any] = {}
+        self._counted: dict[tuple[str, str, RequestClass, str], Any] = {}  # metric children
+        self._attempt_counters: dict[tuple[str, Outcome], Any] = {}
         self._models: dict[str, ModelConfig] = {m.name: m for m in models}
-        self._timed: dict[tuple[str, str], Callable[[float], None]] = {}
+        self._timed: dict[tuple[str, RequestClass], Callable[[float], None]] = {}
         self._picked: dict[tuple[str, str], Any] = {}
         self._generation: dict[tuple[str, str], Callable[[float], None]] = {}  # GenAI histograms
         self._ttfb: dict[str, Callable[[float], None]] = {}  # upstream_ttfb's, by upstream id
@@ -425,7 +425,7 @@ class Proxy:
             if len(upstreams) == 1
             else [ep for u in upstreams for ep in u.endpoints]
         )
-        resendable = not isinstance(out.body, AsyncIterator)
+        resendable = out.body is None or isinstance(out.body, bytes)  # not the ABC's check
         tried: set[str] = set()
         tries = 0
         slept = False
@@ -543,13 +543,17 @@ class Proxy:
         now = self.clock.monotonic()
         if route is None or self.router is None:
             return picking.pick(endpoints, self._rng, now, exclude=tried), "p2c"
-        if any(ep.backoff_until > now for ep in endpoints):  # #14.2 under every policy too
-            calm = [
-                ep
-                for ep in endpoints
-                if ep.backoff_until <= now and ep.url not in tried and picking.is_available(ep, now)
-            ]
-            endpoints = calm or endpoints
+        for backed_off in endpoints:  # a loop, not any() over a generator, per pick
+            if backed_off.backoff_until > now:  # #14.2 under every policy too
+                calm = [
+                    ep
+                    for ep in endpoints
+                    if ep.backoff_until <= now
+                    and ep.url not in tried
+                    and picking.is_available(ep, now)
+                ]
+                endpoints = calm or endpoints
+                break
         return self.router.pick(route, endpoints, self._rng, now, exclude=tried)
 
     async def _admit(self, upstream: UpstreamState, cls: RequestClass) -> Slot:
@@ -743,11 +747,13 @@ class Proxy:
         return held
 
     def _count(self, upstream: UpstreamState, outcome: Outcome) -> None:
-        key = (upstream.id, outcome.value)
+        # the enum member, not its value (two calls in 3.11), and the id from the config,
+        # not UpstreamState's property (one)
+        key = (upstream.config.id, outcome)
         counter = self._attempt_counters.get(key)
         if counter is None:
             counter = self._attempt_counters[key] = incrementer(
-                self._metrics.upstream_attempts.labels(*key)
+                self._metrics.upstream_attempts.labels(upstream.id, outcome.value)
             )
         counter()
 
@@ -768,7 +774,7 @@ class Proxy:
         picking.record_success(endpoint, now)
         if response.status < 400:
             picking.record_latency(endpoint, ttfb, now=now)
-        timer = self._ttfb.get(upstream.id)
+        timer = self._ttfb.get(upstream.config.id)  # not the property: a call fewer
         if timer is None:
             timer = self._ttfb[upstream.id] = observer(
                 self._metrics.upstream_ttfb.labels(upstream.id)
@@ -853,15 +859,19 @@ class Proxy:
     def finished(self, out: Outbound, upstream: UpstreamState | None, code: str) -> None:
         """Record one finished request (the reply's, or a refusal before any reply)."""
         model = bounded(out.model or "", self.registry.configured)  # never the client's own
-        key = (model, upstream.id if upstream else "", out.cls.value, code)
+        cls = out.cls  # the member in the keys, its value only in a new child's labels
+        key = (model, upstream.config.id if upstream else "", cls, code)
         counter = self._counted.get(key)
         if counter is None:
-            counter = self._counted[key] = incrementer(self._metrics.requests.labels(*key))
+            child = self._metrics.requests.labels(key[0], key[1], cls.value, code)
+            counter = self._counted[key] = incrementer(child)
         counter()
-        timed = (model, out.cls.value)
+        timed = (model, cls)
         timer = self._timed.get(timed)
         if timer is None:
-            timer = self._timed[timed] = observer(self._metrics.request_duration.labels(*timed))
+            timer = self._timed[timed] = observer(
+                self._metrics.request_duration.labels(model, cls.value)
+            )
         timer(self.clock.monotonic() - out.received_at)
 
     def generated(self, out: Outbound, reply: Reply, seen: Generated) -> None:
@@ -899,7 +909,10 @@ class Proxy:
 
 
 def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
-    return any(k == b"content-type" and v.startswith(_EVENT_STREAM) for k, v in headers)
+    for k, v in headers:  # noqa: SIM110 - not any() over a generator: no frame resumed per header
+        if k == b"content-type" and v.startswith(_EVENT_STREAM):
+            return True
+    return False
 
 
 async def _read_kept(response: UpstreamResponse, parts: list[bytes] | None = None) -> bytes | None:
