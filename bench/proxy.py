@@ -240,6 +240,7 @@ def phase_workers(setup: Setup, wrk: str, procs: Processes, report: Report) -> N
     wait_http(procs, f"http://127.0.0.1:{port}/readyz", timeout_s=60)
     one = setup.pid("gpugate")
     _set_affinity(one, every)
+    _set_affinity(x2, every)  # started from this process, pinned to the load's cores: not both
     os.sched_setaffinity(0, every)
     duration = max(1, report.settings.duration // 2)
     print(
