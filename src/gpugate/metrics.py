@@ -109,24 +109,13 @@ def observer(histogram: Histogram) -> Callable[[float], None]:
     buckets[:] = [_unlocked(b) for b in buckets]
     total = parts["_sum"] = _unlocked(total)
     if type(total) is not _LoopValue or any(type(b) is not _LoopValue for b in buckets):
-        return _observer_of_values(bounds, buckets, total)  # pragma: no cover - ditto
+        return histogram.observe  # pragma: no cover - ditto (values it keeps its own way)
 
     def observe(amount: float) -> None:
         # the counts added to in place: two method calls fewer per observation
         if not math.isnan(amount):  # a NaN counts in no bucket, as prometheus_client's
             buckets[bisect_left(bounds, amount)].value += 1
         total.value += amount
-
-    return observe
-
-
-def _observer_of_values(
-    bounds: list[float], buckets: list[Any], total: Any
-) -> Callable[[float], None]:  # pragma: no cover - values that are not _LoopValues
-    def observe(amount: float) -> None:
-        if not math.isnan(amount):
-            buckets[bisect_left(bounds, amount)].inc(1)
-        total.inc(amount)
 
     return observe
 

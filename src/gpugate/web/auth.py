@@ -230,7 +230,7 @@ class ClientKeys:
                     else keys.authenticate_header(raw, head.secret)
                 )
             )
-            config = gw.live.config
+            config = gw.config
             body = await ex.read_body(None, config.server.max_body_bytes)
             headers, body, model, hide, doc = self._checked(principal, head, body, config)
             held = None
@@ -566,8 +566,7 @@ class KeyedExchange:
         self.told: Generated | None = None
 
     async def read_body(self, declared: int | None, limit: int) -> bytes:
-        if declared is not None and declared > limit:
-            check_length(declared, limit)
+        check_length(declared, limit)
         if len(self._body) > limit:
             raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
         return self._body
@@ -644,7 +643,7 @@ class _Hiding(StreamUsage):
     __slots__ = ("_ex",)
 
     def __init__(self, ex: Exchange) -> None:
-        self.hide, self.usage, self._buffer = True, None, b""  # StreamUsage's, without a call
+        super().__init__(hide=True)
         self._ex = ex
 
     def body(self, chunk: bytes, *, more: bool) -> Coroutine[Any, Any, None]:

@@ -36,13 +36,13 @@ async def create_and_wait(
     a job it makes is charged to ``principal``'s limits (:mod:`gpugate.services.job_quota`)."""
 
     async def create() -> tuple[SyncAnswer, bool]:
-        made = await gateway.sync_front.create(
+        answer = await gateway.sync_front.create(
             job_request,
             idempotency_key=key,
             wait_s=min(wait_s, MAX_WAIT_S),
             use_cache=not no_cache(cache_control),
         )
-        return made, made.made
+        return answer, answer.made
 
     answer, _ = await charged(
         gateway.quota,
