@@ -137,13 +137,24 @@ _TOGGLE = "functools_reduce"  # callgrind counts only inside this C function: th
 class _MemoryExchange:
     """The fast path's exchange, in memory: the body handed over, the answer counted."""
 
-    __slots__ = ("_body", "headers", "method", "path", "query", "server", "status")
-    generated = None
+    __slots__ = (
+        "_body",
+        "answered",
+        "headers",
+        "keyed",
+        "method",
+        "path",
+        "query",
+        "server",
+        "status",
+    )
 
     def __init__(self, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         self.method, self.path, self.query = "POST", "/v1/chat/completions", b""
         self.headers, self.server, self._body = headers, ("127.0.0.1", 1), body
-        self.status = 0
+        self.status: int | str = "-"
+        self.answered: list[tuple[bytes, bytes]] = []
+        self.keyed = None
 
     def raw_target(self) -> bytes:
         return b"/v1/chat/completions"
@@ -151,14 +162,16 @@ class _MemoryExchange:
     async def read_body(self, _declared: int | None, _limit: int) -> bytes:
         return self._body
 
-    async def start(self, status: int, _headers: Any, *, hold: bool = False) -> None:  # noqa: ARG002
-        self.status = status
+    async def start(self, status: int, headers: Any, *, hold: bool = False) -> None:  # noqa: ARG002
+        self.status, self.answered = status, headers
 
     async def body(self, chunk: bytes, *, more: bool) -> None:
-        pass
+        keyed = self.keyed  # as FastCycle.body: a stream's usage the client did not ask for
+        if keyed is not None and keyed.stream is not None:
+            keyed.stream.hidden(chunk, more=more)
 
-    async def answer(self, status: int, _headers: Any, _body: bytes) -> None:
-        self.status = status
+    async def answer(self, status: int, headers: Any, _body: bytes) -> None:
+        self.status, self.answered = status, headers
 
     async def while_connected(self, work: Any) -> None:
         await work

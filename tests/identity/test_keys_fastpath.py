@@ -15,11 +15,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from keyed import ENVIRON, bearer, chat, create_key, keyed_config
+from keyed import ENVIRON, bearer, chat, create_key, keyed_config, recording_upstream
 
 from gpugate.core.usage import StreamUsage
 from gpugate.fleet import ServerBehaviour
-from gpugate.web.auth import ClientKeys, KeyedExchange
+from gpugate.web.auth import ClientKeys, Keyed
 from harness import eventually, model_servers, serving
 
 CHAT = "/v1/chat/completions"
@@ -88,6 +88,40 @@ async def test_keyed_openai_requests_are_checked_on_the_fast_path_without_the_as
     assert ["/u/u/v1/embeddings"] == [p for p in asgi_keyed if not p.startswith("/admin")]
 
 
+async def test_a_cached_key_s_requests_reach_the_upstream_without_the_key_and_at_its_class(
+    sqlite_dsn: str, http: aiohttp.ClientSession, fast_served: list[str]
+) -> None:
+    """After a key's first request its ``Authorization`` value is the key cache's, and a head
+    with nothing else to rewrite has only the key taken out, in place (the fast path's common
+    request): the upstream still never sees the key, a key below the default class still
+    sends its own, and a head that needs more (an ``Idempotency-Key``, a class asked for, a
+    second credential header) is rewritten whole as before."""
+    async with recording_upstream() as (url, seen):
+        config = keyed_config(sqlite_dsn, [url], ["m"])
+        async with serving(config, environ=ENVIRON) as gw:
+            created = await create_key(http, gw.url, max_class="batch")
+            secret = created["key"]
+            heads = [
+                bearer(secret),  # the first: the store's answer, then remembered
+                bearer(secret),  # the cache's: rewritten in place
+                bearer(secret),
+                {**bearer(secret), "X-Request-Class": "system"},  # clamped down
+                {**bearer(secret), "Idempotency-Key": "k-1"},
+                {**bearer(secret), "x-api-key": secret},
+            ]
+            statuses = []
+            for headers in heads:
+                async with http.post(gw.url + CHAT, json=chat(), headers=headers) as r:
+                    statuses.append(r.status)
+    assert [200] * len(heads) == statuses
+    assert [CHAT] * len(heads) == fast_served
+    sent = [{name.lower(): value for name, value in h.items()} for h in seen]
+    assert len(heads) == len(sent)
+    assert [] == [h for h in sent if secret in str(h) or "authorization" in h or "x-api-key" in h]
+    assert ["batch"] * len(heads) == [h.get("x-request-class") for h in sent]
+    assert f"{created['tenant']}:k-1" == sent[4]["idempotency-key"]
+
+
 async def test_a_keyed_stream_cut_off_by_its_client_settles_and_frees_the_key_s_concurrency(
     sqlite_dsn: str, http: aiohttp.ClientSession, fast_served: list[str]
 ) -> None:
@@ -148,7 +182,7 @@ async def test_a_keyed_request_leaves_nothing_of_its_own_for_the_cyclic_collecto
                             assert 200 == r.status
                             await r.read()
                 gc.collect()
-                ours = [o for o in gc.garbage if isinstance(o, KeyedExchange | StreamUsage)]
+                ours = [o for o in gc.garbage if isinstance(o, Keyed | StreamUsage)]
             finally:
                 gc.set_debug(0)
                 gc.garbage.clear()

@@ -132,6 +132,8 @@ class Principal:
     limited: bool = field(init=False, compare=False, repr=False)  # any limit: the quota's
     dated: bool = field(init=False, compare=False, repr=False)  # a revocation or an expiry
     idempotency_prefix: bytes = field(init=False, compare=False, repr=False)
+    #: the ``X-Request-Class`` header of a request that sends none (None: the default class)
+    plain_class: tuple[bytes, bytes] | None = field(init=False, compare=False, repr=False)
     _classes: dict[bytes | None, tuple[bytes, bytes] | None] = field(
         init=False, compare=False, repr=False
     )
@@ -145,6 +147,7 @@ class Principal:
         object.__setattr__(self, "limited", key.limits.any)
         object.__setattr__(self, "dated", key.revoked_at is not None or key.expires_at is not None)
         object.__setattr__(self, "idempotency_prefix", key.tenant.encode() + b":")
+        object.__setattr__(self, "plain_class", classes[None])
         object.__setattr__(self, "_classes", classes)
 
     @property

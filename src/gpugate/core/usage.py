@@ -89,17 +89,18 @@ def with_include_usage(doc: dict[str, Any], body: bytes | None = None) -> bytes 
     before its closing brace when it has no ``stream_options`` yet, else ``doc`` serialized
     again."""
     options = doc.get("stream_options")
+    fresh = options is None and "stream_options" not in doc
+    if fresh and doc and body is not None and body[-1:] == b"}":  # the common body: option last
+        doc["stream_options"] = {"include_usage": True}
+        return body[:-1] + _OPTION_END
     if isinstance(options, dict):
         if options.get("include_usage") is True:
             return None
         doc["stream_options"] = {**options, "include_usage": True}
         return json.dumps(doc, separators=(",", ":")).encode()
-    fresh = "stream_options" not in doc
     doc["stream_options"] = {"include_usage": True}
     if body is not None and fresh and len(doc) > 1:  # not ``{}``: no comma before the option
         end = body.rfind(b"}")  # a JSON object's last brace is its own: only spaces follow
-        if end == len(body) - 1:
-            return body[:end] + _OPTION_END
         if end > 0:
             return body[:end] + _OPTION + body[end:]
     return json.dumps(doc, separators=(",", ":")).encode()
@@ -123,6 +124,16 @@ class StreamUsage:
         if not self.hide and self.usage is not None:
             return True
         return not self._buffer and chunk.endswith(b"\n\n") and b'"usage"' not in chunk
+
+    def hidden(self, chunk: bytes, *, more: bool) -> bytes:
+        """A piece of the stream as the client gets it (``more=False``: the last, with what was
+        left of an unterminated event): whole events without usage (the data plane relays
+        whole events) as they are, anything else through :meth:`feed`."""
+        if self._buffer or not chunk.endswith(b"\n\n") or b'"usage"' in chunk:
+            chunk = self.feed(chunk)
+            if not more:
+                chunk += self.flush()
+        return chunk
 
     def feed(self, chunk: bytes) -> bytes:
         if not self.hide and self.usage is not None:

@@ -17,13 +17,14 @@ every request through untouched. With ``keys``, on the data-plane routes it
    model, upstream); an error response or a replay gives the reservation back.
 
 The fast path (:mod:`gpugate.web.fastpath`) serves the OpenAI routes without ASGI: it calls
-:meth:`ClientKeys.serve` with its exchange, which does 1 to 5 through the same code
-(:meth:`ClientKeys._checked`) and hands the data plane a :class:`KeyedExchange`: the answer goes
-to the client unwatched (but for a stream whose usage is hidden), and 6 reads what the data plane
-tells the exchange a whole answer said (``Exchange.generated``: its usage, upstream and model, the
-reading the GenAI histograms take anyway) instead of reading the answer again. Under ASGI
-(``/u/``, ``GPUGATE_FASTPATH=0``) :class:`_Watch` watches the ASGI messages and reads the usage
-itself (:func:`~gpugate.core.usage.json_usage`, :class:`~gpugate.core.usage.StreamUsage`).
+:meth:`ClientKeys.serve` with its exchange, which does 1 and 3 on the headers and puts a
+:class:`Keyed` on the exchange; the data plane, which parses the body anyway, has it do 2, 4 and
+5 (:meth:`Keyed.admit`, through the same checks as ASGI's: :meth:`ClientKeys.allowed`) and tells
+it what a whole answer said (its usage, upstream and model: the reading the GenAI histograms
+take anyway), so 6 reads no answer again and the answer goes to the client unwatched (but for a
+stream whose usage is hidden). Under ASGI (``/u/``, ``GPUGATE_FASTPATH=0``) :class:`_Watch`
+watches the ASGI messages and reads the usage itself (:func:`~gpugate.core.usage.json_usage`,
+:class:`~gpugate.core.usage.StreamUsage`).
 
 The job routes and ``/v1/models`` check keys in :func:`authorize_client`, called by
 :class:`gpugate.web.api.Endpoint` for every ``Security.CLIENT`` operation.
@@ -34,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,7 +42,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpugate.config import GatewayConfig
-from gpugate.core.keys import Principal, offered_secret
+from gpugate.core.keys import ClientKey, Principal, offered_secret
 from gpugate.core.usage import (
     StreamUsage,
     json_usage,
@@ -60,7 +60,7 @@ from gpugate.services.jobs import JobRequest
 from gpugate.services.limits import Reservation
 from gpugate.web.bodies import json_document, parsed_body
 from gpugate.web.errors import error_body, error_headers, status_of
-from gpugate.web.exchange import Exchange, check_length
+from gpugate.web.exchange import Exchange
 from gpugate.web.requestid import HEADER as REQUEST_ID
 from gpugate.web.requestid import RequestIds
 from gpugate.wiring import Gateway
@@ -68,11 +68,12 @@ from gpugate.wiring import Gateway
 if TYPE_CHECKING:
     from gpugate.services.proxy import Reply
     from gpugate.telemetry import Generated
+    from gpugate.web.fastpath import FastCycle
 
 OPENAI_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 RAW_PREFIX = "/u/"
 _KEY_HEADERS = frozenset({b"authorization", b"api-key", b"x-api-key"})
-_DROPPED = _KEY_HEADERS | {b"x-request-class", b"content-length"}  # what _Head reads or replaces
+_DROPPED = _KEY_HEADERS | {b"x-request-class"}  # what _Head reads and leaves out
 _ANSWER_HEADERS = frozenset(
     {b"x-gateway-upstream", b"x-gateway-model", b"idempotent-replayed", b"content-type"}
 )  # what _Watch.started reads
@@ -210,49 +211,66 @@ class ClientKeys:
         finally:
             await _settle(watch)
 
-    async def serve(self, ex: Exchange, plane: _Plane) -> None:
+    async def serve(self, ex: FastCycle, plane: _Plane) -> None:
         """A keyed request to an OpenAI route, as :meth:`__call__` does it, over an
-        :class:`~gpugate.web.exchange.Exchange` instead of ASGI (the fast path): the data plane
-        (``plane``) is handed a :class:`KeyedExchange` with the admitted headers and body,
-        which the data plane tells what the answer said (its usage), so the answer itself goes
-        to ``ex`` unwatched unless the usage asked for it is to be hidden."""
+        :class:`~gpugate.web.exchange.Exchange` instead of ASGI (the fast path): the key
+        authenticated and taken out of the headers, the class clamped, then the data plane
+        (``plane``) serves the exchange with a :class:`Keyed` on it, which admits the body the
+        data plane parses (the model, the usage option, the reservation) and is told what the
+        answer said; the answer goes to the client unwatched unless the usage asked for it is
+        to be hidden. What the request holds of its key's limits is settled at its end."""
         keys = self.gateway.keys
         assert keys is not None
-        head = _Head(ex.headers)
-        gw = self.gateway
-        try:  # no await but the body's read for a cached key without limits
-            raw = head.raw
-            principal = (keys.known_header(raw) if raw is not None else None) or (
-                keys.known(head.secret)
-                or await (
-                    keys.authenticate(head.secret)
-                    if raw is None
-                    else keys.authenticate_header(raw, head.secret)
+        headers = ex.headers
+        found = dict(headers)
+        raw = found.get(b"authorization")
+        principal = None
+        if raw is not None and len(found) == len(headers) and _PLAIN.isdisjoint(found):
+            principal = keys.known_header(raw)  # a key seen before: one dict lookup
+            if principal is not None:  # and nothing to rewrite but the key taken out: in place
+                headers.remove((b"authorization", raw))
+                if principal.plain_class is not None:
+                    headers.append(principal.plain_class)
+        if principal is None:
+            head = _Head(headers)
+            try:
+                secret = head.secret
+                principal = keys.known(secret) or await (
+                    keys.authenticate(secret)
+                    if head.raw is None
+                    else keys.authenticate_header(head.raw, secret)
                 )
-            )
-            config = gw.config
-            body = await ex.read_body(None, config.server.max_body_bytes)
-            headers, body, model, hide, doc = self._checked(principal, head, body, config)
-            held = None
-            if principal.limited:  # from this replica's slice, else the store's (or a 429)
-                quota = gw.quota
-                held = quota.reserve_now(principal, model, doc, len(body)) or await quota.reserve(
-                    principal, model, doc, len(body)
-                )
-        except GpugateError as exc:
-            await ex.answer(*self._refusal(ex.headers, exc))
-            return
-        keyed = KeyedExchange(ex, headers, body, principal, held, model, hide=hide)
+                ex.headers = head.admitted(principal, principal.class_header(head.requested))
+            except GpugateError as exc:
+                await ex.answer(*self._refusal(headers, exc))
+                return
+        keyed = ex.keyed = Keyed(self, principal)
         try:
-            await plane.serve(keyed, openai=True)
+            await plane.serve(ex, openai=True)
         finally:
             try:
+                held = keyed.held
                 if held is not None and not held.leased:  # the store's settle: never cut off
-                    await asyncio.shield(keyed.end(gw))
+                    await asyncio.shield(keyed.end(ex))
                 else:
-                    keyed.end_local(gw)
+                    keyed.end_local(ex)
             except GpugateError as exc:  # the answer is out already; the counts are late
                 log.warning("usage of key %s not settled: %s", principal.key.prefix, exc.message)
+
+    def allowed(self, key: ClientKey, model: str, config: GatewayConfig) -> None:
+        """Refuse a model the key may not use (403 ``MODEL_NOT_ALLOWED``), or one an external
+        upstream serves when the key may not use those (403 ``EXTERNAL_UPSTREAM_FORBIDDEN``)."""
+        if key.models is not None and model not in key.models:
+            raise ModelNotAllowed(f"client key {key.prefix}… may not use model {model!r}")
+        if not key.allow_external:
+            external = self._external
+            if external[0] is not config:  # the models found once per config version
+                external = self._external = (config, _served_externally(config))
+            if model in external[1]:
+                raise ExternalUpstreamForbidden(
+                    f"client key {key.prefix}… may not use an external upstream, and one "
+                    f"serves {model!r}"
+                )
 
     async def _openai(
         self, principal: Principal, head: _Head, scope: Scope, receive: Receive
@@ -285,24 +303,13 @@ class ClientKeys:
         doc = json_document(body)  # BadRequest as the data plane would answer
         model = doc.get("model") if type(doc) is dict else None
         if type(model) is not str:  # the data plane's 400 (or a body that is no object)
-            return head.admitted(principal, body, cls_header, same=True), body, None, False, None
-        key = principal.key
-        if key.models is not None and model not in key.models:
-            raise ModelNotAllowed(f"client key {key.prefix}… may not use model {model!r}")
-        if not key.allow_external:
-            external = self._external
-            if external[0] is not config:  # the models found once per config version
-                external = self._external = (config, _served_externally(config))
-            if model in external[1]:
-                raise ExternalUpstreamForbidden(
-                    f"client key {key.prefix}… may not use an external upstream, and one "
-                    f"serves {model!r}"
-                )
+            return head.admitted(principal, cls_header, len(body)), body, None, False, None
+        self.allowed(principal.key, model, config)
         asked = with_include_usage(doc, body) if doc.get("stream") is True else None
         hide = asked is not None
         # the data plane's parse of the bytes it gets: ``doc``, set as the bytes are
         body = parsed_body(body if asked is None else asked, doc)
-        return head.admitted(principal, body, cls_header, same=not hide), body, model, hide, doc
+        return head.admitted(principal, cls_header, len(body)), body, model, hide, doc
 
     async def _raw(
         self, principal: Principal, scope: Scope, receive: Receive
@@ -502,94 +509,55 @@ async def _settle(watch: _Watch) -> None:
         log.warning("usage of key %s not settled: %s", watch.principal.key.prefix, exc.message)
 
 
-class KeyedExchange:
-    """An :class:`~gpugate.web.exchange.Exchange` as :meth:`ClientKeys.serve` hands it to the
-    data plane: the admitted headers and body in place of the client's; the answer goes to the
-    client's exchange as it is (``body`` is the client's own, but for a stream whose usage is
-    to be hidden), and the data plane tells :meth:`generated` what a whole answer said — its
-    usage, upstream and model, read once for the GenAI histograms and the key alike. What it
-    holds of the key's limits ends with :meth:`end_local` or :meth:`end`."""
+class Keyed:
+    """A keyed request on the fast path, on its exchange (``Exchange.keyed``) while the data
+    plane serves it: :meth:`admit` checks the parsed body against the key and holds its
+    estimate, :meth:`generated` is told what a whole answer said (its usage, upstream and model,
+    read once for the GenAI histograms and the key alike), and :meth:`end_local` or
+    :meth:`end` settle what it holds and record its usage. ``stream`` hides the usage of a
+    stream the gateway asked for (``FastCycle.body`` passes the pieces through it)."""
 
-    __slots__ = (
-        "_body",
-        "_ex",
-        "body",
-        "head",
-        "headers",
-        "held",
-        "method",
-        "model",
-        "path",
-        "principal",
-        "query",
-        "raw_target",
-        "reply",
-        "server",
-        "stream",
-        "told",
-        "while_connected",
-    )
+    __slots__ = ("door", "held", "model", "principal", "reply", "stream", "told", "waiting")
 
-    def __init__(
-        self,
-        ex: Exchange,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        principal: Principal,
-        held: Reservation | None,
-        model: str | None,
-        *,
-        hide: bool,
-    ) -> None:
-        self._ex = ex
-        self._body = body
-        self.method = ex.method
-        self.path = ex.path
-        self.query = ex.query
-        self.headers = headers
-        self.server = ex.server
-        self.raw_target: Callable[[], bytes] = ex.raw_target  # the client's own: no wrapper
-        self.while_connected: Callable[[Coroutine[Any, Any, None]], Coroutine[Any, Any, None]] = (
-            ex.while_connected
-        )
-        self.stream: StreamUsage | None = None
-        if hide:  # not a method of self: a bound method kept on self would make a cycle
-            hiding = self.stream = _Hiding(ex)
-            self.body: Callable[..., Coroutine[Any, Any, None]] = hiding.body
-        else:
-            self.body = ex.body  # the client's own: nothing to take out
+    def __init__(self, door: ClientKeys, principal: Principal) -> None:
+        self.door = door
         self.principal = principal
-        self.held = held
-        self.model = model
-        self.head: list[tuple[bytes, bytes]] | None = None  # a success's head, once started
+        self.held: Reservation | None = None
+        self.model: str | None = None
+        self.stream: StreamUsage | None = None
         self.reply: Reply | None = None  # the data plane's tale of a whole answer
         self.told: Generated | None = None
+        self.waiting = False
 
-    async def read_body(self, declared: int | None, limit: int) -> bytes:
-        check_length(declared, limit)
-        if len(self._body) > limit:
-            raise PayloadTooLarge(f"request body exceeds max_body_bytes ({limit})")
-        return self._body
+    def admit(self, doc: dict[str, Any], body: bytes, model: str, *, stream: bool) -> bytes:
+        """The body the upstream gets, once the key may use ``model``: with
+        ``stream_options.include_usage`` set for a stream whose client did not ask (the
+        usage is then hidden from it); the estimate held from this replica's slice when it
+        holds enough (else ``waiting``: :meth:`reserve` asks the store)."""
+        principal = self.principal
+        door = self.door
+        gw = door.gateway
+        door.allowed(principal.key, model, gw.config)
+        self.model = model
+        if stream:
+            asked = with_include_usage(doc, body)
+            if asked is not None:
+                self.stream = StreamUsage(hide=True)
+                body = asked
+        if principal.limited:
+            self.held = gw.quota.reserve_now(principal, model, doc, len(body))
+            self.waiting = self.held is None
+        return body
 
-    def start(
-        self, status: int, headers: list[tuple[bytes, bytes]], *, hold: bool = False
-    ) -> Coroutine[Any, Any, None]:
-        if status < 400:  # an answer that may break before its tale: it counts all the same
-            self.head = headers
-        return self._ex.start(status, headers, hold=hold)  # its coroutine: no frame of ours
-
-    def answer(
-        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> Coroutine[Any, Any, None]:
-        """A whole answer: the data plane's own (an error, a replay), never an upstream's, so
-        nothing of it counts."""
-        return self._ex.answer(status, headers, body)
+    async def reserve(self, doc: dict[str, Any], size: int) -> None:
+        """The estimate held by the store (429 with the limit's code when it cannot be)."""
+        self.held = await self.door.gateway.quota.reserve(self.principal, self.model, doc, size)
+        self.waiting = False
 
     def generated(self, reply: Reply, told: Generated) -> None:
-        """The data plane's tale of a whole answer: its status, upstream, model and usage."""
         self.reply, self.told = reply, told
 
-    def _counted(self) -> tuple[str, str, int, int] | None:
+    def _counted(self, ex: FastCycle) -> tuple[str, str, int, int] | None:
         """The model, upstream and tokens this request counts (None: nothing answered it, or
         an error or a replay did): the tale's usage, else a hidden stream's, else the
         estimate's (an answer that broke off, or came without usage)."""
@@ -602,10 +570,11 @@ class KeyedExchange:
             if told.input_tokens is not None:
                 return model or "", reply.upstream.id, told.input_tokens, told.output_tokens or 0
             upstream = reply.upstream.id
-        elif self.head is not None:
-            upstream = _upstream_of(self.head)
-        else:
-            return None
+        else:  # no tale: a relay that broke off counts, an error or a replay does not
+            status, answered = ex.status, ex.answered
+            if type(status) is not int or status >= 400 or _REPLAYED in answered:
+                return None
+            upstream = _upstream_of(answered)
         usage = self.stream.usage if self.stream is not None else None
         if usage is not None:
             return model or "", upstream, usage.prompt_tokens, usage.completion_tokens
@@ -614,19 +583,22 @@ class KeyedExchange:
             return model or "", upstream, 0, 0
         return model or "", upstream, held.estimate.prompt_tokens, held.estimate.completion_tokens
 
-    def end_local(self, gw: Gateway) -> None:
+    def end_local(self, ex: FastCycle) -> None:
         """The end of a request whose reservation is local (or none): settled or given back."""
-        counted = self._counted()
+        gw = self.door.gateway
+        counted = self._counted(ex)
         if counted is None:
-            gw.quota.release_local(self.held)
+            if self.held is not None:
+                gw.quota.release_local(self.held)
             return
         model, upstream, prompt, completion = counted
         cents = gw.quota.settle_local(self.held, prompt, completion, model or None)
         gw.usage.record(self.principal, model, upstream, prompt, completion, cents)
 
-    async def end(self, gw: Gateway) -> None:
+    async def end(self, ex: FastCycle) -> None:
         """:meth:`end_local` of a per-request reservation in the store."""
-        counted = self._counted()
+        gw = self.door.gateway
+        counted = self._counted(ex)
         if counted is None:
             await gw.quota.release(self.held)
             return
@@ -635,23 +607,7 @@ class KeyedExchange:
         gw.usage.record(self.principal, model, upstream, prompt, completion, cents)
 
 
-class _Hiding(StreamUsage):
-    """A stream's pieces on their way to the client, what asking for its usage added taken
-    out: whole events without usage (the data plane relays whole events) go on as they are,
-    anything else through :meth:`~gpugate.core.usage.StreamUsage.feed`."""
-
-    __slots__ = ("_ex",)
-
-    def __init__(self, ex: Exchange) -> None:
-        super().__init__(hide=True)
-        self._ex = ex
-
-    def body(self, chunk: bytes, *, more: bool) -> Coroutine[Any, Any, None]:
-        if self._buffer or not chunk.endswith(b"\n\n") or b'"usage"' in chunk:
-            chunk = self.feed(chunk)
-            if not more:
-                chunk += self.flush()
-        return self._ex.body(chunk, more=more)
+_REPLAYED = (b"idempotent-replayed", b"true")
 
 
 def _upstream_of(headers: list[tuple[bytes, bytes]]) -> str:
@@ -668,94 +624,62 @@ def _served_externally(config: GatewayConfig) -> frozenset[str]:
     )
 
 
-_RARE_KEYS = frozenset({b"api-key", b"x-api-key"})
+#: What a head must not have for :meth:`ClientKeys.serve` to take only its key out, in place
+_PLAIN = frozenset({b"api-key", b"x-api-key", b"x-request-class", b"idempotency-key"})
 
 
 class _Head:
-    """A keyed OpenAI-route request's headers, read once: the secret it offers (as
-    :func:`~gpugate.core.keys.offered_secret` finds it), the class it asks for, and how
-    :meth:`admitted` makes the data plane's headers of them.
+    """A keyed OpenAI-route request's headers, read in one pass: the secret it offers (as
+    :func:`~gpugate.core.keys.offered_secret` finds it), the ``Authorization`` value it came
+    in (``raw``: the key cache remembers it, so that the next request of the key is one dict
+    lookup), the class it asks for, and the rest (:meth:`admitted` makes the data plane's
+    headers of them)."""
 
-    The common head — an ``Authorization`` header, no ``api-key`` or ``x-api-key``, no name
-    twice — is read through a dict of it (C loops; ``raw`` is then the ``Authorization`` value,
-    the key cache's fast lookup, and the secret is only parsed out on a miss); any other head
-    by one pass over it."""
-
-    __slots__ = ("_found", "_secret", "headers", "kept", "raw", "requested")
+    __slots__ = ("kept", "raw", "requested", "secret")
 
     def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
-        found = dict(headers)
-        raw = found.get(b"authorization")
-        self.headers = headers
-        self._secret: str | None = None
-        if raw is not None and len(found) == len(headers) and _RARE_KEYS.isdisjoint(found):
-            self.raw: bytes | None = raw
-            self.requested: bytes | None = found.get(b"x-request-class")
-            self._found: dict[bytes, bytes] | None = found  # admitted makes the headers of it
-            self.kept: list[tuple[bytes, bytes]] | None = None
-            return
-        self.raw = self._found = None
         kept: list[tuple[bytes, bytes]] = []
-        bearer = api_key = x_api_key = requested = None
+        raw = bearer = api_key = x_api_key = requested = None
         for item in headers:
             name = item[0]
             if name in _DROPPED:
                 value = item[1]
                 if name == b"authorization":
-                    bearer = _bearer(value) or bearer
+                    found = _bearer(value)
+                    if found is not None:
+                        raw, bearer = value, found
                 elif name == b"x-request-class":
                     requested = value
                 elif name == b"api-key":
                     api_key = value.strip() or None
                 elif name == b"x-api-key":
                     x_api_key = value.strip() or None
-                continue  # content-length: the admitted body's goes last
+                continue
             kept.append(item)
         chosen = bearer or api_key or x_api_key
-        self._secret = None if chosen is None else chosen.decode("latin-1")
+        self.secret = None if chosen is None else chosen.decode("latin-1")
+        self.raw = raw if bearer is not None else None
         self.requested = requested
         self.kept = kept
-
-    @property
-    def secret(self) -> str | None:
-        """The secret offered (parsed from ``raw`` only when asked: a key cache miss)."""
-        if self._secret is None and self.raw is not None:
-            bearer = _bearer(self.raw)
-            self._secret = None if bearer is None else bearer.decode("latin-1")
-        return self._secret
 
     def admitted(
         self,
         principal: Principal,
-        body: bytes,
         cls_header: tuple[bytes, bytes] | None,
-        *,
-        same: bool,
+        length: int | None = None,
     ) -> list[tuple[bytes, bytes]]:
         """The headers the data plane gets: without the key, an ``Idempotency-Key`` in the key's
-        tenant (one tenant's key never names another's response), the body's length (``same``:
-        the body is the one the client sent), the class clamped (``cls_header``:
-        :meth:`Principal.class_header`; none for the default class)."""
-        found = self._found
-        if found is not None:  # the common head: its dict less what changes, in its order
-            self._found = None  # once: the dict becomes the answer
-            del found[b"authorization"]
-            if self.requested is not None:
-                del found[b"x-request-class"]
-            if not same or b"content-length" not in found:  # else the client's is the body's
-                found[b"content-length"] = b"%d" % len(body)
-            idempotency = found.get(b"idempotency-key")
-            if idempotency is not None:
-                found[b"idempotency-key"] = principal.idempotency_prefix + idempotency
-            if cls_header is not None:
-                found[cls_header[0]] = cls_header[1]
-            return list(found.items())
+        tenant (one tenant's key never names another's response), the class clamped
+        (``cls_header``: :meth:`Principal.class_header`; none for the default class), and
+        ``length`` as the body's (None: the client's ``Content-Length`` is kept — the fast path
+        reads the body itself, and the upstream's length is always the body's own)."""
         kept = self.kept
-        assert kept is not None  # the other head's, made by __init__
         for at, (name, value) in enumerate(kept):
             if name == b"idempotency-key":
                 kept[at] = (name, principal.idempotency_prefix + value)
-        kept.append((b"content-length", b"%d" % len(body)))
+        if length is not None:
+            kept = [item for item in kept if item[0] != b"content-length"]
+            kept.append((b"content-length", b"%d" % length))
         if cls_header is not None:
             kept.append(cls_header)
         return kept

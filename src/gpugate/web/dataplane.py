@@ -129,6 +129,11 @@ class Handler:
             body = await ex.read_body(seen.content_length, gw.config.server.max_body_bytes)
             doc = _parse_doc(body)
             model, stream = _routing_fields(doc)
+            keyed = ex.keyed
+            if keyed is not None:  # a client key's checks of the body, its reservation
+                body = keyed.admit(doc, body, model, stream=stream)
+                if keyed.waiting:
+                    await keyed.reserve(doc, len(body))
             span.set("gen_ai.request.model", model[:200])
             cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
             path = ex.path + "?" + ex.query.decode("latin-1") if ex.query else ex.path
@@ -292,13 +297,14 @@ async def _relay_kept(
 
 def _generated(gw: Gateway, out: Outbound, reply: Reply, seen: Generation, ex: Exchange) -> None:
     """A whole answer went by: its GenAI histograms, the request span's usage, and the
-    exchange's :attr:`~Exchange.generated` told (a client key's usage)."""
+    exchange's client key (:attr:`~Exchange.keyed`) told (its usage)."""
     told = seen.finish(model=out.span.recording)  # the answer's model is only a span's
     if reply.status < 300:
         gw.proxy.generated(out, reply, told)
     generated_span(out.span, reply.status, told)
-    if ex.generated is not None:
-        ex.generated(reply, told)
+    keyed = ex.keyed
+    if keyed is not None:
+        keyed.generated(reply, told)
 
 
 async def _relay_stream(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
@@ -48,9 +48,10 @@ class Exchange(Protocol):
     server: tuple[str, int] | None
 
     @property
-    def generated(self) -> Callable[[Reply, Generated], None] | None:
-        """Told what a whole answer said (the reply it came from and the data plane's reading
-        of it), when one went by; None: nobody asks (client keys count their usage with it)."""
+    def keyed(self) -> Keyed | None:
+        """The client key's part in this request (``auth.mode: keys`` on the fast path), or
+        None: the data plane has it admit the parsed body and tells it what a whole answer
+        said (:class:`Keyed`)."""
         ...
 
     def raw_target(self) -> bytes:
@@ -83,11 +84,31 @@ class Exchange(Protocol):
         ...
 
 
+class Keyed(Protocol):
+    """What a client key does inside the data plane (:class:`gpugate.web.auth.Keyed`): the
+    checks that need the parsed body, and the usage of the answer."""
+
+    waiting: bool  # after :meth:`admit`: the estimate is still to be held (:meth:`reserve`)
+
+    def admit(self, doc: dict[str, Any], body: bytes, model: str, *, stream: bool) -> bytes:
+        """The body the upstream gets, or a :class:`~gpugate.errors.GpugateError` refusing it."""
+        ...
+
+    async def reserve(self, doc: dict[str, Any], size: int) -> None:
+        """Hold the request's estimate in the store (a 429 when a limit is reached)."""
+        ...
+
+    def generated(self, reply: Reply, told: Generated) -> None:
+        """Told what a whole answer said: the reply it came from and the data plane's reading
+        of it (its usage)."""
+        ...
+
+
 class AsgiExchange:
     """An :class:`Exchange` over ASGI's ``receive`` and ``send``."""
 
     __slots__ = ("headers", "method", "path", "query", "receive", "scope", "send", "server")
-    generated = None
+    keyed = None  # the ASGI path's keys watch the messages (gpugate.web.auth._Watch)
 
     def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.scope = scope

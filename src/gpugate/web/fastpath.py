@@ -49,7 +49,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from gpugate.errors import PayloadTooLarge
 from gpugate.web import access_log
 from gpugate.web.access_log import AccessLog
-from gpugate.web.auth import ClientKeys
+from gpugate.web.auth import ClientKeys, Keyed
 from gpugate.web.connections import ConnectionLimits, guarded_protocol
 from gpugate.web.dataplane import DataPlane, Handler
 from gpugate.web.exchange import BrokenStream, ClientGone, check_length
@@ -320,6 +320,7 @@ class FastCycle:
         "headers",
         "http_version",
         "keep_alive",
+        "keyed",
         "message_event",
         "method",
         "more_body",
@@ -332,7 +333,6 @@ class FastCycle:
         "status",
         "waiting_for_100_continue",
     )
-    generated = None  # the Exchange's: nobody asks what the answer said
 
     def __init__(
         self,
@@ -359,6 +359,7 @@ class FastCycle:
         self.response_complete = False
         self.status: int | str = "-"  # for the access log: "-" while nothing was answered
         self.answered: list[tuple[bytes, bytes]] = []
+        self.keyed: Keyed | None = None  # auth.mode keys: set by ClientKeys.serve
         self._limit = protocol.routes.handler.gateway.config.server.max_body_bytes
         self._parts: list[bytes] = []
         self._size = 0
@@ -522,6 +523,9 @@ class FastCycle:
     async def body(self, chunk: bytes, *, more: bool) -> None:
         if self.disconnected or self.response_complete:
             return
+        keyed = self.keyed
+        if keyed is not None and keyed.stream is not None:  # usage the client did not ask for
+            chunk = keyed.stream.hidden(chunk, more=more)
         flow = self.protocol.flow
         if flow.write_paused:
             await flow.drain()
