@@ -362,9 +362,13 @@ class Generation:
                     self._first = self._clock()
                 self._events += events
 
-    def finish(self, *, model: bool = True) -> Generated:
+    def finish(
+        self, *, model: bool = True, usage: tuple[int | None, int | None] | None = None
+    ) -> Generated:
         """What the answer told; ``model=False`` skips looking for its ``model`` (only a
-        recording span wants it)."""
+        recording span wants it). ``usage``: its prompt and completion tokens as read already
+        by something that read every piece (a client key hiding a stream's usage), so the
+        tail is not searched for them again."""
         ended = self._clock()  # the last event was sent just now
         last = self._c
         # the last pieces, copied only when the answer came in more than one
@@ -373,10 +377,12 @@ class Generation:
             if len(last) >= TAIL_BYTES or not (self._a or self._b)
             else ((self._a + self._b + last)[-TAIL_BYTES:])
         )
-        at = tail.rfind(b'"usage"')
-        usage = tail[at:] if at >= 0 else b""
-        prompt = _first_int(_PROMPT, usage)
-        completion = _first_int(_COMPLETION, usage)
+        if usage is None:
+            at = tail.rfind(b'"usage"')
+            found = tail[at:] if at >= 0 else b""
+            prompt, completion = _first_int(_PROMPT, found), _first_int(_COMPLETION, found)
+        else:
+            prompt, completion = usage
         events = self._events - tail.rstrip().endswith(b"data: [DONE]")
         if completion is None and self.stream and events > 0:
             completion = events

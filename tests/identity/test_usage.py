@@ -110,3 +110,39 @@ async def test_a_model_s_price_turns_usage_into_cents_and_the_daily_cents_budget
     assert 429 == statuses[-1]
     assert spent == pytest.approx(total["cents"])
     assert total["cents"] <= 5.0
+
+
+async def test_a_stream_whose_usage_the_gateway_hid_still_tells_the_token_histograms_its_usage(
+    dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """The hiding reads every piece of such a stream, so its usage is taken from there rather
+    than searched for again in the stream's tail: the GenAI histograms get the server's own
+    counts for it, as for a stream whose client asked."""
+    async with model_servers(("u", ["m"])) as (server,):
+        config = keyed_config(dsn, [server.url], ["m"])
+        async with serving(config, environ=ENVIRON) as gw:
+            created = await create_key(http, gw.url)
+            client = openai.AsyncOpenAI(base_url=gw.v1, api_key=created["key"], max_retries=0)
+            messages = [{"role": "user", "content": "count these five words"}]
+            asked = await client.chat.completions.create(
+                model="m", messages=messages, stream=True, stream_options={"include_usage": True}
+            )
+            usage = [chunk async for chunk in asked][-1].usage
+            unasked = await client.chat.completions.create(
+                model="m", messages=messages, stream=True
+            )
+            assert all(chunk.usage is None for chunk in [chunk async for chunk in unasked])
+            await client.close()
+            histogram = gw.gateway.metrics.tokens_per_request
+            counts = {
+                kind: (
+                    histogram.labels("m", kind)._sum.get(),
+                    sum(b.get() for b in histogram.labels("m", kind)._buckets),
+                )
+                for kind in ("input", "output")
+            }
+    assert usage is not None
+    assert {
+        "input": (2 * usage.prompt_tokens, 2),
+        "output": (2 * usage.completion_tokens, 2),
+    } == counts

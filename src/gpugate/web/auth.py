@@ -554,6 +554,13 @@ class Keyed:
         self.held = await self.door.gateway.quota.reserve(self.principal, self.model, doc, size)
         self.waiting = False
 
+    def usage_read(self) -> tuple[int | None, int | None] | None:
+        stream = self.stream
+        if stream is None:
+            return None
+        usage = stream.usage  # its hiding read every piece: the usage it found, or none
+        return (None, None) if usage is None else (usage.prompt_tokens, usage.completion_tokens)
+
     def generated(self, reply: Reply, told: Generated) -> None:
         self.reply, self.told = reply, told
 

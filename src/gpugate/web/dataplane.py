@@ -298,11 +298,12 @@ async def _relay_kept(
 def _generated(gw: Gateway, out: Outbound, reply: Reply, seen: Generation, ex: Exchange) -> None:
     """A whole answer went by: its GenAI histograms, the request span's usage, and the
     exchange's client key (:attr:`~Exchange.keyed`) told (its usage)."""
-    told = seen.finish(model=out.span.recording)  # the answer's model is only a span's
+    keyed = ex.keyed
+    read = None if keyed is None else keyed.usage_read()  # a hidden stream's: every piece read
+    told = seen.finish(model=out.span.recording, usage=read)  # the model is only a span's
     if reply.status < 300:
         gw.proxy.generated(out, reply, told)
     generated_span(out.span, reply.status, told)
-    keyed = ex.keyed
     if keyed is not None:
         keyed.generated(reply, told)
 

@@ -98,6 +98,11 @@ class Keyed(Protocol):
         """Hold the request's estimate in the store (a 429 when a limit is reached)."""
         ...
 
+    def usage_read(self) -> tuple[int | None, int | None] | None:
+        """The answer's prompt and completion tokens when the key read every piece of it (a
+        stream whose usage it hides), else None: the data plane reads them itself."""
+        ...
+
     def generated(self, reply: Reply, told: Generated) -> None:
         """Told what a whole answer said: the reply it came from and the data plane's reading
         of it (its usage)."""
