@@ -5,16 +5,36 @@ the bytes it would have got without the gateway asking."""
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
 from keyed import ADMIN, ENVIRON, bearer, chat, create_key, keyed_config
 
-from harness import model_servers, serving
+from harness import RunningGateway, model_servers, serving
 
 CHAT = "/v1/chat/completions"
 _VARYING = re.compile(rb'"id":"[^"]*"|"created":\d+')
+
+
+@asynccontextmanager
+async def _keyed_gateway(
+    dsn: str, http: aiohttp.ClientSession
+) -> AsyncIterator[tuple[RunningGateway, dict[str, Any], openai.AsyncOpenAI]]:
+    """A keyed gateway before the fake model server, a new key, and the ``openai`` client
+    that sends with it."""
+    async with model_servers(("u", ["m"])) as (server,):
+        config = keyed_config(dsn, [server.url], ["m"])
+        async with serving(config, environ=ENVIRON) as gw:
+            created = await create_key(http, gw.url)
+            yield (
+                gw,
+                created,
+                openai.AsyncOpenAI(base_url=gw.v1, api_key=created["key"], max_retries=0),
+            )
 
 
 def _same_shape(raw: bytes) -> bytes:
@@ -25,27 +45,21 @@ def _same_shape(raw: bytes) -> bytes:
 async def test_usage_per_key_is_the_model_server_s_own_count_for_json_and_streams(
     dsn: str, http: aiohttp.ClientSession
 ) -> None:
-    async with model_servers(("u", ["m"])) as (server,):
-        config = keyed_config(dsn, [server.url], ["m"])
-        async with serving(config, environ=ENVIRON) as gw:
-            created = await create_key(http, gw.url)
-            client = openai.AsyncOpenAI(base_url=gw.v1, api_key=created["key"], max_retries=0)
-            messages = [{"role": "user", "content": "count these five words"}]
-            answer = await client.chat.completions.create(model="m", messages=messages)
-            expected = [answer.usage]
-            stream = await client.chat.completions.create(
-                model="m", messages=messages, stream=True, stream_options={"include_usage": True}
-            )
-            chunks = [chunk async for chunk in stream]
-            expected.append(chunks[-1].usage)
-            unasked = await client.chat.completions.create(
-                model="m", messages=messages, stream=True
-            )
-            plain = [chunk async for chunk in unasked]
-            await client.close()
-            async with http.get(gw.url + f"/admin/usage?key={created['id']}", headers=ADMIN) as r:
-                usage = await r.json()
-            metrics = gw.gateway.metrics.tokens
+    async with _keyed_gateway(dsn, http) as (gw, created, client):
+        messages = [{"role": "user", "content": "count these five words"}]
+        answer = await client.chat.completions.create(model="m", messages=messages)
+        expected = [answer.usage]
+        stream = await client.chat.completions.create(
+            model="m", messages=messages, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = [chunk async for chunk in stream]
+        expected.append(chunks[-1].usage)
+        unasked = await client.chat.completions.create(model="m", messages=messages, stream=True)
+        plain = [chunk async for chunk in unasked]
+        await client.close()
+        async with http.get(gw.url + f"/admin/usage?key={created['id']}", headers=ADMIN) as r:
+            usage = await r.json()
+        metrics = gw.gateway.metrics.tokens
     assert all(u is not None for u in expected)
     assert all(chunk.usage is None for chunk in plain)  # the client did not ask: none shown
     prompt = sum(u.prompt_tokens for u in expected)  # type: ignore[union-attr]
@@ -118,29 +132,23 @@ async def test_a_stream_whose_usage_the_gateway_hid_still_tells_the_token_histog
     """The hiding reads every piece of such a stream, so its usage is taken from there rather
     than searched for again in the stream's tail: the GenAI histograms get the server's own
     counts for it, as for a stream whose client asked."""
-    async with model_servers(("u", ["m"])) as (server,):
-        config = keyed_config(dsn, [server.url], ["m"])
-        async with serving(config, environ=ENVIRON) as gw:
-            created = await create_key(http, gw.url)
-            client = openai.AsyncOpenAI(base_url=gw.v1, api_key=created["key"], max_retries=0)
-            messages = [{"role": "user", "content": "count these five words"}]
-            asked = await client.chat.completions.create(
-                model="m", messages=messages, stream=True, stream_options={"include_usage": True}
+    async with _keyed_gateway(dsn, http) as (gw, _, client):
+        messages = [{"role": "user", "content": "count these five words"}]
+        asked = await client.chat.completions.create(
+            model="m", messages=messages, stream=True, stream_options={"include_usage": True}
+        )
+        usage = [chunk async for chunk in asked][-1].usage
+        unasked = await client.chat.completions.create(model="m", messages=messages, stream=True)
+        assert all(chunk.usage is None for chunk in [chunk async for chunk in unasked])
+        await client.close()
+        histogram = gw.gateway.metrics.tokens_per_request
+        counts = {
+            kind: (
+                histogram.labels("m", kind)._sum.get(),
+                sum(b.get() for b in histogram.labels("m", kind)._buckets),
             )
-            usage = [chunk async for chunk in asked][-1].usage
-            unasked = await client.chat.completions.create(
-                model="m", messages=messages, stream=True
-            )
-            assert all(chunk.usage is None for chunk in [chunk async for chunk in unasked])
-            await client.close()
-            histogram = gw.gateway.metrics.tokens_per_request
-            counts = {
-                kind: (
-                    histogram.labels("m", kind)._sum.get(),
-                    sum(b.get() for b in histogram.labels("m", kind)._buckets),
-                )
-                for kind in ("input", "output")
-            }
+            for kind in ("input", "output")
+        }
     assert usage is not None
     assert {
         "input": (2 * usage.prompt_tokens, 2),
