@@ -14,7 +14,11 @@ an idle window first). Unlike CPU time it does not move with the machine's load,
 be compared one after the other on a shared machine::
 
     python bench/proxy_instructions.py [--tree main=/work/main/src ...] [--mixes chat,sse]
-        [--duration 20] [--rounds 1] [--annotate]
+        [--duration 20] [--rounds 1] [--annotate] [--keys]
+
+``--keys`` counts each tree twice, open and then with ``auth.mode: keys`` (``proxy_keys.py``'s
+bootstrap key without limits in ``Authorization: Bearer``): what #16's keys cost the whole
+server, which the in-process count leaves part of out (the head as wrk sends it, the cycle).
 
 Each tree is ``gpugate serve`` with ``PYTHONPATH`` at that checkout's ``src`` (this venv's
 libraries); without ``--tree`` only the ``gpugate`` on ``PYTHONPATH``. Under callgrind the
@@ -25,6 +29,7 @@ is counted is a loaded server's path.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import subprocess
 import sys
@@ -34,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from proxy_keys import KEY_FREE, key_env
 from proxy_load import BODIES, MIXES, parse_wrk
 from proxy_targets import (
     HERE,
@@ -58,13 +64,16 @@ the requests in flight at the window's edges (counted in part, or not at all) ar
 those counted (64 made it ~4 %)."""
 
 
-def _wrk(wrk: str, url: str, body: bytes, duration: int) -> int:
-    """Requests answered by ``wrk -t1 -c8`` in ``duration`` seconds (non-2xx is an error)."""
+def _wrk(wrk: str, url: str, body: bytes, duration: int, bearer: str | None = None) -> int:
+    """Requests answered by ``wrk -t1 -c8`` in ``duration`` seconds (non-2xx is an error),
+    with ``Authorization: Bearer <bearer>`` when given."""
     argv = [
         wrk, "-t1", f"-c{CONNECTIONS}", f"-d{duration}s", "--latency", "--timeout", "60s",
         "-s", str(HERE / "post.lua"), url,
     ]  # fmt: skip
     env = {**os.environ, "BENCH_BODY": body.decode()}
+    if bearer is not None:
+        env["BENCH_BEARER"] = bearer
     done = subprocess.run(
         argv, capture_output=True, text=True, env=env, timeout=duration + 120, check=False
     )
@@ -80,15 +89,22 @@ def _control(*args: str) -> None:
 
 def count(
     procs: Processes, up: dict[str, int], wrk: str, name: str, src: str | None, mix: str,
-    duration: int, *, annotate: bool = False,
+    duration: int, *, annotate: bool = False, keyed: bool = False,
 ) -> tuple[int, int]:  # fmt: skip
     """One tree's instructions per ``mix`` request, the cyclic collector's apart (and those):
-    its server started under callgrind, warmed, counted through one wrk run, stopped."""
+    its server started under callgrind, warmed, counted through one wrk run, stopped
+    (``keyed``: with ``auth.mode: keys``, each request with the bench's key)."""
     workdir, port = procs.workdir, free_port()
+    name = f"{name}-keys" if keyed else name
     config = workdir / f"{name}-{mix}.yaml"
-    config.write_text(gateway_yaml(workdir, port, up))
+    yaml = gateway_yaml(workdir, port, up).replace("/bench.db", f"/{name}-{mix}.db")
+    bearer = None
+    if keyed:
+        yaml += "auth: {mode: keys, bootstrap_keys_env: BENCH_KEYS}\n"
+        bearer = KEY_FREE
+    config.write_text(yaml)
     out = workdir / f"{name}-{mix}.callgrind"
-    env = dict(os.environ)
+    env = {**os.environ, **(key_env() if keyed else {})}
     env.pop("PYTHONPATH", None)
     if src is not None:
         env["PYTHONPATH"] = src
@@ -103,10 +119,10 @@ def count(
         wait_http(procs, f"http://127.0.0.1:{port}/readyz", timeout_s=300)
         _, path = MIXES[mix]
         url = f"http://127.0.0.1:{port}{path}"
-        _wrk(wrk, url, BODIES[mix], 3)  # warm: the pool's connections, every code path
+        _wrk(wrk, url, BODIES[mix], 3, bearer)  # warm: the pool, the key cache, every path
         time.sleep(2)  # the requests wrk left in flight are answered
         idle_s = _counted(pid, lambda: time.sleep(IDLE_S))[1]
-        requests, load_s = _counted(pid, lambda: _wrk(wrk, url, BODIES[mix], duration))
+        requests, load_s = _counted(pid, lambda: _wrk(wrk, url, BODIES[mix], duration, bearer))
         idle, load = (workdir / f"{out.name}.{n}" for n in (1, 2))  # callgrind's numbering
         deadline = time.monotonic() + 60
         while not load.exists() and time.monotonic() < deadline:
@@ -174,10 +190,14 @@ def main() -> int:
         "--annotate", action="store_true", help="print the C functions that count the most"
     )
     parser.add_argument("--rounds", type=int, default=1, help="alternated rounds (1)")
+    parser.add_argument(
+        "--keys", action="store_true", help="each tree open and with auth.mode: keys"
+    )
     args = parser.parse_args()
     trees: list[tuple[str, str | None]] = [
         (spec.partition("=")[0], spec.partition("=")[2]) for spec in args.tree
     ] or [("gpugate", os.environ.get("PYTHONPATH"))]
+    kinds = (False, True) if args.keys else (False,)
     wrk, nginx = ensure_tools()
     tools = Tools(vllm_router=None, candidates_python=None, candidate_env=None)
     try:
@@ -191,13 +211,15 @@ def main() -> int:
             for mix in args.mixes.split(","):
                 base = 0
                 for rnd in range(args.rounds):
-                    for name, src in trees:
+                    for (name, src), keyed in itertools.product(trees, kinds):
                         per, gc = count(
-                            procs, up, wrk, name, src, mix, args.duration, annotate=args.annotate
-                        )
+                            procs, up, wrk, name, src, mix, args.duration,
+                            annotate=args.annotate, keyed=keyed,
+                        )  # fmt: skip
                         base = base or per
+                        label = f"{name}-keys" if keyed else name
                         print(
-                            f"  {mix:<5} round {rnd + 1} {name:<10} {per:11,d} instructions"
+                            f"  {mix:<5} round {rnd + 1} {label:<15} {per:11,d} instructions"
                             f" a request ({per / base:6.1%} of the first), {gc:7,d} more in"
                             " the cyclic collector",
                             flush=True,
