@@ -12,7 +12,7 @@ limit at the end of one minute and again at the start of the next.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -43,10 +43,10 @@ class Estimate:
     prompt_tokens: int
     completion_tokens: int
     cents: float
+    tokens: int = field(init=False)  # both, read a few times per request: added once
 
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
+    def __post_init__(self) -> None:
+        self.tokens = self.prompt_tokens + self.completion_tokens
 
 
 def estimate(doc: dict[str, Any] | None, body_size: int, price: Price | None) -> Estimate:
@@ -55,8 +55,9 @@ def estimate(doc: dict[str, Any] | None, body_size: int, price: Price | None) ->
     ceiling: Any = None
     if doc is not None:
         ceiling = doc.get("max_completion_tokens", doc.get("max_tokens"))
-    is_int = isinstance(ceiling, int) and not isinstance(ceiling, bool)
-    completion = ceiling if is_int and ceiling >= 0 else DEFAULT_COMPLETION_TOKENS
+    completion = (
+        ceiling if type(ceiling) is int and ceiling >= 0 else DEFAULT_COMPLETION_TOKENS
+    )  # not a bool (an int's subclass), not a float
     cents = price.cents(prompt, completion) if price is not None else 0.0
     return Estimate(prompt, completion, cents)
 

@@ -72,54 +72,49 @@ DAY_SLICE = 100  # and 1/100 of a daily one
 
 @dataclass(slots=True)
 class _Lease:
-    """What this replica holds of one key's quota in the current windows (None: no limit)."""
+    """What this replica holds of one key's quota in the current windows; ``inf`` for a limit
+    the key does not have (so every part is counted and compared alike, with no branch)."""
 
     windows: Windows
-    requests: float | None
-    tokens: float | None
-    day_tokens: float | None
-    day_cents: float | None
+    requests: float
+    tokens: float
+    day_tokens: float
+    day_cents: float
     refill: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def short(self, est: Estimate) -> str | None:
         """The code of the first part this request does not fit in, or None."""
-        if self.requests is not None and self.requests < 1:
+        if self.requests < 1:
             return "RATE_LIMITED"
-        if self.tokens is not None and self.tokens < est.tokens:
+        if self.tokens < est.tokens:
             return "TOKEN_LIMITED"
-        if self.day_tokens is not None and self.day_tokens < est.tokens:
-            return "BUDGET_EXCEEDED"
-        if self.day_cents is not None and self.day_cents < est.cents:
+        if self.day_tokens < est.tokens or self.day_cents < est.cents:
             return "BUDGET_EXCEEDED"
         return None
 
     def take(self, requests: float, tokens: float, cents: float) -> None:
-        """Count against the slice (negative amounts give back)."""
-        if self.requests is not None:
-            self.requests -= requests
-        if self.tokens is not None:
-            self.tokens -= tokens
-        if self.day_tokens is not None:
-            self.day_tokens -= tokens
-        if self.day_cents is not None:
-            self.day_cents -= cents
+        """Count against the slice (negative amounts give back; ``inf`` stays ``inf``)."""
+        self.requests -= requests
+        self.tokens -= tokens
+        self.day_tokens -= tokens
+        self.day_cents -= cents
 
     def add(self, got: Slice) -> None:
-        if self.requests is not None and got.requests is not None:
+        if got.requests is not None:
             self.requests += got.requests
-        if self.tokens is not None and got.tokens is not None:
+        if got.tokens is not None:
             self.tokens += got.tokens
-        if self.day_tokens is not None and got.day_tokens is not None:
+        if got.day_tokens is not None:
             self.day_tokens += got.day_tokens
-        if self.day_cents is not None and got.day_cents is not None:
+        if got.day_cents is not None:
             self.day_cents += got.day_cents
 
 
 def _empty_lease(limits: Limits, spans: Windows, old: _Lease | None) -> _Lease:
     """A lease for new windows: a new minute empties the minute parts, a new day the day's."""
 
-    def zero(limit: float | None) -> float | None:
-        return None if limit is None else 0.0
+    def zero(limit: float | None) -> float:
+        return math.inf if limit is None else 0.0
 
     same_day = old is not None and old.windows.day == spans.day
     return _Lease(
@@ -250,10 +245,8 @@ class Quota:
             lease.take(-requests, -tokens, -cents)
             return
         # a new minute: only the day's parts come back
-        if lease.day_tokens is not None:
-            lease.day_tokens += tokens
-        if lease.day_cents is not None:
-            lease.day_cents += cents
+        lease.day_tokens += tokens
+        lease.day_cents += cents
 
     def settle_local(
         self,
