@@ -1,13 +1,14 @@
 """The cost of ``auth.mode: keys`` on the hot path (issue #16, Done-when 5), a phase of
 ``bench/proxy.py``: a second gpugate on the same upstreams and core, in keys mode with two
 bootstrap keys from the environment, measured with wrk (the same ``-c64`` POSTs, the key in
-``Authorization: Bearer``) alternately with the open gpugate of the run, three rounds, so the
-machine's noise falls on all alike; the ratios are of the medians. One key has no limits (its
-lookup, a local cache hit after the first request, and the usage read from the body), one has
-limits (rpm, tpm and daily tokens: leased in slices from the store, SQLite here as the bench's
-gpugate, so a store transaction every slice rather than every request). Prints req/s and the
-gateway process's CPU per request (less sensitive to a loaded machine than req/s), and their
-ratios to open.
+``Authorization: Bearer``) alternately with the open gpugate of the run, five rounds whose
+order is reversed every other round, so the machine's noise falls on all alike; a share is the
+median of the rounds' own shares (each keyed run against the open run beside it). One key has
+no limits (its lookup, a local cache hit after the first request, and the usage read from the
+body), one has limits (rpm, tpm and daily tokens: leased in slices from the store, SQLite here
+as the bench's gpugate, so a store transaction every slice rather than every request). Prints
+req/s and the gateway process's CPU per request (less sensitive to a loaded machine than
+req/s), and their ratios to open.
 
 Run alone (the open gpugate and the keyed one only, from the ``gpugate`` on ``PYTHONPATH``, so
 another tree's ``src`` gives that tree's figures with this script)::
@@ -54,7 +55,7 @@ from proxy_targets import (
 KEY_FREE = "gk-bench-free-" + "x" * 32
 KEY_LIMITED = "gk-bench-limited-" + "y" * 32
 BIG = 10**9
-ROUNDS = 3
+ROUNDS = 5
 
 
 def key_env() -> dict[str, str]:
@@ -88,26 +89,33 @@ def phase_keys(
     setup: Setup, wrk: str, procs: Processes, cores: Cores, duration: int, rounds: int = ROUNDS
 ) -> tuple[list[str], dict[str, float]]:
     """Measure and print; the problems found (a non-2xx answer), and keys' req/s as a share of
-    open's per mix and key (``"chat keys"``, ``"sse keys+limits"``, ...)."""
+    open's per mix and key (``"chat keys"``, ``"sse keys+limits"``, ...).
+
+    Each round runs open, keys and keys+limits back to back, in the reverse order every other
+    round (so a drift of the machine during a round falls on both sides alike), and a key's
+    share is the median of its rounds' own shares (each against the open run beside it): what
+    one pair measured minutes apart on a shared machine says is the machine's, not the keys'.
+    The ratio of the medians is printed too."""
     shares: dict[str, float] = {}
     if "gpugate" not in setup.targets:
         return [], shares
     port, keyed_pid = start_keyed(procs, setup, cores)
     print(
-        f"\n== auth.mode keys vs open: wrk -t1 -c64 -d{duration}s, {rounds} rounds, alternated =="
+        f"\n== auth.mode keys vs open: wrk -t1 -c64 -d{duration}s, {rounds} rounds, alternated"
+        " (the order reversed every other round) =="
     )
     problems: list[str] = []
     for mix in ("chat", "sse"):
         lane, path = MIXES[mix]
-        rates: dict[str, list[float]] = {"open": [], "keys": [], "keys+limits": []}
+        runs = (
+            ("open", setup.url("gpugate", lane, path), setup.pid("gpugate", lane), None),
+            ("keys", f"http://127.0.0.1:{port}{path}", keyed_pid, KEY_FREE),
+            ("keys+limits", f"http://127.0.0.1:{port}{path}", keyed_pid, KEY_LIMITED),
+        )
+        rates: dict[str, list[float]] = {name: [] for name, *_ in runs}
         cpu: dict[str, list[float]] = {name: [] for name in rates}
-        for _ in range(rounds):
-            runs = (
-                ("open", setup.url("gpugate", lane, path), setup.pid("gpugate", lane), None),
-                ("keys", f"http://127.0.0.1:{port}{path}", keyed_pid, KEY_FREE),
-                ("keys+limits", f"http://127.0.0.1:{port}{path}", keyed_pid, KEY_LIMITED),
-            )
-            for name, url, pid, key in runs:
+        for rnd in range(rounds):
+            for name, url, pid, key in runs if rnd % 2 == 0 else runs[::-1]:
                 load = run_wrk(wrk, url, BODIES[mix], duration, pid, bearer=key)
                 rates[name].append(load.rps)
                 cpu[name].append(load.cpu_us)
@@ -116,13 +124,14 @@ def phase_keys(
         base = statistics.median(rates["open"])
         base_cpu = statistics.median(cpu["open"])
         for name, values in rates.items():
-            mean = statistics.median(values)
+            paired = statistics.median(v / o for v, o in zip(values, rates["open"], strict=True))
             runs_text = " / ".join(f"{v:6.0f}" for v in values)
             used = statistics.median(cpu[name])
             if name != "open":
-                shares[f"{mix} {name}"] = mean / base
+                shares[f"{mix} {name}"] = paired
             print(
-                f"  {mix:<5} {name:<12} {runs_text} req/s {mean / base:7.1%} of open;"
+                f"  {mix:<5} {name:<12} {runs_text} req/s {paired:7.1%} of open"
+                f" (medians {statistics.median(values) / base:6.1%});"
                 f" CPU {used:6.0f} us/req ({used / base_cpu:6.1%})"
             )
     return problems, shares
