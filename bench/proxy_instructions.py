@@ -97,7 +97,7 @@ def count(
     workdir, port = procs.workdir, free_port()
     name = f"{name}-keys" if keyed else name
     config = workdir / f"{name}-{mix}.yaml"
-    yaml = gateway_yaml(workdir, port, up).replace("/bench.db", f"/{name}-{mix}.db")
+    yaml = gateway_yaml(workdir, port, up)  # its own store: named by its port
     bearer = None
     if keyed:
         yaml += "auth: {mode: keys, bootstrap_keys_env: BENCH_KEYS}\n"

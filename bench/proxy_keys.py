@@ -72,9 +72,7 @@ def start_keyed(procs: Processes, setup: Setup, cores: Cores) -> tuple[int, int]
     """The keyed gpugate, on a free port: its port and pid."""
     workdir, port = procs.workdir, free_port()
     upstreams = setup.ports["direct"]
-    yaml = gateway_yaml(workdir, port, upstreams).replace(
-        f"sqlite:///{workdir}/bench.db", f"sqlite:///{workdir}/bench-keys.db"
-    )
+    yaml = gateway_yaml(workdir, port, upstreams)  # its own store: named by its port
     yaml += "auth: {mode: keys, bootstrap_keys_env: BENCH_KEYS}\n"
     (workdir / "gateway-keys.yaml").write_text(yaml)
     env = {**os.environ, **key_env()}

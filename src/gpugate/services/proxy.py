@@ -776,7 +776,7 @@ class Proxy:
             picking.record_latency(endpoint, ttfb, now=now)
         timer = self._ttfb.get(upstream.config.id)  # not the property: a call fewer
         if timer is None:
-            timer = self._ttfb[upstream.id] = observer(
+            timer = self._ttfb[upstream.config.id] = observer(
                 self._metrics.upstream_ttfb.labels(upstream.id)
             )
         timer(ttfb)

@@ -595,8 +595,7 @@ class Keyed:
         gw = self.door.gateway
         counted = self._counted(ex)
         if counted is None:
-            if self.held is not None:
-                gw.quota.release_local(self.held)
+            gw.quota.release_local(self.held)
             return
         model, upstream, prompt, completion = counted
         cents = gw.quota.settle_local(self.held, prompt, completion, model or None)
