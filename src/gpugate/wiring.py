@@ -395,6 +395,7 @@ async def build_gateway(  # noqa: PLR0913 - the config, then keyword-only settin
         blobs = open_blobs(config.blobs, environ)
         stack.push_async_callback(blobs.close)
         keys = Keys(store, live.get, clock)
+        prices = prices_of(live.get)  # one table for the quota and the usage meter
         await keys.load_bootstrap(environ)
         push_keys = PushKeys()
         engine = await _jobs_engine(
@@ -440,8 +441,8 @@ async def build_gateway(  # noqa: PLR0913 - the config, then keyword-only settin
             login_throttle=FailureThrottle(),
             push_keys=push_keys,
             keys=keys,
-            quota=Quota(store, clock, metrics, prices_of(live.get)),
-            usage=UsageMeter(store, clock, metrics, live.get),
+            quota=Quota(store, clock, metrics, prices),
+            usage=UsageMeter(store, clock, metrics, live.get, prices),
             azure_di=AzureDocumentIntelligence(proxy, live.get, clock),
             results=engine.results,
             runtimes=engine.runtimes,

@@ -190,7 +190,7 @@ async def test_a_long_offered_secret_is_cached_as_its_digest_and_still_refused(
     for _ in range(2):  # a lookup, then a cache hit
         with pytest.raises(Unauthorized, match="unknown"):
             await rig.keys.authenticate(long)
-    assert [digest(long)] == list(rig.keys._unknown._entries)
+    assert [digest(long)] == list(rig.keys._unknown.entries)
 
 
 async def test_a_flood_of_wrong_keys_never_pushes_a_real_key_out_of_the_cache(

@@ -37,6 +37,11 @@ async def _keyed_gateway(
             )
 
 
+def _cents(usage: dict[str, int]) -> float:
+    """What an answer's usage costs at the tests' price (1 and 2 cents per 10 tokens)."""
+    return (usage["prompt_tokens"] * 100 + usage["completion_tokens"] * 200) / 1000
+
+
 def _same_shape(raw: bytes) -> bytes:
     """A stream with its per-answer id and second stamped out (nothing else changes)."""
     return _VARYING.sub(b"_", raw)
@@ -114,16 +119,38 @@ async def test_a_model_s_price_turns_usage_into_cents_and_the_daily_cents_budget
                 async with http.post(gw.url + CHAT, json=body, headers=bearer(created["key"])) as r:
                     statuses.append(r.status)
                     if r.status == 200:
-                        usage = (await r.json())["usage"]
-                        spent += (
-                            usage["prompt_tokens"] * 100 + usage["completion_tokens"] * 200
-                        ) / 1000
+                        spent += _cents((await r.json())["usage"])
             async with http.get(gw.url + "/admin/usage", headers=ADMIN) as r:
                 total = (await r.json())["by_key"][created["id"]]
     assert 200 == statuses[0]
     assert 429 == statuses[-1]
     assert spent == pytest.approx(total["cents"])
     assert total["cents"] <= 5.0
+
+
+async def test_usage_is_priced_for_keys_without_a_cents_budget_too(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    # a key without daily_cents is not priced on the request path (its lease counts no cents):
+    # its usage is priced when the meter writes it, at the same price
+    price = {"prompt_per_1k_cents": 100.0, "completion_per_1k_cents": 200.0}
+    async with model_servers(("u", ["m"])) as (server,):
+        policy = [{"name": "m", "price": price}]
+        config = keyed_config(sqlite_dsn, [server.url], ["m"], extra={"models": policy})
+        async with serving(config, environ=ENVIRON) as gw:
+            free = await create_key(http, gw.url)
+            rated = await create_key(http, gw.url, limits={"requests_per_min": 100})
+            spent = {free["id"]: 0.0, rated["id"]: 0.0}
+            for created in (free, rated, free, rated):
+                body = chat(max_tokens=10)
+                async with http.post(gw.url + CHAT, json=body, headers=bearer(created["key"])) as r:
+                    assert 200 == r.status
+                    spent[created["id"]] += _cents((await r.json())["usage"])
+            async with http.get(gw.url + "/admin/usage", headers=ADMIN) as r:
+                by_key = (await r.json())["by_key"]
+    for key_id, cents in spent.items():
+        assert 0 < cents
+        assert cents == pytest.approx(by_key[key_id]["cents"])
 
 
 async def test_a_stream_whose_usage_the_gateway_hid_still_tells_the_token_histograms_its_usage(

@@ -12,7 +12,7 @@ limit at the end of one minute and again at the start of the next.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -36,30 +36,38 @@ class Price:
         ) / 1000
 
 
-@dataclass(slots=True)  # not frozen: one per limited request, and frozen costs a setattr per field
+@dataclass(slots=True, init=False)  # not frozen: one per limited request (a setattr per field)
 class Estimate:
-    """What a request is expected to use, before it is sent."""
+    """What a request is expected to use, before it is sent (``tokens``: both, read a few times
+    per request, added once)."""
 
     prompt_tokens: int
     completion_tokens: int
     cents: float
-    tokens: int = field(init=False)  # both, read a few times per request: added once
+    tokens: int
 
-    def __post_init__(self) -> None:
-        self.tokens = self.prompt_tokens + self.completion_tokens
+    def __init__(self, prompt_tokens: int, completion_tokens: int, cents: float) -> None:
+        # by hand: a dataclass's __init__ and then its __post_init__ are two calls per request
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.cents = cents
+        self.tokens = prompt_tokens + completion_tokens
 
 
 def estimate(doc: dict[str, Any] | None, body_size: int, price: Price | None) -> Estimate:
     """The estimate of a request from its parsed body (or only its size)."""
-    prompt = max(1, body_size // BYTES_PER_TOKEN)
+    prompt = body_size // BYTES_PER_TOKEN or 1
     ceiling: Any = None
     if doc is not None:
-        ceiling = doc.get("max_completion_tokens", doc.get("max_tokens"))
+        ceiling = doc.get("max_completion_tokens")
+        if ceiling is None:
+            ceiling = doc.get("max_tokens")
     completion = (
         ceiling if type(ceiling) is int and ceiling >= 0 else DEFAULT_COMPLETION_TOKENS
     )  # not a bool (an int's subclass), not a float
-    cents = price.cents(prompt, completion) if price is not None else 0.0
-    return Estimate(prompt, completion, cents)
+    if price is None:
+        return Estimate(prompt, completion, 0.0)
+    return Estimate(prompt, completion, price.cents(prompt, completion))
 
 
 @dataclass(frozen=True, slots=True)

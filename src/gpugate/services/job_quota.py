@@ -58,5 +58,5 @@ async def charged(
         await quota.release(held)
     else:
         est = held.estimate
-        await quota.settle(held, est.prompt_tokens, est.completion_tokens, request.model)
+        await quota.settle(held, est.prompt_tokens, est.completion_tokens)
     return answer, made

@@ -80,10 +80,11 @@ class KeyCache:
     def __init__(self, ttl_s: float, size: int) -> None:
         self.ttl_s = ttl_s
         self.size = size
-        self._entries: dict[str | bytes, tuple[object, float]] = {}
+        #: key → (value, trusted until): read directly by :meth:`Keys.known_header` only
+        self.entries: dict[str | bytes, tuple[object, float]] = {}
 
     def get(self, key: str | bytes, now: float) -> object | None:
-        entry = self._entries.get(key)
+        entry = self.entries.get(key)
         if entry is None or now >= entry[1]:
             return None
         return entry[0]
@@ -94,22 +95,22 @@ class KeyCache:
     def alias(self, key: str | bytes, existing: str | bytes) -> None:
         """``key`` names the entry of ``existing`` too, trusted until the same moment (so an
         alias never stretches the revocation delay); nothing if there is no such entry."""
-        entry = self._entries.get(existing)
+        entry = self.entries.get(existing)
         if entry is not None:
             self._keep(key, entry)
 
     def _keep(self, key: str | bytes, entry: tuple[object, float]) -> None:
-        entries = self._entries
+        entries = self.entries
         entries.pop(key, None)
         entries[key] = entry
         while len(entries) > self.size:
             del entries[next(iter(entries))]
 
     def drop(self, key: str | bytes) -> None:
-        self._entries.pop(key, None)
+        self.entries.pop(key, None)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
 
 class Keys:
@@ -143,9 +144,10 @@ class Keys:
         """:meth:`known` for a request's raw ``Authorization`` value, when that value was seen
         before with a real key (:meth:`authenticate_header`): one dict lookup, no parse of the
         header, no decode; None when it is not cached."""
-        found = self._cache.get(authorization, self._clock.monotonic())
-        if found is None:
+        entry = self._cache.entries.get(authorization)  # KeyCache.get, inlined: once a request
+        if entry is None or self._clock.monotonic() >= entry[1]:
             return None
+        found = entry[0]
         return found if type(found) is Principal and not found.dated else self._let_in(found)
 
     async def authenticate_header(self, authorization: bytes, secret: str | None) -> Principal:

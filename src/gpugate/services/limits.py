@@ -80,6 +80,7 @@ class _Lease:
     tokens: float
     day_tokens: float
     day_cents: float
+    priced: bool  # whether the key has a daily cents budget: only then do prices count here
     refill: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def short(self, est: Estimate) -> str | None:
@@ -91,6 +92,20 @@ class _Lease:
         if self.day_tokens < est.tokens or self.day_cents < est.cents:
             return "BUDGET_EXCEEDED"
         return None
+
+    def took(self, est: Estimate) -> bool:
+        """:meth:`short` and then :meth:`take` of one request, in one call (the hot path's):
+        whether the request fit and was counted."""
+        tokens, cents = est.tokens, est.cents
+        if self.requests < 1 or self.tokens < tokens or self.day_tokens < tokens:
+            return False
+        if self.day_cents < cents:
+            return False
+        self.requests -= 1
+        self.tokens -= tokens
+        self.day_tokens -= tokens
+        self.day_cents -= cents
+        return True
 
     def take(self, requests: float, tokens: float, cents: float) -> None:
         """Count against the slice (negative amounts give back; ``inf`` stays ``inf``)."""
@@ -123,6 +138,7 @@ def _empty_lease(limits: Limits, spans: Windows, old: _Lease | None) -> _Lease:
         tokens=zero(limits.tokens_per_min),
         day_tokens=old.day_tokens if same_day and old else zero(limits.daily_tokens),
         day_cents=old.day_cents if same_day and old else zero(limits.daily_cents),
+        priced=limits.daily_cents is not None,
     )
 
 
@@ -164,22 +180,24 @@ class Quota:
     def reserve_now(
         self, principal: Principal, model: str | None, doc: object, body_size: int
     ) -> Reservation | None:
-        """:meth:`reserve` of a key whose estimate this replica's slice holds already: no
-        await, no store; None when it does not (a key without a lease yet, or a short one, or
-        with a concurrency limit: then :meth:`reserve` refills, asks the store or refuses)."""
+        """:meth:`reserve` of a key whose estimate this replica's slice holds already
+        (``principal.leased``: a key with a concurrency limit is never held here): no await, no
+        store; None when it does not (a key without a lease yet, or a short one: then
+        :meth:`reserve` refills or refuses)."""
         key = principal.key
         lease = self._leases.get(key.id)
-        if lease is None or key.limits.concurrency is not None:
+        if (  # a lease of the current windows (made this minute, and the minute not over yet)
+            lease is None
+            or lease.windows is not self._minute[1]
+            or self._clock.monotonic() >= self._minute_ends
+        ):
             return None
-        spans = self._current_windows()
-        if lease.windows is not spans:
-            return None
-        price = self._prices(model) if model is not None else None
+        # a price only counts against a lease's daily cents (usage is priced when written)
+        price = self._prices(model) if model is not None and lease.priced else None
         est = estimate(doc if type(doc) is dict else None, body_size, price)
-        if lease.short(est) is not None:
+        if not lease.took(est):
             return None
-        lease.take(1, est.tokens, est.cents)
-        return Reservation(key.id, spans, est, price, leased=True)
+        return Reservation(key.id, lease.windows, est, price, leased=True)
 
     async def reserve(
         self, principal: Principal, model: str | None, doc: object, body_size: int
@@ -189,13 +207,16 @@ class Quota:
         key = principal.key
         if not principal.limited:
             return None
-        held = self.reserve_now(principal, model, doc, body_size)
-        if held is not None:
-            return held
-        price = self._prices(model) if model is not None else None
+        leased = principal.leased
+        if leased:
+            held = self.reserve_now(principal, model, doc, body_size)
+            if held is not None:
+                return held
+        priced = key.limits.daily_cents is not None or not leased  # the store counts cents
+        price = self._prices(model) if model is not None and priced else None
         est = estimate(doc if isinstance(doc, dict) else None, body_size, price)
         spans = self._current_windows()
-        if key.limits.concurrency is None:
+        if leased:
             code = await self._lease(key.id, key.limits, est, spans)
             if code is None:
                 return Reservation(key.id, spans, est, price, leased=True)
@@ -249,31 +270,33 @@ class Quota:
         lease.day_cents += cents
 
     def settle_local(
-        self,
-        held: Reservation | None,
-        prompt_tokens: int,
-        completion_tokens: int,
-        model: str | None,
-    ) -> float:
+        self, held: Reservation | None, prompt_tokens: int, completion_tokens: int
+    ) -> None:
         """:meth:`settle` of a request that holds nothing of the store (no limits, or leased:
         the estimate's unused part goes back to this replica's slice); no await."""
-        price = held.price if held is not None else (self._prices(model) if model else None)
-        cents = 0.0 if price is None else price.cents(prompt_tokens, completion_tokens)
-        if held is not None:
-            used = prompt_tokens + completion_tokens
-            self._give_back(held, 0, held.estimate.tokens - used, held.estimate.cents - cents)
-        return cents
+        if held is None:
+            return
+        price = held.price
+        est = held.estimate
+        unused = est.tokens - prompt_tokens - completion_tokens
+        cents = 0.0 if price is None else est.cents - price.cents(prompt_tokens, completion_tokens)
+        lease = self._leases.get(held.key_id)
+        if lease is not None and lease.windows is held.windows:  # most: the same minute
+            lease.tokens += unused
+            lease.day_tokens += unused
+            if cents:
+                lease.day_cents += cents
+        else:
+            self._give_back(held, 0, unused, cents)
 
     async def settle(
-        self,
-        held: Reservation | None,
-        prompt_tokens: int,
-        completion_tokens: int,
-        model: str | None,
-    ) -> float:
-        """The request ended with this usage: replace the estimate; the cost in cents."""
+        self, held: Reservation | None, prompt_tokens: int, completion_tokens: int
+    ) -> None:
+        """The request ended with this usage: replace the estimate (its cost at the price of
+        its model when it was reserved)."""
         if held is None or held.leased:
-            return self.settle_local(held, prompt_tokens, completion_tokens, model)
+            self.settle_local(held, prompt_tokens, completion_tokens)
+            return
         cents = 0.0 if held.price is None else held.price.cents(prompt_tokens, completion_tokens)
         await self._store.settle_quota(
             held.key_id,
@@ -283,7 +306,6 @@ class Quota:
             cents=cents,
             requests=1,
         )
-        return cents
 
     def release_local(self, held: Reservation | None) -> None:
         """:meth:`release` of a request that holds nothing of the store; no await."""

@@ -1,7 +1,10 @@
 """Usage per client key, model and upstream: counted in memory, written in batches.
 
 Every response through a client key adds its tokens here: a few additions to the sums of its
-key, model, upstream and UTC day. A loop writes the sums to the store every
+key, model, upstream and UTC day. The sums are priced (cents) when they are written, at the
+model's ``price`` then: a cost is linear in the tokens, so a sum's is the sum of its answers'
+(a price changed within one flush period prices that period's answers at the new one). A loop
+writes the sums to the store every
 ``auth.usage_flush_s`` (default 1 s) and once more when the gateway stops, and adds them to
 ``gateway_tokens_total`` as it does, so the hot path never waits on the store for usage nor
 takes a metric's lock (the counter trails the answers by at most that period). What is held in
@@ -20,8 +23,10 @@ from typing import Any
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
 from gpugate.core.keys import Principal
+from gpugate.core.limits import Price
 from gpugate.errors import GpugateError
 from gpugate.metrics import Metrics
+from gpugate.services.limits import prices_of
 from gpugate.store import Store
 from gpugate.store.keys import UsageRow
 
@@ -59,11 +64,13 @@ class UsageMeter:
         clock: Clock,
         metrics: Metrics,
         config: Callable[[], GatewayConfig],
+        prices: Callable[[str], Price | None] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._metrics = metrics
         self._config = config
+        self._prices = prices_of(config) if prices is None else prices
         self._pending: dict[tuple[date, str, str, str, str], _Sum] = {}  # not yet metered
         self._unwritten: dict[tuple[date, str, str, str, str], _Sum] = {}  # a failed write's
         self._counters: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -77,8 +84,8 @@ class UsageMeter:
         upstream: str,
         prompt_tokens: int,
         completion_tokens: int,
-        cents: float,
     ) -> None:
+        """One answer's usage (priced at the flush)."""
         key = principal.key
         if self._clock.monotonic() >= self._day_ends:
             self._new_day()
@@ -89,7 +96,6 @@ class UsageMeter:
         entry.requests += 1
         entry.prompt += prompt_tokens
         entry.completion += completion_tokens
-        entry.cents += cents
 
     def _new_day(self) -> None:
         """The UTC day the next records count in, and when it ends (on the monotonic clock:
@@ -121,6 +127,11 @@ class UsageMeter:
         """Write what was counted since the last flush (and what a failed one kept); the rows
         written."""
         pending, self._pending = self._pending, {}
+        prices = self._prices
+        for (_day, _key_id, _tenant, model, _upstream), s in pending.items():
+            price = prices(model) if model else None
+            if price is not None:
+                s.cents = price.cents(s.prompt, s.completion)
         self._meter(pending)  # counted once, whether or not the store takes it now
         unwritten, self._unwritten = self._unwritten, {}
         for where, s in unwritten.items():

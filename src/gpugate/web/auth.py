@@ -481,10 +481,8 @@ class _Watch:
             gw.quota.release_local(self.held)
             return
         prompt, completion = self._tokens()
-        cents = gw.quota.settle_local(self.held, prompt, completion, self.model)
-        gw.usage.record(
-            self.principal, self.model or "", self.upstream or "", prompt, completion, cents
-        )
+        gw.quota.settle_local(self.held, prompt, completion)
+        gw.usage.record(self.principal, self.model or "", self.upstream or "", prompt, completion)
 
     async def end(self) -> None:
         gw = self.gateway
@@ -492,10 +490,8 @@ class _Watch:
             await gw.quota.release(self.held)
             return
         prompt, completion = self._tokens()
-        cents = await gw.quota.settle(self.held, prompt, completion, self.model)
-        gw.usage.record(
-            self.principal, self.model or "", self.upstream or "", prompt, completion, cents
-        )
+        await gw.quota.settle(self.held, prompt, completion)
+        gw.usage.record(self.principal, self.model or "", self.upstream or "", prompt, completion)
 
 
 async def _settle(watch: _Watch) -> None:
@@ -517,7 +513,7 @@ class Keyed:
     :meth:`end` settle what it holds and record its usage. ``stream`` hides the usage of a
     stream the gateway asked for (``FastCycle.body`` passes the pieces through it)."""
 
-    __slots__ = ("door", "held", "model", "principal", "reply", "stream", "told", "waiting")
+    __slots__ = ("counted", "door", "held", "model", "principal", "stream", "waiting")
 
     def __init__(self, door: ClientKeys, principal: Principal) -> None:
         self.door = door
@@ -525,8 +521,10 @@ class Keyed:
         self.held: Reservation | None = None
         self.model: str | None = None
         self.stream: StreamUsage | None = None
-        self.reply: Reply | None = None  # the data plane's tale of a whole answer
-        self.told: Generated | None = None
+        #: what a whole answer counts, as :meth:`generated` read it: model, upstream, prompt
+        #: and completion tokens; False for an error answer; None when the data plane told
+        #: nothing (a relay that broke off: :meth:`_untold`)
+        self.counted: tuple[str, str, int, int] | bool | None = None
         self.waiting = False
 
     def admit(self, doc: dict[str, Any], body: bytes, model: str, *, stream: bool) -> bytes:
@@ -545,7 +543,8 @@ class Keyed:
                 self.stream = StreamUsage(hide=True)
                 body = asked
         if principal.limited:
-            self.held = gw.quota.reserve_now(principal, model, doc, len(body))
+            if principal.leased:
+                self.held = gw.quota.reserve_now(principal, model, doc, len(body))
             self.waiting = self.held is None
         return body
 
@@ -562,26 +561,31 @@ class Keyed:
         return (None, None) if usage is None else (usage.prompt_tokens, usage.completion_tokens)
 
     def generated(self, reply: Reply, told: Generated) -> None:
-        self.reply, self.told = reply, told
+        """A whole answer went by (the data plane's tale, read once for the GenAI histograms
+        and the key alike): what it counts, kept for the end (an error counts nothing)."""
+        if reply.status >= 400:
+            self.counted = False
+            return
+        model = self.model
+        if reply.model is not None and model is not None:
+            model = reply.model  # the model that answered (a fallback)
+        upstream = reply.upstream.id
+        if told.input_tokens is not None:
+            self.counted = (model or "", upstream, told.input_tokens, told.output_tokens or 0)
+        else:
+            self.counted = self._read(model, upstream)
 
-    def _counted(self, ex: FastCycle) -> tuple[str, str, int, int] | None:
-        """The model, upstream and tokens this request counts (None: nothing answered it, or
-        an error or a replay did): the tale's usage, else a hidden stream's, else the
-        estimate's (an answer that broke off, or came without usage)."""
-        reply, told, model = self.reply, self.told, self.model
-        if reply is not None and told is not None:
-            if reply.status >= 400:
-                return None
-            if reply.model is not None and model is not None:
-                model = reply.model  # the model that answered (a fallback)
-            if told.input_tokens is not None:
-                return model or "", reply.upstream.id, told.input_tokens, told.output_tokens or 0
-            upstream = reply.upstream.id
-        else:  # no tale: a relay that broke off counts, an error or a replay does not
-            status, answered = ex.status, ex.answered
-            if type(status) is not int or status >= 400 or _REPLAYED in answered:
-                return None
-            upstream = _upstream_of(answered)
+    def _untold(self, ex: FastCycle) -> tuple[str, str, int, int] | bool:
+        """What a request counts that the data plane told nothing of: a relay that broke off
+        counts (its usage, else its estimate), an error or a replay does not."""
+        status, answered = ex.status, ex.answered
+        if type(status) is not int or status >= 400 or _REPLAYED in answered:
+            return False
+        return self._read(self.model, _upstream_of(answered))
+
+    def _read(self, model: str | None, upstream: str) -> tuple[str, str, int, int]:
+        """The tokens of an answer that did not tell them: a hidden stream's usage, else the
+        estimate's (an answer that came without usage)."""
         usage = self.stream.usage if self.stream is not None else None
         if usage is not None:
             return model or "", upstream, usage.prompt_tokens, usage.completion_tokens
@@ -591,26 +595,33 @@ class Keyed:
         return model or "", upstream, held.estimate.prompt_tokens, held.estimate.completion_tokens
 
     def end_local(self, ex: FastCycle) -> None:
-        """The end of a request whose reservation is local (or none): settled or given back."""
+        """The end of a request whose reservation is local (or none): settled or given back,
+        its usage recorded."""
         gw = self.door.gateway
-        counted = self._counted(ex)
+        counted = self.counted
         if counted is None:
+            counted = self._untold(ex)
+        if counted is False:
             gw.quota.release_local(self.held)
             return
-        model, upstream, prompt, completion = counted
-        cents = gw.quota.settle_local(self.held, prompt, completion, model or None)
-        gw.usage.record(self.principal, model, upstream, prompt, completion, cents)
+        model, upstream, prompt, completion = counted  # type: ignore[misc]
+        held = self.held
+        if held is not None:
+            gw.quota.settle_local(held, prompt, completion)
+        gw.usage.record(self.principal, model, upstream, prompt, completion)
 
     async def end(self, ex: FastCycle) -> None:
         """:meth:`end_local` of a per-request reservation in the store."""
         gw = self.door.gateway
-        counted = self._counted(ex)
+        counted = self.counted
         if counted is None:
+            counted = self._untold(ex)
+        if counted is False:
             await gw.quota.release(self.held)
             return
-        model, upstream, prompt, completion = counted
-        cents = await gw.quota.settle(self.held, prompt, completion, model or None)
-        gw.usage.record(self.principal, model, upstream, prompt, completion, cents)
+        model, upstream, prompt, completion = counted  # type: ignore[misc]
+        await gw.quota.settle(self.held, prompt, completion)
+        gw.usage.record(self.principal, model, upstream, prompt, completion)
 
 
 _REPLAYED = (b"idempotent-replayed", b"true")
