@@ -1,19 +1,19 @@
 """The cost of ``auth.mode: keys`` on the hot path (issue #16, Done-when 5), a phase of
 ``bench/proxy.py``: a second gpugate on the same upstreams and core, in keys mode with two
 bootstrap keys from the environment, measured with wrk (the same ``-c64`` POSTs, the key in
-``Authorization: Bearer``) alternately with the open gpugate of the run, five rounds whose
-order is reversed every other round, so the machine's noise falls on all alike; a share is the
-median of the rounds' own shares (each keyed run against the open run beside it). One key has
-no limits (its lookup, a local cache hit after the first request, and the usage read from the
-body), one has limits (rpm, tpm and daily tokens: leased in slices from the store, SQLite here
-as the bench's gpugate, so a store transaction every slice rather than every request). Prints
-req/s and the gateway process's CPU per request (less sensitive to a loaded machine than
-req/s), and their ratios to open.
+``Authorization: Bearer``) *at the same time* as the open gpugate of the run, each loaded by its
+own wrk, the two sharing the proxies' core: the kernel gives each half of it, so their req/s
+compare what a request costs each, in one window, and the machine's noise falls on both alike.
+A share is the median of the rounds' own shares. One key has no limits (its lookup, a local
+cache hit after the first request, and the usage read from the body), one has limits (rpm, tpm
+and daily tokens: leased in slices from the store, SQLite here as the bench's gpugate, so a
+store transaction every slice rather than every request). Prints the req/s share and the CPU
+per request against open's.
 
 Run alone (the open gpugate and the keyed one only, from the ``gpugate`` on ``PYTHONPATH``, so
 another tree's ``src`` gives that tree's figures with this script)::
 
-    python bench/proxy_keys.py [--duration 5] [--rounds 3]
+    python bench/proxy_keys.py [--duration 5] [--rounds 5]
 
 ``--instructions`` counts instead, with callgrind (``valgrind``, installed with apt when missing):
 the machine instructions per request of gpugate's own code, open against each key, with no
@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -89,49 +90,49 @@ def phase_keys(
     """Measure and print; the problems found (a non-2xx answer), and keys' req/s as a share of
     open's per mix and key (``"chat keys"``, ``"sse keys+limits"``, ...).
 
-    Each round runs open, keys and keys+limits back to back, in the reverse order every other
-    round (so a drift of the machine during a round falls on both sides alike), and a key's
-    share is the median of its rounds' own shares (each against the open run beside it): what
-    one pair measured minutes apart on a shared machine says is the machine's, not the keys'.
-    The ratio of the medians is printed too."""
+    The open gpugate and the keyed one are loaded **at the same time**, each by its own wrk,
+    and share the proxies' core: both always have requests waiting, so the kernel's scheduler
+    gives each half of the core, and what one serves against the other is the inverse of what
+    a request costs each — measured in one window, so a neighbour that takes the core for a
+    while takes it from both alike (a shared machine's req/s moves by 20-40 % between runs a
+    few seconds apart: pairs measured one after the other mostly measured that). A round is
+    open beside keys, then open beside keys+limits; a share is the median of the rounds'
+    (``paired``); the CPU each process used in its windows is printed beside it."""
     shares: dict[str, float] = {}
     if "gpugate" not in setup.targets:
         return [], shares
     port, keyed_pid = start_keyed(procs, setup, cores)
     print(
-        f"\n== auth.mode keys vs open: wrk -t1 -c64 -d{duration}s, {rounds} rounds, alternated"
-        " (the order reversed every other round) =="
+        f"\n== auth.mode keys vs open: wrk -t1 -c64 -d{duration}s against each at once, sharing"
+        f" the proxies' core, {rounds} rounds =="
     )
     problems: list[str] = []
-    for mix in ("chat", "sse"):
-        lane, path = MIXES[mix]
-        runs = (
-            ("open", setup.url("gpugate", lane, path), setup.pid("gpugate", lane), None),
-            ("keys", f"http://127.0.0.1:{port}{path}", keyed_pid, KEY_FREE),
-            ("keys+limits", f"http://127.0.0.1:{port}{path}", keyed_pid, KEY_LIMITED),
-        )
-        rates: dict[str, list[float]] = {name: [] for name, *_ in runs}
-        cpu: dict[str, list[float]] = {name: [] for name in rates}
-        for rnd in range(rounds):
-            for name, url, pid, key in runs if rnd % 2 == 0 else runs[::-1]:
-                load = run_wrk(wrk, url, BODIES[mix], duration, pid, bearer=key)
-                rates[name].append(load.rps)
-                cpu[name].append(load.cpu_us)
-                if load.non_2xx or load.socket_errors:
-                    problems.append(f"{mix} via gpugate {name}: {load.non_2xx} non-2xx (wrk)")
-        base = statistics.median(rates["open"])
-        base_cpu = statistics.median(cpu["open"])
-        for name, values in rates.items():
-            paired = statistics.median(v / o for v, o in zip(values, rates["open"], strict=True))
-            runs_text = " / ".join(f"{v:6.0f}" for v in values)
-            used = statistics.median(cpu[name])
-            if name != "open":
-                shares[f"{mix} {name}"] = paired
-            print(
-                f"  {mix:<5} {name:<12} {runs_text} req/s {paired:7.1%} of open"
-                f" (medians {statistics.median(values) / base:6.1%});"
-                f" CPU {used:6.0f} us/req ({used / base_cpu:6.1%})"
-            )
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for mix in ("chat", "sse"):
+            lane, path = MIXES[mix]
+            open_url, open_pid = setup.url("gpugate", lane, path), setup.pid("gpugate", lane)
+            keyed_url = f"http://127.0.0.1:{port}{path}"
+            ratios: dict[str, list[float]] = {"keys": [], "keys+limits": []}
+            cpu: dict[str, list[float]] = {name: [] for name in ratios}
+            for _ in range(rounds):
+                for name, key in (("keys", KEY_FREE), ("keys+limits", KEY_LIMITED)):
+                    opened = pool.submit(run_wrk, wrk, open_url, BODIES[mix], duration, open_pid)
+                    keyed = pool.submit(
+                        run_wrk, wrk, keyed_url, BODIES[mix], duration, keyed_pid, bearer=key
+                    )
+                    base, load = opened.result(), keyed.result()
+                    ratios[name].append(load.rps / base.rps)
+                    cpu[name].append(load.cpu_us / base.cpu_us)
+                    for who, got in (("open", base), (name, load)):
+                        if got.non_2xx or got.socket_errors:
+                            problems.append(f"{mix} via gpugate {who}: {got.non_2xx} non-2xx")
+            for name, values in ratios.items():
+                shares[f"{mix} {name}"] = paired = statistics.median(values)
+                runs_text = " / ".join(f"{v:5.1%}" for v in values)
+                print(
+                    f"  {mix:<5} {name:<12} {paired:6.1%} of open's req/s (rounds: {runs_text});"
+                    f" CPU per request {statistics.median(cpu[name]):6.1%} of open's"
+                )
     return problems, shares
 
 
