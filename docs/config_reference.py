@@ -407,7 +407,8 @@ MEANING: dict[str, str] = {
     "auth.key_cache_s": "how long a replica trusts a key it looked up: a revoked, rotated or "
     "changed key takes effect on every other replica within this delay",
     "auth.usage_flush_s": "how often a replica writes its usage counts to the store "
-    "(`/admin/usage` on another replica lags by up to this)",
+    "(`/admin/usage` on another replica lags by up to this); the counts are priced"
+    " (`models[].price`) as they are written",
     "auth.key_label": "also count tokens per key prefix in `gateway_key_tokens_total` (one "
     "series per key: only with few keys)",
     "auth.max_keys_cached": "the most key lookups a replica keeps, and as many wrong keys apart "
