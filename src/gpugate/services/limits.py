@@ -84,7 +84,8 @@ class _Lease:
     refill: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def short(self, est: Estimate) -> str | None:
-        """The code of the first part this request does not fit in, or None."""
+        """The code of the first part this request does not fit in (why :meth:`took` said no),
+        or None."""
         if self.requests < 1:
             return "RATE_LIMITED"
         if self.tokens < est.tokens:
@@ -247,16 +248,13 @@ class Quota:
             if len(self._leases) > _MAX_SAMPLED:
                 self._leases = {k: v for k, v in self._leases.items() if v.windows == spans}
             lease = self._leases[key_id] = _empty_lease(limits, spans, lease)
-        if lease.short(est) is not None:
-            async with lease.refill:  # one refill at a time; the others then look again
-                if lease.short(est) is not None:
-                    lease.add(
-                        await self._store.lease_quota(key_id, limits, _want(limits, est), spans)
-                    )
-        code = lease.short(est)
-        if code is None:
-            lease.take(1, est.tokens, est.cents)
-        return code
+        if lease.took(est):
+            return None
+        async with lease.refill:  # one refill at a time; the others then look again
+            if lease.took(est):
+                return None
+            lease.add(await self._store.lease_quota(key_id, limits, _want(limits, est), spans))
+        return None if lease.took(est) else lease.short(est)
 
     def _give_back(self, held: Reservation, requests: float, tokens: float, cents: float) -> None:
         lease = self._leases.get(held.key_id)
@@ -279,15 +277,17 @@ class Quota:
         price = held.price
         est = held.estimate
         unused = est.tokens - prompt_tokens - completion_tokens
-        cents = 0.0 if price is None else est.cents - price.cents(prompt_tokens, completion_tokens)
+        unused_cents = (
+            0.0 if price is None else est.cents - price.cents(prompt_tokens, completion_tokens)
+        )
         lease = self._leases.get(held.key_id)
         if lease is not None and lease.windows is held.windows:  # most: the same minute
             lease.tokens += unused
             lease.day_tokens += unused
-            if cents:
-                lease.day_cents += cents
+            if unused_cents:
+                lease.day_cents += unused_cents
         else:
-            self._give_back(held, 0, unused, cents)
+            self._give_back(held, 0, unused, unused_cents)
 
     async def settle(
         self, held: Reservation | None, prompt_tokens: int, completion_tokens: int

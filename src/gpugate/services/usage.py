@@ -5,10 +5,9 @@ key, model, upstream and UTC day. The sums are priced (cents) when they are writ
 model's ``price`` then: a cost is linear in the tokens, so a sum's is the sum of its answers'
 (a price changed within one flush period prices that period's answers at the new one). A loop
 writes the sums to the store every ``auth.usage_flush_s`` (default 1 s) and once more when the
-gateway stops, and adds them to
-``gateway_tokens_total`` as it does, so the hot path never waits on the store for usage nor
-takes a metric's lock (the counter trails the answers by at most that period). What is held in
-memory is bounded by keys x models x upstreams x days.
+gateway stops, and adds them to ``gateway_tokens_total`` as it does, so the hot path never waits
+on the store for usage nor takes a metric's lock (the counter trails the answers by at most that
+period). What is held in memory is bounded by keys x models x upstreams x days.
 """
 
 from __future__ import annotations
