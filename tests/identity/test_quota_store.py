@@ -120,3 +120,33 @@ async def test_owner_rows_of_things_no_longer_stored_are_purged(store: Store) ->
     assert 2 == await store.purge_orphan_owners()
     assert "t" == await store.owner("job", "j-1")
     assert await store.owner("job", "j-gone") is None
+
+
+async def test_a_part_without_a_limit_never_refuses_even_past_what_a_lease_holds_of_it(
+    store: Store,
+) -> None:
+    """A lease holds UNLIMITED of a count the key has no limit on; a request estimated above
+    that (a body of 4 GiB, were it allowed) is still admitted, and the next one too: the
+    part is topped up, never judged."""
+    from gpugate.core.keys import Principal
+    from gpugate.metrics import Metrics
+    from gpugate.services.limits import UNLIMITED, Quota
+
+    clock = ManualClock(start=NOW)
+    quota = Quota(store, clock, Metrics(), lambda _model: None)
+    key = ClientKey(
+        id="key_1", name="k", tenant="t", prefix="gk-abcdefgh",
+        limits=Limits(requests_per_min=100),
+    )  # fmt: skip
+    principal = Principal(key)
+    huge = await quota.reserve(principal, "m", {}, 8 * UNLIMITED)
+    assert huge is not None
+    assert huge.tokens > UNLIMITED
+    again = await quota.reserve(principal, "m", {"max_tokens": 10}, 40)
+    assert again is not None
+    assert again.leased
+    quota.settle_local(huge, 10, 10)
+    quota.settle_local(again, 10, 10)
+    spans = quota._current_windows()
+    assert await quota.reserve(principal, "m", {}, 8 * UNLIMITED) is not None
+    assert spans is quota._current_windows()  # all in one minute

@@ -54,17 +54,24 @@ class Estimate:
         self.tokens = prompt_tokens + completion_tokens
 
 
+def estimated_tokens(doc: dict[str, Any] | None, body_size: int) -> tuple[int, int]:
+    """The prompt and completion tokens a request is estimated at, from its parsed body (or
+    only its size): the rule :func:`estimate` prices (the hot path takes the two numbers
+    alone, into the reservation they make, so that a request builds one object, not two)."""
+    prompt = body_size // BYTES_PER_TOKEN or 1
+    if doc is None:
+        return prompt, DEFAULT_COMPLETION_TOKENS
+    ceiling = doc.get("max_completion_tokens")
+    if ceiling is None:
+        ceiling = doc.get("max_tokens")
+    if type(ceiling) is int and ceiling >= 0:  # not a bool (an int's subclass), not a float
+        return prompt, ceiling
+    return prompt, DEFAULT_COMPLETION_TOKENS
+
+
 def estimate(doc: dict[str, Any] | None, body_size: int, price: Price | None) -> Estimate:
     """The estimate of a request from its parsed body (or only its size)."""
-    prompt = body_size // BYTES_PER_TOKEN or 1
-    ceiling: Any = None
-    if doc is not None:
-        ceiling = doc.get("max_completion_tokens")
-        if ceiling is None:
-            ceiling = doc.get("max_tokens")
-    completion = (
-        ceiling if type(ceiling) is int and ceiling >= 0 else DEFAULT_COMPLETION_TOKENS
-    )  # not a bool (an int's subclass), not a float
+    prompt, completion = estimated_tokens(doc, body_size)
     if price is None:
         return Estimate(prompt, completion, 0.0)
     return Estimate(prompt, completion, price.cents(prompt, completion))

@@ -57,6 +57,5 @@ async def charged(
     if not made or held is None:
         await quota.release(held)
     else:
-        est = held.estimate
-        await quota.settle(held, est.prompt_tokens, est.completion_tokens)
+        await quota.settle(held, held.prompt_tokens, held.completion_tokens)
     return answer, made

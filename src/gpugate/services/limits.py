@@ -39,6 +39,7 @@ from gpugate.core.limits import (
     Slice,
     Windows,
     estimate,
+    estimated_tokens,
     minute_of,
     seconds_to_next_day,
     seconds_to_next_minute,
@@ -54,49 +55,81 @@ log = logging.getLogger("gpugate.keys")
 _MAX_SAMPLED = 10000  # (key, code) pairs remembered for sampling within one minute
 
 
-@dataclass(slots=True)  # not frozen: one per limited request, and frozen costs a setattr per field
-class Reservation:
-    """What one request holds of its key's limits until it ends (``leased``: from this
-    replica's slice, else from the store itself)."""
+class Reservation(Estimate):
+    """What one request holds of its key's limits until it ends: its estimate (priced at
+    ``price``, its model's when it was reserved), in ``windows`` of key ``key_id`` (``leased``:
+    from this replica's slice, else from the store itself). One object per limited request,
+    its estimate's fields its own."""
 
-    key_id: str
-    windows: Windows
-    estimate: Estimate
-    price: Price | None
-    leased: bool = False
+    __slots__ = ("key_id", "leased", "price", "windows")
+
+    def __init__(  # positional only where it is made: keywords cost a dict per call
+        self,
+        key_id: str,
+        windows: Windows,
+        price: Price | None,
+        leased: bool,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        self.key_id = key_id
+        self.windows = windows
+        self.price = price
+        self.leased = leased
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.tokens = prompt_tokens + completion_tokens
+        self.cents = 0.0 if price is None else price.cents(prompt_tokens, completion_tokens)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Reservation key={self.key_id} {self.windows.minute} tokens={self.tokens}"
+            f" cents={self.cents} leased={self.leased}>"
+        )
 
 
 MINUTE_SLICE = 20  # a replica leases 1/20 of a per-minute limit at a time
 DAY_SLICE = 100  # and 1/100 of a daily one
 
+#: What a lease holds of a count the key has no limit on: a small int, so that every part is
+#: counted and compared alike with no branch, in CPython's fast small-int arithmetic (``inf``
+#: made each comparison a float conversion). Topped up again by every new lease and refill
+#: (:meth:`_Lease.unlimited`), so it never runs out: a minute would need 2**30 tokens.
+UNLIMITED = 2**30 - 1
+
 
 @dataclass(slots=True)
 class _Lease:
-    """What this replica holds of one key's quota in the current windows; ``inf`` for a limit
-    the key does not have (so every part is counted and compared alike, with no branch)."""
+    """What this replica holds of one key's quota in the current windows (:data:`UNLIMITED`
+    for a count the key has no limit on, ``inf`` for its cents)."""
 
     windows: Windows
-    requests: float
-    tokens: float
-    day_tokens: float
+    requests: int
+    tokens: int
+    day_tokens: int
     day_cents: float
     priced: bool  # whether the key has a daily cents budget: only then do prices count here
     refill: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def short(self, est: Estimate) -> str | None:
-        """The code of the first part this request does not fit in (why :meth:`took` said no),
-        or None."""
-        if self.requests < 1:
+    def short(self, limits: Limits, est: Estimate) -> str | None:
+        """The code of the first limit this request does not fit in (why :meth:`took` said
+        no), or None: then it is taken (a part without a limit never refuses, even an estimate
+        above :data:`UNLIMITED`)."""
+        if limits.requests_per_min is not None and self.requests < 1:
             return "RATE_LIMITED"
-        if self.tokens < est.tokens:
+        if limits.tokens_per_min is not None and self.tokens < est.tokens:
             return "TOKEN_LIMITED"
-        if self.day_tokens < est.tokens or self.day_cents < est.cents:
+        if limits.daily_tokens is not None and self.day_tokens < est.tokens:
             return "BUDGET_EXCEEDED"
+        if self.day_cents < est.cents:  # inf without a limit
+            return "BUDGET_EXCEEDED"
+        self.take(1, est.tokens, est.cents)
         return None
 
     def took(self, est: Estimate) -> bool:
-        """:meth:`short` and then :meth:`take` of one request, in one call (the hot path's):
-        whether the request fit and was counted."""
+        """Whether one request fits every part as the lease holds them, and then it is taken:
+        the hot path's check and :meth:`take` in one call, with no look at the limits (a part
+        without one holds :data:`UNLIMITED`); :meth:`short` is the slow path's judgement."""
         tokens, cents = est.tokens, est.cents
         if self.requests < 1 or self.tokens < tokens or self.day_tokens < tokens:
             return False
@@ -108,12 +141,21 @@ class _Lease:
         self.day_cents -= cents
         return True
 
-    def take(self, requests: float, tokens: float, cents: float) -> None:
-        """Count against the slice (negative amounts give back; ``inf`` stays ``inf``)."""
+    def take(self, requests: int, tokens: int, cents: float) -> None:
+        """Count against the slice (negative amounts give back)."""
         self.requests -= requests
         self.tokens -= tokens
         self.day_tokens -= tokens
         self.day_cents -= cents
+
+    def unlimited(self, limits: Limits) -> None:
+        """The parts of counts the key has no limit on full again."""
+        if limits.requests_per_min is None:
+            self.requests = UNLIMITED
+        if limits.tokens_per_min is None:
+            self.tokens = UNLIMITED
+        if limits.daily_tokens is None:
+            self.day_tokens = UNLIMITED
 
     def add(self, got: Slice) -> None:
         if got.requests is not None:
@@ -129,18 +171,22 @@ class _Lease:
 def _empty_lease(limits: Limits, spans: Windows, old: _Lease | None) -> _Lease:
     """A lease for new windows: a new minute empties the minute parts, a new day the day's."""
 
-    def zero(limit: float | None) -> float:
-        return math.inf if limit is None else 0.0
+    def zero(limit: float | None) -> int:
+        return UNLIMITED if limit is None else 0
 
     same_day = old is not None and old.windows.day == spans.day
-    return _Lease(
+    lease = _Lease(
         windows=spans,
         requests=zero(limits.requests_per_min),
         tokens=zero(limits.tokens_per_min),
         day_tokens=old.day_tokens if same_day and old else zero(limits.daily_tokens),
-        day_cents=old.day_cents if same_day and old else zero(limits.daily_cents),
+        day_cents=(
+            math.inf if limits.daily_cents is None else old.day_cents if same_day and old else 0.0
+        ),
         priced=limits.daily_cents is not None,
     )
+    lease.unlimited(limits)  # a day's unlimited part carried over is full again too
+    return lease
 
 
 def _want(limits: Limits, est: Estimate) -> Slice:
@@ -179,14 +225,14 @@ class Quota:
         self._minute_ends = -math.inf  # when _minute's windows stop being now (monotonic)
 
     def reserve_now(
-        self, principal: Principal, model: str | None, doc: object, body_size: int
+        self, principal: Principal, model: str | None, doc: dict[str, Any] | None, body_size: int
     ) -> Reservation | None:
         """:meth:`reserve` of a key whose estimate this replica's slice holds already
         (``principal.leased``: a key with a concurrency limit is never held here): no await, no
         store; None when it does not (a key without a lease yet, or a short one: then
         :meth:`reserve` refills or refuses)."""
-        key = principal.key
-        lease = self._leases.get(key.id)
+        key_id = principal.key.id
+        lease = self._leases.get(key_id)
         if (  # a lease of the current windows (made this minute, and the minute not over yet)
             lease is None
             or lease.windows is not self._minute[1]
@@ -194,11 +240,10 @@ class Quota:
         ):
             return None
         # a price only counts against a lease's daily cents (usage is priced when written)
-        price = self._prices(model) if model is not None and lease.priced else None
-        est = estimate(doc if type(doc) is dict else None, body_size, price)
-        if not lease.took(est):
-            return None
-        return Reservation(key.id, lease.windows, est, price, leased=True)
+        price = self._prices(model) if lease.priced and model is not None else None
+        prompt, completion = estimated_tokens(doc, body_size)
+        held = Reservation(key_id, lease.windows, price, True, prompt, completion)  # noqa: FBT003
+        return held if lease.took(held) else None
 
     async def reserve(
         self, principal: Principal, model: str | None, doc: object, body_size: int
@@ -208,23 +253,24 @@ class Quota:
         key = principal.key
         if not principal.limited:
             return None
+        body = doc if isinstance(doc, dict) else None  # a job's input may be any JSON
         leased = principal.leased
         if leased:
-            held = self.reserve_now(principal, model, doc, body_size)
+            held = self.reserve_now(principal, model, body, body_size)
             if held is not None:
                 return held
         priced = key.limits.daily_cents is not None or not leased  # the store counts cents
         price = self._prices(model) if model is not None and priced else None
-        est = estimate(doc if isinstance(doc, dict) else None, body_size, price)
+        est = estimate(body, body_size, price)
         spans = self._current_windows()
         if leased:
             code = await self._lease(key.id, key.limits, est, spans)
-            if code is None:
-                return Reservation(key.id, spans, est, price, leased=True)
         else:
             code = await self._store.reserve_quota(key.id, key.limits, est, spans)
-            if code is None:
-                return Reservation(key.id, spans, est, price)
+        if code is None:
+            return Reservation(
+                key.id, spans, price, leased, est.prompt_tokens, est.completion_tokens
+            )
         self._metrics.key_refusals.labels(code).inc()
         await self._audit_sampled(principal, code, spans)
         now = self._clock.now()
@@ -251,12 +297,13 @@ class Quota:
         if lease.took(est):
             return None
         async with lease.refill:  # one refill at a time; the others then look again
+            lease.unlimited(limits)
             if lease.took(est):
                 return None
             lease.add(await self._store.lease_quota(key_id, limits, _want(limits, est), spans))
-        return None if lease.took(est) else lease.short(est)
+        return None if lease.took(est) else lease.short(limits, est)
 
-    def _give_back(self, held: Reservation, requests: float, tokens: float, cents: float) -> None:
+    def _give_back(self, held: Reservation, requests: int, tokens: int, cents: float) -> None:
         lease = self._leases.get(held.key_id)
         if lease is None or lease.windows.day != held.windows.day:
             return  # a new day: what the old one held is gone with it
@@ -275,10 +322,9 @@ class Quota:
         if held is None:
             return
         price = held.price
-        est = held.estimate
-        unused = est.tokens - prompt_tokens - completion_tokens
+        unused = held.tokens - prompt_tokens - completion_tokens
         unused_cents = (
-            0.0 if price is None else est.cents - price.cents(prompt_tokens, completion_tokens)
+            0.0 if price is None else held.cents - price.cents(prompt_tokens, completion_tokens)
         )
         lease = self._leases.get(held.key_id)
         if lease is not None and lease.windows is held.windows:  # most: the same minute
@@ -301,7 +347,7 @@ class Quota:
         await self._store.settle_quota(
             held.key_id,
             held.windows,
-            held.estimate,
+            held,
             tokens=prompt_tokens + completion_tokens,
             cents=cents,
             requests=1,
@@ -310,7 +356,7 @@ class Quota:
     def release_local(self, held: Reservation | None) -> None:
         """:meth:`release` of a request that holds nothing of the store; no await."""
         if held is not None:
-            self._give_back(held, 1, held.estimate.tokens, held.estimate.cents)
+            self._give_back(held, 1, held.tokens, held.cents)
 
     async def release(self, held: Reservation | None) -> None:
         """The request failed before the upstream answered: give everything back."""
@@ -318,7 +364,7 @@ class Quota:
             self.release_local(held)
         else:
             await self._store.settle_quota(
-                held.key_id, held.windows, held.estimate, tokens=0, cents=0.0, requests=0
+                held.key_id, held.windows, held, tokens=0, cents=0.0, requests=0
             )
 
     async def _audit_sampled(self, principal: Principal, code: str, spans: Windows) -> None:

@@ -466,7 +466,7 @@ class _Watch:
         if usage is not None:
             return usage.prompt_tokens, usage.completion_tokens
         if self.held is not None:
-            return self.held.estimate.prompt_tokens, self.held.estimate.completion_tokens
+            return self.held.prompt_tokens, self.held.completion_tokens
         return 0, 0
 
     @property
@@ -592,7 +592,7 @@ class Keyed:
         held = self.held
         if held is None:
             return model or "", upstream, 0, 0
-        return model or "", upstream, held.estimate.prompt_tokens, held.estimate.completion_tokens
+        return model or "", upstream, held.prompt_tokens, held.completion_tokens
 
     def end_local(self, ex: FastCycle) -> None:
         """The end of a request whose reservation is local (or none): settled or given back,
