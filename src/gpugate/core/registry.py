@@ -33,10 +33,12 @@ class UpstreamState:
     pool: AdmissionPool
     #: Retries of the sync path to this upstream stay within this budget (kept on reconfigure).
     budget: RetryBudget = field(default_factory=RetryBudget)
+    #: ``config.id``, kept as a plain attribute: read several times a request, and a config
+    #: model's attribute (pydantic's ``__getattr__`` hook) costs ~15 plain ones
+    id: str = field(init=False)
 
-    @property
-    def id(self) -> str:
-        return self.config.id
+    def __post_init__(self) -> None:
+        self.id = self.config.id
 
     def __repr__(self) -> str:
         return f"<Upstream {self.id} endpoints={len(self.endpoints)} {self.pool!r}>"

@@ -588,7 +588,7 @@ class Proxy:
         tried.add(endpoint.url)
         if route is not None and self.router is not None:
             self.router.sent(route, endpoint)
-            self._picks(route.cfg.policy, reason)()
+            self._picks(route.policy, reason)()
         sent_at = self.clock.monotonic()
         cfg = upstream.config
         headers = traced(attempt, self._headers(out, upstream), upstream.endpoints, endpoint)
@@ -749,7 +749,7 @@ class Proxy:
     def _count(self, upstream: UpstreamState, outcome: Outcome) -> None:
         # the enum member, not its value (two calls in 3.11), and the id from the config,
         # not UpstreamState's property (one)
-        key = (upstream.config.id, outcome)
+        key = (upstream.id, outcome)
         counter = self._attempt_counters.get(key)
         if counter is None:
             counter = self._attempt_counters[key] = incrementer(
@@ -774,9 +774,9 @@ class Proxy:
         picking.record_success(endpoint, now)
         if response.status < 400:
             picking.record_latency(endpoint, ttfb, now=now)
-        timer = self._ttfb.get(upstream.config.id)  # not the property: a call fewer
+        timer = self._ttfb.get(upstream.id)
         if timer is None:
-            timer = self._ttfb[upstream.config.id] = observer(
+            timer = self._ttfb[upstream.id] = observer(
                 self._metrics.upstream_ttfb.labels(upstream.id)
             )
         timer(ttfb)
@@ -860,7 +860,7 @@ class Proxy:
         """Record one finished request (the reply's, or a refusal before any reply)."""
         model = bounded(out.model or "", self.registry.configured)  # never the client's own
         cls = out.cls  # the member in the keys, its value only in a new child's labels
-        key = (model, upstream.config.id if upstream else "", cls, code)
+        key = (model, upstream.id if upstream else "", cls, code)
         counter = self._counted.get(key)
         if counter is None:
             child = self._metrics.requests.labels(key[0], key[1], cls.value, code)
