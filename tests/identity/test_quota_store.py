@@ -150,3 +150,36 @@ async def test_a_part_without_a_limit_never_refuses_even_past_what_a_lease_holds
     spans = quota._current_windows()
     assert await quota.reserve(principal, "m", {}, 8 * UNLIMITED) is not None
     assert spans is quota._current_windows()  # all in one minute
+
+
+async def test_a_new_minute_s_lease_keeps_the_day_s_budget_and_is_full_where_there_is_no_limit(
+    store: Store,
+) -> None:
+    """At a new minute the minute parts start again from the store while the day's tokens
+    leased and not used carry over; a part without a limit starts full (UNLIMITED), however
+    far the old minute ran it down."""
+    from gpugate.core.keys import Principal
+    from gpugate.metrics import Metrics
+    from gpugate.services.limits import DAY_SLICE, UNLIMITED, Quota
+
+    clock = ManualClock(start=NOW)
+    quota = Quota(store, clock, Metrics(), lambda _model: None)
+    key = ClientKey(
+        id="key_1", name="k", tenant="t", prefix="gk-abcdefgh",
+        limits=Limits(requests_per_min=100, daily_tokens=1_000_000),
+    )  # fmt: skip
+    principal = Principal(key)
+    first = await quota.reserve(principal, "m", {"max_tokens": 10}, 40)  # 20 tokens
+    assert first is not None
+    lease = quota._leases["key_1"]
+    lease.tokens = 3  # as if the minute had run its unlimited part down
+    day_left = lease.day_tokens
+    clock.advance(60)
+    nxt = await quota.reserve(principal, "m", {"max_tokens": 10}, 40)
+    assert nxt is not None
+    renewed = quota._leases["key_1"]
+    assert renewed is not lease
+    assert renewed.tokens == UNLIMITED - nxt.tokens  # no tpm limit: full again, less this one
+    # the day's slice carried over, and a new one leased with the minute's parts
+    assert renewed.day_tokens == day_left + 1_000_000 // DAY_SLICE - nxt.tokens
+    assert renewed.requests < 100 // 20 + 1  # the minute's requests leased anew

@@ -93,8 +93,9 @@ DAY_SLICE = 100  # and 1/100 of a daily one
 
 #: What a lease holds of a count the key has no limit on: a small int, so that every part is
 #: counted and compared alike with no branch, in CPython's fast small-int arithmetic (``inf``
-#: made each comparison a float conversion). Topped up again by every new lease and refill
-#: (:meth:`_Lease.unlimited`), so it never runs out: a minute would need 2**30 tokens.
+#: made each comparison a float conversion). A new minute's lease starts its minute parts at it;
+#: a part run down (a day's, carried over) fails :meth:`_Lease.took`, and the slow path tops it
+#: up (:meth:`_Lease.unlimited`) before it judges: no limit the key does not have ever refuses.
 UNLIMITED = 2**30 - 1
 
 
@@ -175,7 +176,7 @@ def _empty_lease(limits: Limits, spans: Windows, old: _Lease | None) -> _Lease:
         return UNLIMITED if limit is None else 0
 
     same_day = old is not None and old.windows.day == spans.day
-    lease = _Lease(
+    return _Lease(
         windows=spans,
         requests=zero(limits.requests_per_min),
         tokens=zero(limits.tokens_per_min),
@@ -185,8 +186,6 @@ def _empty_lease(limits: Limits, spans: Windows, old: _Lease | None) -> _Lease:
         ),
         priced=limits.daily_cents is not None,
     )
-    lease.unlimited(limits)  # a day's unlimited part carried over is full again too
-    return lease
 
 
 def _want(limits: Limits, est: Estimate) -> Slice:
