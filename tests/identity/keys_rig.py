@@ -189,7 +189,7 @@ async def drive(
 
 async def counters(dsn: str, key_id: str) -> dict[str, tuple[int, int, float]]:
     """The key's counters per span (``m:<minute>``, ``d:<day>``): requests, tokens, cents —
-    what the replicas leased (or, for a key with a concurrency limit, what was settled)."""
+    what the replicas leased."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(
             "SELECT span, requests, tokens, cents FROM key_counters "

@@ -1,24 +1,25 @@
-"""The key counters in the store (both backends): a reservation checks every limit and takes
-its share in one step, so concurrent reservations never take more than the limit; settling
-replaces the estimate with what was used, releasing gives it all back."""
+"""The key counters in the store (both backends) and the quota over them: a lease checks every
+limit and takes its share in one step, so concurrent leases never take more than the limit;
+concurrency slots stay held until given back; a reservation from the lease is settled with
+what was used, or given back."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from gpugate.clock import ManualClock
 from gpugate.core.keys import ClientKey, Limits
-from gpugate.core.limits import Estimate, windows
+from gpugate.core.limits import windows
 from gpugate.store import Store
 from gpugate.store.factory import open_store
 
 NOW = datetime(2026, 12, 1, 13, 0, 30, tzinfo=UTC)
 SPANS = windows(NOW)
-EST = Estimate(prompt_tokens=10, completion_tokens=90, cents=0.5)
 
 
 @pytest.fixture
@@ -36,41 +37,38 @@ async def store(dsn: str) -> AsyncIterator[Store]:
         await opened.close()
 
 
-async def test_concurrent_reservations_take_exactly_the_requests_per_minute(store: Store) -> None:
-    limits = Limits(requests_per_min=20)
-    codes = await asyncio.gather(
-        *(store.reserve_quota("key_1", limits, EST, SPANS) for _ in range(50))
-    )
-    assert 20 == codes.count(None)
-    assert {"RATE_LIMITED"} == set(codes) - {None}
+async def test_concurrency_slots_are_held_until_given_back_and_count_for_every_live_replica(
+    store: Store, dsn: str
+) -> None:
+    from gpugate.core.limits import Slice
 
-
-async def test_the_tokens_per_minute_count_the_estimate_until_it_is_settled(store: Store) -> None:
-    limits = Limits(tokens_per_min=250)
-    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
-    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
-    assert "TOKEN_LIMITED" == await store.reserve_quota("key_1", limits, EST, SPANS)
-    await store.settle_quota("key_1", SPANS, EST, tokens=20, cents=0.1, requests=1)
-    # 100 (the open estimate) + 20 (used) + 100 (this one) <= 250
-    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
-
-
-async def test_a_released_reservation_gives_back_its_request_tokens_and_slot(store: Store) -> None:
-    limits = Limits(requests_per_min=1, concurrency=1, daily_tokens=100)
-    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
-    assert "CONCURRENCY_LIMITED" == await store.reserve_quota("key_1", limits, EST, SPANS)
-    await store.settle_quota("key_1", SPANS, EST, tokens=0, cents=0.0, requests=0)
-    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
+    limits = Limits(concurrency=3)
+    assert 2 == (await store.lease_quota("key_1", limits, Slice(slots=2), SPANS)).slots
+    later = windows(NOW.replace(minute=30))  # slots are not a window's: still held
+    assert 1 == (await store.lease_quota("key_1", limits, Slice(slots=2), later)).slots
+    other = open_store(dsn, clock=ManualClock(start=NOW))
+    await other.open()
+    await other.heartbeat()
+    try:
+        assert 0 == (await other.lease_quota("key_1", limits, Slice(slots=1), SPANS)).slots
+        await store.return_slots("key_1", 2)
+        assert 2 == (await other.lease_quota("key_1", limits, Slice(slots=3), SPANS)).slots
+    finally:
+        await other.close()
 
 
 async def test_the_daily_budget_counts_cents_across_minutes(store: Store) -> None:
+    from gpugate.core.limits import Slice
+
     limits = Limits(daily_cents=1.0)
-    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
-    await store.settle_quota("key_1", SPANS, EST, tokens=100, cents=0.6, requests=1)
+    assert 0.6 == (await store.lease_quota("key_1", limits, Slice(day_cents=0.6), SPANS)).day_cents
     later = windows(NOW.replace(minute=30))
-    assert "BUDGET_EXCEEDED" == await store.reserve_quota("key_1", limits, EST, later)
+    got = await store.lease_quota("key_1", limits, Slice(day_cents=0.6), later)
+    assert got.day_cents == pytest.approx(0.4)
     next_day = windows(NOW.replace(day=2))
-    assert await store.reserve_quota("key_1", limits, EST, next_day) is None
+    assert (
+        0.6 == (await store.lease_quota("key_1", limits, Slice(day_cents=0.6), next_day)).day_cents
+    )
 
 
 async def test_usage_rows_add_up_per_day_key_model_and_upstream(store: Store) -> None:
@@ -104,8 +102,10 @@ async def test_concurrent_leases_never_hand_out_more_than_the_limit(store: Store
 
 
 async def test_old_minute_and_day_counters_are_purged_and_current_ones_kept(store: Store) -> None:
-    limits = Limits(requests_per_min=10)
-    assert await store.reserve_quota("key_1", limits, EST, SPANS) is None
+    from gpugate.core.limits import Slice
+
+    limits = Limits(requests_per_min=10, daily_tokens=100)
+    await store.lease_quota("key_1", limits, Slice(requests=1, day_tokens=10), SPANS)
     assert 0 == await store.purge_counters(NOW - timedelta(seconds=1))
     assert 2 == await store.purge_counters(NOW + timedelta(seconds=1))  # its minute and day
 
@@ -144,7 +144,6 @@ async def test_a_part_without_a_limit_never_refuses_even_past_what_a_lease_holds
     assert huge.tokens > UNLIMITED
     again = await quota.reserve(principal, "m", {"max_tokens": 10}, 40)
     assert again is not None
-    assert again.leased
     quota.settle_local(huge, 10, 10)
     quota.settle_local(again, 10, 10)
     spans = quota._current_windows()
@@ -183,3 +182,115 @@ async def test_a_new_minute_s_lease_keeps_the_day_s_budget_and_is_full_where_the
     # the day's slice carried over, and a new one leased with the minute's parts
     assert renewed.day_tokens == day_left + 1_000_000 // DAY_SLICE - nxt.tokens
     assert renewed.requests < 100 // 20 + 1  # the minute's requests leased anew
+
+
+class _Counted:
+    """The real store, its lease transactions counted."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.leases, self.returns = store, 0, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    async def lease_quota(self, *args: object) -> object:
+        self.leases += 1
+        return await self.store.lease_quota(*args)  # type: ignore[arg-type]
+
+    async def return_slots(self, *args: object) -> None:
+        self.returns += 1
+        await self.store.return_slots(*args)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def replicas(store: Store, dsn: str) -> AsyncIterator[tuple[Any, Any]]:
+    """Two replicas' quotas on one store (a second, live replica on the same database)."""
+    clock = ManualClock(start=NOW)
+    other = open_store(dsn, clock=clock)
+    await other.open()
+    await other.heartbeat()  # a live replica: its slots count
+    try:
+        yield _quota(store, clock), _quota(other, clock)
+    finally:
+        await other.close()
+
+
+def _quota(store: object, clock: ManualClock) -> object:
+    from gpugate.metrics import Metrics
+    from gpugate.services.limits import Quota
+
+    return Quota(store, clock, Metrics(), lambda _model: None)  # type: ignore[arg-type]
+
+
+def _principal(concurrency: int) -> object:
+    from gpugate.core.keys import Principal
+
+    return Principal(
+        ClientKey(
+            id="key_1",
+            name="k",
+            tenant="t",
+            prefix="gk-abcdefgh",
+            limits=Limits(concurrency=concurrency),
+        )
+    )
+
+
+async def test_two_replicas_lease_concurrency_slots_within_the_limit_and_give_them_back_idle(
+    replicas: tuple[Any, Any],
+) -> None:
+    from gpugate.errors import ConcurrencyLimited
+
+    (a, b), principal = replicas, _principal(40)
+    held_a = [await a.reserve(principal, "m", {}, 40) for _ in range(30)]
+    held_b = [await b.reserve(principal, "m", {}, 40) for _ in range(10)]
+    with pytest.raises(ConcurrencyLimited):
+        await a.reserve(principal, "m", {}, 40)
+    with pytest.raises(ConcurrencyLimited):
+        await b.reserve(principal, "m", {}, 40)
+    for held in held_a:  # A goes idle: every slot it held goes back
+        await a.settle(held, 1, 1)
+    more_b = [await b.reserve(principal, "m", {}, 40) for _ in range(30)]
+    with pytest.raises(ConcurrencyLimited):
+        await b.reserve(principal, "m", {}, 40)
+    for held in held_b + more_b:
+        await b.release(held)
+    again_a = [await a.reserve(principal, "m", {}, 40) for _ in range(40)]
+    assert len(again_a) == 40
+
+
+async def test_a_key_busy_on_one_replica_takes_no_transaction_per_request(store: Store) -> None:
+    """Concurrency 100: a replica keeps up to 5 free slots while the key has requests in
+    flight, so requests that come and go with ten in flight lease a few times in all; when the
+    last one ends, the free slots go back at once."""
+    clock = ManualClock(start=NOW)
+    counted = _Counted(store)
+    quota, principal = _quota(counted, clock), _principal(100)
+    flight = [await quota.reserve(principal, "m", {}, 40) for _ in range(10)]
+    for _ in range(200):  # one ends, one starts
+        await quota.settle(flight.pop(0), 1, 1)
+        flight.append(await quota.reserve(principal, "m", {}, 40))
+    assert counted.leases <= 3
+    assert counted.returns == 0
+    for held in flight:
+        await quota.settle(held, 1, 1)
+    assert counted.returns == 1  # idle: the slots held go back in one transaction
+    lease = quota._leases["key_1"]
+    assert (lease.slots, lease.inflight) == (0, 0)
+
+
+async def test_a_key_with_one_slot_is_exact_between_replicas_request_by_request(
+    replicas: tuple[Any, Any],
+) -> None:
+    from gpugate.errors import ConcurrencyLimited
+
+    (a, b), principal = replicas, _principal(1)
+    for _ in range(3):
+        held = await a.reserve(principal, "m", {}, 40)
+        with pytest.raises(ConcurrencyLimited):
+            await b.reserve(principal, "m", {}, 40)
+        await a.settle(held, 1, 1)  # the one slot goes back at the request's end
+        held = await b.reserve(principal, "m", {}, 40)
+        with pytest.raises(ConcurrencyLimited):
+            await a.reserve(principal, "m", {}, 40)
+        await b.release(held)

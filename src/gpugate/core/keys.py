@@ -130,8 +130,6 @@ class Principal:
 
     key: ClientKey
     limited: bool = field(init=False, compare=False, repr=False)  # any limit: the quota's
-    #: limits held from this replica's lease (no concurrency limit, which the store counts)
-    leased: bool = field(init=False, compare=False, repr=False)
     dated: bool = field(init=False, compare=False, repr=False)  # a revocation or an expiry
     idempotency_prefix: bytes = field(init=False, compare=False, repr=False)
     #: the ``X-Request-Class`` header of a request that sends none (None: the default class)
@@ -147,7 +145,6 @@ class Principal:
             classes[cls.value.encode()] = _class_header(key.clamp(cls))
         classes[None] = classes[b""] = _class_header(key.clamp(DEFAULT_CLASS))
         object.__setattr__(self, "limited", key.limits.any)
-        object.__setattr__(self, "leased", key.limits.any and key.limits.concurrency is None)
         object.__setattr__(self, "dated", key.revoked_at is not None or key.expires_at is not None)
         object.__setattr__(self, "idempotency_prefix", key.tenant.encode() + b":")
         object.__setattr__(self, "plain_class", classes[None])

@@ -2,9 +2,10 @@
 
 Before admission the gateway reserves a request's *estimate* against the key's windows (the
 current UTC minute for ``requests_per_min``/``tokens_per_min``, the UTC day for
-``daily_tokens``/``daily_cents``) and one concurrency slot; when the response ends the estimate
-is replaced by the real usage (reconciled), and on a failure before the upstream answered the
-whole reservation is given back. The estimate is the prompt's size in tokens (about four bytes a
+``daily_tokens``/``daily_cents``) and one concurrency slot, from what its replica leased of
+them (:func:`grant`); when the response ends the estimate is replaced by the real usage
+(reconciled), and on a failure before the upstream answered the whole reservation is given
+back. The estimate is the prompt's size in tokens (about four bytes a
 token) plus the completion's ceiling (``max_completion_tokens`` / ``max_tokens``, else
 :data:`DEFAULT_COMPLETION_TOKENS`). Windows are fixed (not sliding): a key may send its minute's
 limit at the end of one minute and again at the start of the next.
@@ -104,7 +105,8 @@ def seconds_to_next_day(now: datetime) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Counts:
-    """A key's counters as the store holds them when a reservation is tried."""
+    """A key's counters as the store holds them when a lease is tried (``inflight``: the
+    concurrency slots every live replica holds)."""
 
     minute_requests: int = 0
     minute_tokens: int = 0
@@ -113,33 +115,17 @@ class Counts:
     inflight: int = 0
 
 
-def over_limit(limits: Limits, counts: Counts, est: Estimate) -> str | None:
-    """Which limit this request would break (its error code), or None: the check the store
-    runs under the key's lock, so it is one decision across replicas."""
-    if limits.concurrency is not None and counts.inflight + 1 > limits.concurrency:
-        return "CONCURRENCY_LIMITED"
-    if limits.requests_per_min is not None and counts.minute_requests + 1 > limits.requests_per_min:
-        return "RATE_LIMITED"
-    if limits.tokens_per_min is not None and counts.minute_tokens + est.tokens > (
-        limits.tokens_per_min
-    ):
-        return "TOKEN_LIMITED"
-    if limits.daily_tokens is not None and counts.day_tokens + est.tokens > limits.daily_tokens:
-        return "BUDGET_EXCEEDED"
-    if limits.daily_cents is not None and counts.day_cents + est.cents > limits.daily_cents:
-        return "BUDGET_EXCEEDED"
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class Slice:
     """Quota a replica takes from the store at once, or was granted: minute requests and
-    tokens, day tokens and cents (``None``: the key has no such limit, nothing to take)."""
+    tokens, day tokens and cents, concurrency slots (``None``: the key has no such limit,
+    nothing to take). Slots are held until the replica gives them back, not for a window."""
 
     requests: int | None = None
     tokens: int | None = None
     day_tokens: int | None = None
     day_cents: float | None = None
+    slots: int | None = None
 
 
 def grant(limits: Limits, counts: Counts, want: Slice) -> Slice:
@@ -155,9 +141,11 @@ def grant(limits: Limits, counts: Counts, want: Slice) -> Slice:
     tokens = left(limits.tokens_per_min, counts.minute_tokens, want.tokens)
     day_tokens = left(limits.daily_tokens, counts.day_tokens, want.day_tokens)
     day_cents = left(limits.daily_cents, counts.day_cents, want.day_cents)
+    slots = left(limits.concurrency, counts.inflight, want.slots)  # held by live replicas
     return Slice(
         None if requests is None else int(requests),
         None if tokens is None else int(tokens),
         None if day_tokens is None else int(day_tokens),
         day_cents,
+        None if slots is None else int(slots),
     )

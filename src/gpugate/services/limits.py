@@ -11,9 +11,16 @@ not wait on the store:
   the sum of every replica's slices — and so what is served — never passes it; what a replica
   leased and did not use in a minute is lost to that minute (the undershoot: at most one
   slice per replica and window).
-* **Concurrency**, when set, is exact and per request: every reservation of such a key is one
-  transaction on the store (:meth:`KeyStore.reserve_quota`, every limit at once) and its
-  settle another.
+* **Concurrency slots** are leased too, but held until given back, not for a window: a replica
+  takes up to 1/20 of a key's ``concurrency`` at a time (at least one; the slots every live
+  replica holds count against the limit, so their sum never passes it), admits a request per
+  free slot; while the key has requests in flight here it keeps up to 2/20 of the limit free
+  (beyond that, all but 1/20 go back), and when its last one ends every slot goes back — at
+  that request's end, one transaction awaited after the answer and never cut off. A key busy
+  on one replica is served with no transaction per request; one that goes idle gives its
+  slots back at once, so a small limit stays exact (under 20: a lease and a give-back per
+  request, as before); the undershoot is at most 1/10 of the limit per replica busy with it.
+  A replica that dies holding slots loses them when it has been silent for 30 s.
 
 A key without limits never touches the store here. A refusal is a 429 with ``Retry-After``
 (the next minute for the per-minute limits, the next UTC day for the budgets, 1 s for
@@ -45,7 +52,7 @@ from gpugate.core.limits import (
     seconds_to_next_minute,
     windows,
 )
-from gpugate.errors import LIMIT_ERRORS
+from gpugate.errors import LIMIT_ERRORS, StoreError
 from gpugate.metrics import Metrics
 from gpugate.store import AuditEvent, Store
 from gpugate.store.keys import KEY_LIMITED
@@ -57,25 +64,22 @@ _MAX_SAMPLED = 10000  # (key, code) pairs remembered for sampling within one min
 
 class Reservation(Estimate):
     """What one request holds of its key's limits until it ends: its estimate (priced at
-    ``price``, its model's when it was reserved), in ``windows`` of key ``key_id`` (``leased``:
-    from this replica's slice, else from the store itself). One object per limited request,
-    its estimate's fields its own."""
+    ``price``, its model's when it was reserved), taken from this replica's lease of key
+    ``key_id`` in ``windows``. One object per limited request, its estimate's fields its own."""
 
-    __slots__ = ("key_id", "leased", "price", "windows")
+    __slots__ = ("key_id", "price", "windows")
 
     def __init__(  # positional only where it is made: keywords cost a dict per call
         self,
         key_id: str,
         windows: Windows,
         price: Price | None,
-        leased: bool,
         prompt_tokens: int,
         completion_tokens: int,
     ) -> None:
         self.key_id = key_id
         self.windows = windows
         self.price = price
-        self.leased = leased
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
         self.tokens = prompt_tokens + completion_tokens
@@ -84,7 +88,7 @@ class Reservation(Estimate):
     def __repr__(self) -> str:
         return (
             f"<Reservation key={self.key_id} {self.windows.minute} tokens={self.tokens}"
-            f" cents={self.cents} leased={self.leased}>"
+            f" cents={self.cents}>"
         )
 
 
@@ -102,7 +106,8 @@ UNLIMITED = 2**30 - 1
 @dataclass(slots=True)
 class _Lease:
     """What this replica holds of one key's quota in the current windows (:data:`UNLIMITED`
-    for a count the key has no limit on, ``inf`` for its cents)."""
+    for a count the key has no limit on, ``inf`` for its cents), and of its concurrency slots
+    (``slots`` free, ``inflight`` taken; carried from one window's lease to the next)."""
 
     windows: Windows
     requests: int
@@ -110,12 +115,18 @@ class _Lease:
     day_tokens: int
     day_cents: float
     priced: bool  # whether the key has a daily cents budget: only then do prices count here
+    slots: int = UNLIMITED
+    inflight: int = 0  # this key's requests in flight here
+    concurrent: bool = False  # whether the key has a concurrency limit (slots held for it)
+    keep: int = 0  # free slots kept while some of its requests are in flight (none once idle)
     refill: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def short(self, limits: Limits, est: Estimate) -> str | None:
         """The code of the first limit this request does not fit in (why :meth:`took` said
         no), or None: then it is taken (a part without a limit never refuses, even an estimate
         above :data:`UNLIMITED`)."""
+        if limits.concurrency is not None and self.slots < 1:
+            return "CONCURRENCY_LIMITED"
         if limits.requests_per_min is not None and self.requests < 1:
             return "RATE_LIMITED"
         if limits.tokens_per_min is not None and self.tokens < est.tokens:
@@ -125,6 +136,8 @@ class _Lease:
         if self.day_cents < est.cents:  # inf without a limit
             return "BUDGET_EXCEEDED"
         self.take(1, est.tokens, est.cents)
+        self.slots -= 1
+        self.inflight += 1
         return None
 
     def took(self, est: Estimate) -> bool:
@@ -134,12 +147,14 @@ class _Lease:
         tokens, cents = est.tokens, est.cents
         if self.requests < 1 or self.tokens < tokens or self.day_tokens < tokens:
             return False
-        if self.day_cents < cents:
+        if self.day_cents < cents or self.slots < 1:
             return False
         self.requests -= 1
         self.tokens -= tokens
         self.day_tokens -= tokens
         self.day_cents -= cents
+        self.slots -= 1
+        self.inflight += 1
         return True
 
     def take(self, requests: int, tokens: int, cents: float) -> None:
@@ -149,8 +164,27 @@ class _Lease:
         self.day_tokens -= tokens
         self.day_cents -= cents
 
+    def ended(self) -> int:
+        """One of the key's requests ended, its slot free again: how many free slots go back
+        to the store now — all once none of its requests is in flight here; while some are,
+        those beyond ``keep`` once twice ``keep`` are free (so a key winding down gives them
+        back in a few transactions, not one per request)."""
+        self.inflight -= 1
+        if not self.concurrent:  # no slots held: a window's UNLIMITED, never given back
+            return 0
+        self.slots += 1
+        if self.inflight > 0:
+            if self.slots <= 2 * self.keep:
+                return 0
+            spare, self.slots = self.slots - self.keep, self.keep
+            return spare
+        spare, self.slots = self.slots, 0
+        return spare
+
     def unlimited(self, limits: Limits) -> None:
         """The parts of counts the key has no limit on full again."""
+        if limits.concurrency is None:
+            self.slots = UNLIMITED
         if limits.requests_per_min is None:
             self.requests = UNLIMITED
         if limits.tokens_per_min is None:
@@ -167,6 +201,8 @@ class _Lease:
             self.day_tokens += got.day_tokens
         if got.day_cents is not None:
             self.day_cents += got.day_cents
+        if got.slots is not None:
+            self.slots += got.slots
 
 
 def _empty_lease(limits: Limits, spans: Windows, old: _Lease | None) -> _Lease:
@@ -176,6 +212,11 @@ def _empty_lease(limits: Limits, spans: Windows, old: _Lease | None) -> _Lease:
         return UNLIMITED if limit is None else 0
 
     same_day = old is not None and old.windows.day == spans.day
+    concurrency = limits.concurrency
+    concurrent = concurrency is not None
+    # slots are held across windows: what the old lease holds stays held (a key given a limit
+    # since starts with none)
+    held = old is not None and old.concurrent and concurrent
     return _Lease(
         windows=spans,
         requests=zero(limits.requests_per_min),
@@ -185,6 +226,10 @@ def _empty_lease(limits: Limits, spans: Windows, old: _Lease | None) -> _Lease:
             math.inf if limits.daily_cents is None else old.day_cents if same_day and old else 0.0
         ),
         priced=limits.daily_cents is not None,
+        slots=old.slots if held and old else zero(concurrency),
+        inflight=old.inflight if old else 0,
+        concurrent=concurrent,
+        keep=0 if concurrency is None else concurrency // MINUTE_SLICE,
     )
 
 
@@ -195,11 +240,13 @@ def _want(limits: Limits, est: Estimate) -> Slice:
     requests = part(limits.requests_per_min, MINUTE_SLICE, 1)
     tokens = part(limits.tokens_per_min, MINUTE_SLICE, est.tokens)
     day_tokens = part(limits.daily_tokens, DAY_SLICE, est.tokens)
+    slots = part(limits.concurrency, MINUTE_SLICE, 1)
     return Slice(
         None if requests is None else math.ceil(requests),
         None if tokens is None else math.ceil(tokens),
         None if day_tokens is None else math.ceil(day_tokens),
         part(limits.daily_cents, DAY_SLICE, est.cents),
+        None if slots is None else int(slots),
     )
 
 
@@ -226,8 +273,7 @@ class Quota:
     def reserve_now(
         self, principal: Principal, model: str | None, doc: dict[str, Any] | None, body_size: int
     ) -> Reservation | None:
-        """:meth:`reserve` of a key whose estimate this replica's slice holds already
-        (``principal.leased``: a key with a concurrency limit is never held here): no await, no
+        """:meth:`reserve` of a request this replica's lease holds already: no await, no
         store; None when it does not (a key without a lease yet, or a short one: then
         :meth:`reserve` refills or refuses)."""
         key_id = principal.key.id
@@ -241,7 +287,7 @@ class Quota:
         # a price only counts against a lease's daily cents (usage is priced when written)
         price = self._prices(model) if lease.priced and model is not None else None
         prompt, completion = estimated_tokens(doc, body_size)
-        held = Reservation(key_id, lease.windows, price, True, prompt, completion)  # noqa: FBT003
+        held = Reservation(key_id, lease.windows, price, prompt, completion)
         return held if lease.took(held) else None
 
     async def reserve(
@@ -253,23 +299,16 @@ class Quota:
         if not principal.limited:
             return None
         body = doc if isinstance(doc, dict) else None  # a job's input may be any JSON
-        leased = principal.leased
-        if leased:
-            held = self.reserve_now(principal, model, body, body_size)
-            if held is not None:
-                return held
-        priced = key.limits.daily_cents is not None or not leased  # the store counts cents
+        held = self.reserve_now(principal, model, body, body_size)
+        if held is not None:
+            return held
+        priced = key.limits.daily_cents is not None  # prices only count against cents
         price = self._prices(model) if model is not None and priced else None
         est = estimate(body, body_size, price)
         spans = self._current_windows()
-        if leased:
-            code = await self._lease(key.id, key.limits, est, spans)
-        else:
-            code = await self._store.reserve_quota(key.id, key.limits, est, spans)
+        code = await self._lease(key.id, key.limits, est, spans)
         if code is None:
-            return Reservation(
-                key.id, spans, price, leased, est.prompt_tokens, est.completion_tokens
-            )
+            return Reservation(key.id, spans, price, est.prompt_tokens, est.completion_tokens)
         self._metrics.key_refusals.labels(code).inc()
         await self._audit_sampled(principal, code, spans)
         now = self._clock.now()
@@ -290,8 +329,10 @@ class Quota:
         the code of the limit it does not fit, or None."""
         lease = self._leases.get(key_id)
         if lease is None or (lease.windows is not spans and lease.windows != spans):
-            if len(self._leases) > _MAX_SAMPLED:
-                self._leases = {k: v for k, v in self._leases.items() if v.windows == spans}
+            if len(self._leases) > _MAX_SAMPLED:  # keep the current ones and those holding slots
+                self._leases = {
+                    k: v for k, v in self._leases.items() if v.windows == spans or v.inflight
+                }
             lease = self._leases[key_id] = _empty_lease(limits, spans, lease)
         if lease.took(est):
             return None
@@ -302,24 +343,29 @@ class Quota:
             lease.add(await self._store.lease_quota(key_id, limits, _want(limits, est), spans))
         return None if lease.took(est) else lease.short(limits, est)
 
-    def _give_back(self, held: Reservation, requests: int, tokens: int, cents: float) -> None:
+    def _give_back(self, held: Reservation, requests: int, tokens: int, cents: float) -> int:
+        """Counts back to the lease ``held`` came from, as far as its windows are still the
+        lease's; its slot in any case. The slots to give back to the store (:meth:`ended`)."""
         lease = self._leases.get(held.key_id)
-        if lease is None or lease.windows.day != held.windows.day:
-            return  # a new day: what the old one held is gone with it
+        if lease is None:
+            return 0
         if lease.windows is held.windows or lease.windows == held.windows:
             lease.take(-requests, -tokens, -cents)
-            return
-        # a new minute: only the day's parts come back
-        lease.day_tokens += tokens
-        lease.day_cents += cents
+        elif lease.windows.day == held.windows.day:  # a new minute: only the day's parts
+            lease.day_tokens += tokens
+            lease.day_cents += cents
+        # (a new day: what the old one held is gone with it)
+        return lease.ended()
 
     def settle_local(
         self, held: Reservation | None, prompt_tokens: int, completion_tokens: int
-    ) -> None:
-        """:meth:`settle` of a request that holds nothing of the store (no limits, or leased:
-        the estimate's unused part goes back to this replica's slice); no await."""
+    ) -> int:
+        """The request ended with this usage: the estimate's unused part back to this
+        replica's lease (priced at its model's price when it was reserved); no await. The
+        concurrency slots to give back to the store now (0 but when a key with a concurrency
+        limit has more free here than it keeps: :meth:`settle` and the data plane's end)."""
         if held is None:
-            return
+            return 0
         price = held.price
         unused = held.tokens - prompt_tokens - completion_tokens
         unused_cents = (
@@ -331,40 +377,43 @@ class Quota:
             lease.day_tokens += unused
             if unused_cents:
                 lease.day_cents += unused_cents
-        else:
-            self._give_back(held, 0, unused, unused_cents)
+            if lease.concurrent:
+                return lease.ended()
+            lease.inflight -= 1  # ended(), without the call, for a key without slots
+            return 0
+        return self._give_back(held, 0, unused, unused_cents)
 
     async def settle(
         self, held: Reservation | None, prompt_tokens: int, completion_tokens: int
     ) -> None:
-        """The request ended with this usage: replace the estimate (its cost at the price of
-        its model when it was reserved)."""
-        if held is None or held.leased:
-            self.settle_local(held, prompt_tokens, completion_tokens)
-            return
-        cents = 0.0 if held.price is None else held.price.cents(prompt_tokens, completion_tokens)
-        await self._store.settle_quota(
-            held.key_id,
-            held.windows,
-            held,
-            tokens=prompt_tokens + completion_tokens,
-            cents=cents,
-            requests=1,
-        )
+        """:meth:`settle_local`, and the spare slots given back."""
+        spare = self.settle_local(held, prompt_tokens, completion_tokens)
+        if spare and held is not None:
+            await self.return_slots(held.key_id, spare)
 
-    def release_local(self, held: Reservation | None) -> None:
-        """:meth:`release` of a request that holds nothing of the store; no await."""
-        if held is not None:
-            self._give_back(held, 1, held.tokens, held.cents)
+    def release_local(self, held: Reservation | None) -> int:
+        """The request failed before the upstream answered: everything back to the lease;
+        no await. The slots to give back to the store, as :meth:`settle_local`."""
+        if held is None:
+            return 0
+        return self._give_back(held, 1, held.tokens, held.cents)
 
     async def release(self, held: Reservation | None) -> None:
-        """The request failed before the upstream answered: give everything back."""
-        if held is None or held.leased:
-            self.release_local(held)
-        else:
-            await self._store.settle_quota(
-                held.key_id, held.windows, held, tokens=0, cents=0.0, requests=0
-            )
+        """:meth:`release_local`, and the spare slots given back."""
+        spare = self.release_local(held)
+        if spare and held is not None:
+            await self.return_slots(held.key_id, spare)
+
+    async def return_slots(self, key_id: str, slots: int) -> None:
+        """Give ``slots`` free concurrency slots back to the store; kept here when the store
+        cannot take them (used by the next request, or given back when it ends)."""
+        try:
+            await self._store.return_slots(key_id, slots)
+        except StoreError as exc:
+            lease = self._leases.get(key_id)
+            if lease is not None and lease.concurrent:
+                lease.slots += slots
+            log.warning("concurrency slots of key %s kept: %s", key_id, exc.message)
 
     async def _audit_sampled(self, principal: Principal, code: str, spans: Windows) -> None:
         if spans.minute != self._sampled_minute:

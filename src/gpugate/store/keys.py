@@ -5,13 +5,14 @@ Semantics every backend keeps:
 
 * A key is stored with the SHA-256 of its secret (``digest``, unique), never the secret. A
   create, update, rotation or revocation and its audit event commit together.
-* :meth:`KeyStore.reserve_quota` is one decision across replicas: it locks the key's row first
+* :meth:`KeyStore.lease_quota` is one decision across replicas: it locks the key's row first
   (PostgreSQL: ``SELECT ... FOR UPDATE``; SQLite: ``BEGIN IMMEDIATE`` holds the one write lock),
-  reads its counters, checks every limit (:func:`gpugate.core.limits.over_limit`) and adds the
-  estimate, in one transaction; so reservations of one key from every replica serialise, each
-  reads the totals the previous one committed, and two never both take the last unit.
-* :meth:`KeyStore.settle_quota` replaces a reservation's estimate with what was used (or gives
-  it back) in the windows it was reserved in, and frees its concurrency slot.
+  reads its counters (the minute's, the day's, and the concurrency slots every live replica
+  holds), grants what is left of each limit up to what was asked
+  (:func:`gpugate.core.limits.grant`) and counts it, in one transaction; so leases of one key
+  from every replica serialise, each reads the totals the previous one committed, and two
+  never both take the last unit. Slots stay counted for the replica until
+  :meth:`KeyStore.return_slots`, or until it has been silent for :data:`ALIVE_S`.
 * Usage rows add up per (day, key, model, upstream).
 """
 
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpugate.core.classes import RequestClass
 from gpugate.core.keys import ClientKey, Limits
-from gpugate.core.limits import Counts, Estimate, Slice, Windows, grant, over_limit
+from gpugate.core.limits import Counts, Slice, Windows, grant
 from gpugate.store.audit import insert_audit
 from gpugate.store.base import AuditEvent
 from gpugate.store.dialect import Json, sql
@@ -183,14 +184,14 @@ def _params(key: ClientKey) -> dict[str, Any]:
     return params | {"max_class": key.max_class.value, "limits": Json(key.limits.as_dict())}
 
 
-def _counts(row: Row, *, inflight: bool) -> Counts:
-    counts = Counts(
+def _counts(row: Row) -> Counts:
+    return Counts(
         minute_requests=row[0] or 0,
         minute_tokens=row[1] or 0,
         day_tokens=row[2] or 0,
         day_cents=row[3] or 0.0,
+        inflight=row[4],
     )
-    return replace(counts, inflight=row[4]) if inflight else counts
 
 
 def _adds(key_id: str, now: datetime, *spans: tuple[str, int, int, float]) -> list[dict[str, Any]]:
@@ -217,22 +218,15 @@ def _bootstrap(c: Codec, params: dict[str, Any]) -> Tx[ClientKey]:
     return _key(c, (yield from one(_BY_ID, params)))
 
 
-def _reserve(
-    found: dict[str, Any], limits: Limits, estimate: Estimate, adds: list[dict[str, Any]]
-) -> Tx[str | None]:
-    yield from run(_LOCK, found)
-    code = over_limit(limits, _counts((yield from one(_COUNTS, found)), inflight=True), estimate)
-    if code is None:
-        yield from run(_ADD, adds)
-    return code
-
-
 def _lease(found: dict[str, Any], limits: Limits, want: Slice, now: datetime) -> Tx[Slice]:
     yield from run(_LOCK, found)
-    got = grant(limits, _counts((yield from one(_COUNTS, found)), inflight=False), want)
+    got = grant(limits, _counts((yield from one(_COUNTS, found))), want)
     minute = (found["minute"], got.requests or 0, got.tokens or 0, 0.0)
     day = (found["day"], 0, got.day_tokens or 0, got.day_cents or 0.0)
-    yield from run(_ADD, _adds(found["key"], now, minute, day))
+    spans = [minute, day]
+    if got.slots:  # held by this replica until it gives them back (or is silent ALIVE_S)
+        spans.append((f"{CONCURRENCY_SPAN}:{found['me']}", got.slots, 0, 0.0))
+    yield from run(_ADD, _adds(found["key"], now, *spans))
     return got
 
 
@@ -283,56 +277,25 @@ class KeyStore(Driven, Protocol):
         params = _params(key) | {"digest": digest, "now": self._clock.now()}
         return await self._transact(_bootstrap(self._codec, params))
 
-    async def reserve_quota(
-        self, key_id: str, limits: Limits, estimate: Estimate, windows: Windows
-    ) -> str | None:
-        """Reserve ``estimate`` and a concurrency slot, or the code of the limit it breaks
-        (nothing taken then)."""
-        now = self._clock.now()
-        minute, day = minute_span(windows), day_span(windows)
-        found: dict[str, Any] = {"key": key_id, "minute": minute, "day": day}
-        found |= {"me": self._replica, "alive": now - timedelta(seconds=ALIVE_S)}
-        adds = _adds(
-            key_id,
-            now,
-            (minute, 1, estimate.tokens, estimate.cents),
-            (day, 1, estimate.tokens, estimate.cents),
-            (f"{CONCURRENCY_SPAN}:{self._replica}", 1, 0, 0.0),
-        )
-        return await self._transact(_reserve(found, limits, estimate, adds))
-
     async def lease_quota(
         self, key_id: str, limits: Limits, want: Slice, windows: Windows
     ) -> Slice:
-        """Take up to ``want`` of the key's minute and day quota for this replica in one
-        locked step (:func:`gpugate.core.limits.grant`); what was granted is counted as used."""
+        """Take up to ``want`` of the key's minute and day quota and concurrency slots for this
+        replica in one locked step (:func:`gpugate.core.limits.grant`: the slots of every live
+        replica count); what was granted is counted as used, the slots as held by this replica
+        until :meth:`return_slots`."""
         now = self._clock.now()
         found: dict[str, Any] = {"key": key_id, "minute": minute_span(windows)}
         found["day"] = day_span(windows)
-        found |= {"me": self._replica, "alive": now}
+        found |= {"me": self._replica, "alive": now - timedelta(seconds=ALIVE_S)}
         return await self._transact(_lease(found, limits, want, now))
 
-    async def settle_quota(
-        self,
-        key_id: str,
-        windows: Windows,
-        estimate: Estimate,
-        *,
-        tokens: int,
-        cents: float,
-        requests: int,
-    ) -> None:
-        """End a reservation: ``tokens``/``cents``/``requests`` replace the estimate (0s give it
-        back) and the concurrency slot is freed."""
-        dt, dc = tokens - estimate.tokens, cents - estimate.cents
+    async def return_slots(self, key_id: str, slots: int) -> None:
+        """Give back concurrency slots this replica leased (:meth:`lease_quota`)."""
         adds = _adds(
-            key_id,
-            self._clock.now(),
-            (minute_span(windows), requests - 1, dt, dc),
-            (day_span(windows), requests - 1, dt, dc),
-            (f"{CONCURRENCY_SPAN}:{self._replica}", -1, 0, 0.0),
+            key_id, self._clock.now(), (f"{CONCURRENCY_SPAN}:{self._replica}", -slots, 0, 0.0)
         )
-        await self._transact(run(_ADD, adds))
+        await self._transact(run(_ADD, adds), single=True)
 
     async def purge_counters(self, before: datetime) -> int:
         """Delete minute and day counters last written before ``before``."""

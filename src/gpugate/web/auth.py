@@ -248,14 +248,10 @@ class ClientKeys:
         try:
             await plane.serve(ex, openai=True)
         finally:
-            try:
-                held = keyed.held
-                if held is not None and not held.leased:  # the store's settle: never cut off
-                    await asyncio.shield(keyed.end(ex))
-                else:
-                    keyed.end_local(ex)
-            except GpugateError as exc:  # the answer is out already; the counts are late
-                log.warning("usage of key %s not settled: %s", principal.key.prefix, exc.message)
+            spare = keyed.end_local(ex)
+            if spare:  # concurrency slots back to the store: never cut off
+                quota = self.gateway.quota
+                await asyncio.shield(quota.return_slots(principal.key.id, spare))
 
     def allowed(self, key: ClientKey, model: str, config: GatewayConfig) -> None:
         """Refuse a model the key may not use (403 ``MODEL_NOT_ALLOWED``), or one an external
@@ -449,11 +445,6 @@ class _Watch:
                 self.kept.append(chunk)
         return chunk
 
-    @property
-    def needs_store(self) -> bool:
-        """Whether ending this request writes to the store (a per-request reservation)."""
-        return self.held is not None and not self.held.leased
-
     def _tokens(self) -> tuple[int, int]:
         """The answer's prompt and completion tokens: its usage, else the estimate's."""
         kept = self.kept
@@ -474,43 +465,32 @@ class _Watch:
         """Whether the upstream answered it (a success, not a replay): its usage counts."""
         return self.status is not None and self.status < 400 and not self.replayed
 
-    def end_local(self) -> None:
-        """:meth:`end` when nothing of it goes to the store (``needs_store`` false)."""
+    def end(self) -> int:
+        """The request ended: its reservation settled or given back, its usage recorded; the
+        concurrency slots to give back to the store (:meth:`Quota.settle_local`)."""
         gw = self.gateway
         if not self._answered:
-            gw.quota.release_local(self.held)
-            return
+            return gw.quota.release_local(self.held)
         prompt, completion = self._tokens()
-        gw.quota.settle_local(self.held, prompt, completion)
+        spare = gw.quota.settle_local(self.held, prompt, completion)
         gw.usage.record(self.principal, self.model or "", self.upstream or "", prompt, completion)
-
-    async def end(self) -> None:
-        gw = self.gateway
-        if not self._answered:
-            await gw.quota.release(self.held)
-            return
-        prompt, completion = self._tokens()
-        await gw.quota.settle(self.held, prompt, completion)
-        gw.usage.record(self.principal, self.model or "", self.upstream or "", prompt, completion)
+        return spare
 
 
 async def _settle(watch: _Watch) -> None:
     """The end of a keyed request, however it ended: its reservation settled or given back."""
-    try:
-        if watch.needs_store:  # the store's settle must not be cut off by a cancel
-            await asyncio.shield(watch.end())
-        else:
-            watch.end_local()
-    except GpugateError as exc:  # the answer is out already; the counts are late
-        log.warning("usage of key %s not settled: %s", watch.principal.key.prefix, exc.message)
+    spare = watch.end()
+    if spare:  # concurrency slots back to the store: never cut off by a cancel
+        key_id = watch.principal.key.id
+        await asyncio.shield(watch.gateway.quota.return_slots(key_id, spare))
 
 
 class Keyed:
     """A keyed request on the fast path, on its exchange (``Exchange.keyed``) while the data
     plane serves it: :meth:`admit` checks the parsed body against the key and holds its
     estimate, :meth:`generated` is told what a whole answer said (its usage, upstream and model,
-    read once for the GenAI histograms and the key alike), and :meth:`end_local` or
-    :meth:`end` settle what it holds and record its usage. ``stream`` hides the usage of a
+    read once for the GenAI histograms and the key alike), and :meth:`end_local` settles what
+    it holds and records its usage. ``stream`` hides the usage of a
     stream the gateway asked for (``FastCycle.body`` passes the pieces through it)."""
 
     __slots__ = ("counted", "door", "held", "model", "principal", "stream", "waiting")
@@ -543,8 +523,7 @@ class Keyed:
                 self.stream = StreamUsage(hide=True)
                 body = asked
         if principal.limited:
-            if principal.leased:
-                self.held = gw.quota.reserve_now(principal, model, doc, len(body))
+            self.held = gw.quota.reserve_now(principal, model, doc, len(body))
             self.waiting = self.held is None
         return body
 
@@ -594,34 +573,21 @@ class Keyed:
             return model or "", upstream, 0, 0
         return model or "", upstream, held.prompt_tokens, held.completion_tokens
 
-    def end_local(self, ex: FastCycle) -> None:
-        """The end of a request whose reservation is local (or none): settled or given back,
-        its usage recorded."""
+    def end_local(self, ex: FastCycle) -> int:
+        """The end of the request: its reservation settled or given back, its usage recorded;
+        no await. The concurrency slots to give back to the store (:meth:`Quota.settle_local`:
+        0 but for a key with a concurrency limit that goes idle here)."""
         gw = self.door.gateway
         counted = self.counted
         if counted is None:
             counted = self._untold(ex)
         if counted is False:
-            gw.quota.release_local(self.held)
-            return
+            return gw.quota.release_local(self.held)
         model, upstream, prompt, completion = counted  # type: ignore[misc]
         held = self.held
-        if held is not None:
-            gw.quota.settle_local(held, prompt, completion)
+        spare = 0 if held is None else gw.quota.settle_local(held, prompt, completion)
         gw.usage.record(self.principal, model, upstream, prompt, completion)
-
-    async def end(self, ex: FastCycle) -> None:
-        """:meth:`end_local` of a per-request reservation in the store."""
-        gw = self.door.gateway
-        counted = self.counted
-        if counted is None:
-            counted = self._untold(ex)
-        if counted is False:
-            await gw.quota.release(self.held)
-            return
-        model, upstream, prompt, completion = counted  # type: ignore[misc]
-        await gw.quota.settle(self.held, prompt, completion)
-        gw.usage.record(self.principal, model, upstream, prompt, completion)
+        return spare
 
 
 _REPLAYED = (b"idempotent-replayed", b"true")
