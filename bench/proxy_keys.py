@@ -1,5 +1,5 @@
 """The cost of ``auth.mode: keys`` on the hot path (issue #16, Done-when 5), a phase of
-``bench/proxy.py``: a second gpugate on the same upstreams and core, in keys mode with two
+``bench/proxy.py``: a second gpugate on the same upstreams and core, in keys mode with three
 bootstrap keys from the environment, measured with wrk (the same ``-c64`` POSTs, the key in
 ``Authorization: Bearer``) *at the same time* as the open gpugate of the run, each loaded by its
 own wrk, the two sharing the proxies' core: the kernel gives each half of it, so their req/s
@@ -7,8 +7,9 @@ compare what a request costs each, in one window, and the machine's noise falls 
 A share is the median of the rounds' own shares. One key has no limits (its lookup, a local
 cache hit after the first request, and the usage read from the body), one has limits (rpm, tpm
 and daily tokens: leased in slices from the store, SQLite here as the bench's gpugate, so a
-store transaction every slice rather than every request). Prints the req/s share and the CPU
-per request against open's.
+store transaction every slice rather than every request), one has a concurrency limit above
+wrk's connections (its slots leased and kept while it is busy). Prints the req/s share and the
+CPU per request against open's.
 
 Run alone (the open gpugate and the keyed one only, from the ``gpugate`` on ``PYTHONPATH``, so
 another tree's ``src`` gives that tree's figures with this script)::
@@ -55,6 +56,8 @@ from proxy_targets import (
 
 KEY_FREE = "gk-bench-free-" + "x" * 32
 KEY_LIMITED = "gk-bench-limited-" + "y" * 32
+KEY_CONCURRENT = "gk-bench-concurrent-" + "z" * 32
+CONCURRENCY = 256  # above wrk's 64 connections: never refused, its slots leased and kept
 BIG = 10**9
 ROUNDS = 5
 
@@ -65,8 +68,18 @@ def key_env() -> dict[str, str]:
     keys = [
         {"name": "free", "tenant": "bench", "key": KEY_FREE, "max_class": "system"},
         {"name": "limited", "tenant": "bench", "key": KEY_LIMITED, "limits": limits},
+        {
+            "name": "concurrent",
+            "tenant": "bench",
+            "key": KEY_CONCURRENT,
+            "limits": {"concurrency": CONCURRENCY},
+        },
     ]
     return {"BENCH_KEYS": json.dumps(keys)}
+
+
+#: The keys measured against open: none of limits, leased rpm/tpm/daily tokens, concurrency.
+KEYED = {"keys": KEY_FREE, "keys+limits": KEY_LIMITED, "keys+concurrency": KEY_CONCURRENT}
 
 
 def start_keyed(procs: Processes, setup: Setup, cores: Cores) -> tuple[int, int]:
@@ -96,7 +109,7 @@ def phase_keys(
     a request costs each — measured in one window, so a neighbour that takes the core for a
     while takes it from both alike (a shared machine's req/s moves by 20-40 % between runs a
     few seconds apart: pairs measured one after the other mostly measured that). A round is
-    open beside keys, then open beside keys+limits; a share is the median of the rounds'
+    open beside each key of :data:`KEYED` in turn; a share is the median of the rounds'
     (``paired``); the CPU each process used in its windows is printed beside it."""
     shares: dict[str, float] = {}
     if "gpugate" not in setup.targets:
@@ -112,10 +125,10 @@ def phase_keys(
             lane, path = MIXES[mix]
             open_url, open_pid = setup.url("gpugate", lane, path), setup.pid("gpugate", lane)
             keyed_url = f"http://127.0.0.1:{port}{path}"
-            ratios: dict[str, list[float]] = {"keys": [], "keys+limits": []}
+            ratios: dict[str, list[float]] = {name: [] for name in KEYED}
             cpu: dict[str, list[float]] = {name: [] for name in ratios}
             for _ in range(rounds):
-                for name, key in (("keys", KEY_FREE), ("keys+limits", KEY_LIMITED)):
+                for name, key in KEYED.items():
                     opened = pool.submit(run_wrk, wrk, open_url, BODIES[mix], duration, open_pid)
                     keyed = pool.submit(
                         run_wrk, wrk, keyed_url, BODIES[mix], duration, keyed_pid, bearer=key
@@ -130,7 +143,7 @@ def phase_keys(
                 shares[f"{mix} {name}"] = paired = statistics.median(values)
                 runs_text = " / ".join(f"{v:5.1%}" for v in values)
                 print(
-                    f"  {mix:<5} {name:<12} {paired:6.1%} of open's req/s (rounds: {runs_text});"
+                    f"  {mix:<5} {name:<16} {paired:6.1%} of open's req/s (rounds: {runs_text});"
                     f" CPU per request {statistics.median(cpu[name]):6.1%} of open's"
                 )
     return problems, shares
@@ -138,7 +151,7 @@ def phase_keys(
 
 # -- instructions per request (callgrind) -------------------------------------------------------
 
-KINDS = {"open": None, "keys": KEY_FREE, "keys+limits": KEY_LIMITED}
+KINDS = {"open": None, **KEYED}
 _TOGGLE = "functools_reduce"  # callgrind counts only inside this C function: the measured loop
 
 
@@ -268,7 +281,7 @@ def count_instructions(requests: int) -> int:
                 per = int(totals[0].split()[1]) // requests
             base = base or per
             print(
-                f"  {mix:<5} {kind:<12} {per:9,d} instructions a request"
+                f"  {mix:<5} {kind:<16} {per:9,d} instructions a request"
                 f"  (+{per - base:7,d}, {per / base:6.1%} of open)"
             )
     return 0
