@@ -520,6 +520,7 @@ def _start_loops(gateway: Gateway, stack: AsyncExitStack, *, run_job_loops: bool
     loops.start("replica-heartbeat", ReplicaHeartbeat(gateway.store, gateway.clock).run)
     loops.start("retention", gateway.retention.run)
     loops.start("key-usage", gateway.usage.run)
+    loops.start("key-slots", gateway.quota.run)
     loops.start("console-samples", gateway.samples.run)
     if run_job_loops:
         store = gateway.store

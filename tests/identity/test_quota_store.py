@@ -17,6 +17,7 @@ from gpugate.core.keys import ClientKey, Limits
 from gpugate.core.limits import windows
 from gpugate.store import Store
 from gpugate.store.factory import open_store
+from harness import eventually
 
 NOW = datetime(2026, 12, 1, 13, 0, 30, tzinfo=UTC)
 SPANS = windows(NOW)
@@ -248,21 +249,23 @@ async def test_two_replicas_lease_concurrency_slots_within_the_limit_and_give_th
         await a.reserve(principal, "m", {}, 40)
     with pytest.raises(ConcurrencyLimited):
         await b.reserve(principal, "m", {}, 40)
-    for held in held_a:  # A goes idle: every slot it held goes back
+    for held in held_a:  # A goes idle: all but 1/20 of the limit go back at once,
         await a.settle(held, 1, 1)
+    await a.sweep()  # and those within a second
     more_b = [await b.reserve(principal, "m", {}, 40) for _ in range(30)]
     with pytest.raises(ConcurrencyLimited):
         await b.reserve(principal, "m", {}, 40)
     for held in held_b + more_b:
         await b.release(held)
+    await b.sweep()
     again_a = [await a.reserve(principal, "m", {}, 40) for _ in range(40)]
     assert len(again_a) == 40
 
 
 async def test_a_key_busy_on_one_replica_takes_no_transaction_per_request(store: Store) -> None:
-    """Concurrency 100: a replica keeps up to 5 free slots while the key has requests in
-    flight, so requests that come and go with ten in flight lease a few times in all; when the
-    last one ends, the free slots go back at once."""
+    """Concurrency 100: a replica gives back nothing while the key has requests in flight, so
+    requests that come and go with ten in flight lease twice in all; when the last one ends,
+    all but 5 (1/20 of the limit) go back at once, and those at the next sweep."""
     clock = ManualClock(start=NOW)
     counted = _Counted(store)
     quota, principal = _quota(counted, clock), _principal(100)
@@ -274,8 +277,11 @@ async def test_a_key_busy_on_one_replica_takes_no_transaction_per_request(store:
     assert counted.returns == 0
     for held in flight:
         await quota.settle(held, 1, 1)
-    assert counted.returns == 1  # idle: the slots held go back in one transaction
+    assert counted.returns == 1  # idle: all but 5 go back in one transaction
     lease = quota._leases["key_1"]
+    assert (lease.slots, lease.inflight) == (5, 0)
+    await quota.sweep()
+    assert counted.returns == 2
     assert (lease.slots, lease.inflight) == (0, 0)
 
 
@@ -294,3 +300,41 @@ async def test_a_key_with_one_slot_is_exact_between_replicas_request_by_request(
         with pytest.raises(ConcurrencyLimited):
             await a.reserve(principal, "m", {}, 40)
         await b.release(held)
+
+
+async def test_the_quota_loop_gives_back_an_idle_key_s_last_slots_within_a_second(
+    store: Store,
+) -> None:
+    from gpugate.services.limits import IDLE_SLOTS_S
+
+    clock = ManualClock(start=NOW)
+    counted = _Counted(store)
+    quota, principal = _quota(counted, clock), _principal(100)
+    held = await quota.reserve(principal, "m", {}, 40)  # 5 slots leased, 1 taken
+    await quota.settle(held, 1, 1)
+    assert counted.returns == 0  # idle, holding its 5: no more than it keeps
+    loop = asyncio.create_task(quota.run())
+    try:
+        await eventually(lambda: bool(clock._sleepers), what="the loop asleep on the clock")
+        clock.advance(IDLE_SLOTS_S)
+        await eventually(lambda: counted.returns == 1, what="the idle key's slots given back")
+        assert quota._leases["key_1"].slots == 0
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_a_sweep_trims_a_busy_key_s_free_slots_to_what_it_keeps(store: Store) -> None:
+    """A burst leased 20 slots; with 5 still in flight, the sweep gives back all but 5 of the
+    15 free (1/20 of the limit), so another replica gets them within a second."""
+    clock = ManualClock(start=NOW)
+    counted = _Counted(store)
+    quota, principal = _quota(counted, clock), _principal(100)
+    burst = [await quota.reserve(principal, "m", {}, 40) for _ in range(20)]
+    for held in burst[5:]:
+        await quota.settle(held, 1, 1)
+    assert counted.returns == 0  # busy: nothing given back on the request path
+    lease = quota._leases["key_1"]
+    assert (lease.slots, lease.inflight) == (15, 5)
+    await quota.sweep()
+    assert (lease.slots, lease.inflight, counted.returns) == (5, 5, 1)

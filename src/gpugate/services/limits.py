@@ -14,12 +14,13 @@ not wait on the store:
 * **Concurrency slots** are leased too, but held until given back, not for a window: a replica
   takes up to 1/20 of a key's ``concurrency`` at a time (at least one; the slots every live
   replica holds count against the limit, so their sum never passes it), admits a request per
-  free slot; while the key has requests in flight here it keeps up to 2/20 of the limit free
-  (beyond that, all but 1/20 go back), and when its last one ends every slot goes back — at
-  that request's end, one transaction awaited after the answer and never cut off. A key busy
-  on one replica is served with no transaction per request; one that goes idle gives its
-  slots back at once, so a small limit stays exact (under 20: a lease and a give-back per
-  request, as before); the undershoot is at most 1/10 of the limit per replica busy with it.
+  free slot. When the key's last request here ends, all but 1/20 of its limit go back (one
+  transaction at that request's end, awaited after the answer and never cut off); every
+  :data:`IDLE_SLOTS_S` (:meth:`Quota.sweep`) the free slots beyond 1/20 of a busy key go back,
+  and all of an idle one. A small limit (under 20) keeps nothing: its slot goes back at every
+  request's end, so it stays exact, as before. A key busy on one replica is served with a few
+  transactions a second, not two per request; the undershoot is what a replica holds free: up
+  to what it leased and has not used for at most a second, then 1/20 of the limit while busy.
   A replica that dies holding slots loses them when it has been silent for 30 s.
 
 A key without limits never touches the store here. A refusal is a 429 with ``Retry-After``
@@ -94,6 +95,7 @@ class Reservation(Estimate):
 
 MINUTE_SLICE = 20  # a replica leases 1/20 of a per-minute limit at a time
 DAY_SLICE = 100  # and 1/100 of a daily one
+IDLE_SLOTS_S = 1.0  # how long a key idle here keeps its last free slots (1/20 of its limit)
 
 #: What a lease holds of a count the key has no limit on: a small int, so that every part is
 #: counted and compared alike with no branch, in CPython's fast small-int arithmetic (``inf``
@@ -166,19 +168,19 @@ class _Lease:
 
     def ended(self) -> int:
         """One of the key's requests ended, its slot free again: how many free slots go back
-        to the store now — all once none of its requests is in flight here; while some are,
-        those beyond ``keep`` once twice ``keep`` are free (so a key winding down gives them
-        back in a few transactions, not one per request)."""
+        to the store now. A small limit's (``keep`` 0: under 20) at once, so that it stays
+        exact; a larger one's none while others are in flight (an event loop ends and starts
+        requests in bursts: giving back on the way down and leasing on the way up was a
+        transaction every few requests) and all but ``keep`` once none is; the rest at the
+        next :meth:`Quota.sweep`."""
         self.inflight -= 1
         if not self.concurrent:  # no slots held: a window's UNLIMITED, never given back
             return 0
         self.slots += 1
-        if self.inflight > 0:
-            if self.slots <= 2 * self.keep:
-                return 0
-            spare, self.slots = self.slots - self.keep, self.keep
-            return spare
-        spare, self.slots = self.slots, 0
+        keep = self.keep
+        if keep and (self.inflight > 0 or self.slots <= keep):
+            return 0
+        spare, self.slots = self.slots - keep, keep
         return spare
 
     def unlimited(self, limits: Limits) -> None:
@@ -403,6 +405,27 @@ class Quota:
         spare = self.release_local(held)
         if spare and held is not None:
             await self.return_slots(held.key_id, spare)
+
+    async def sweep(self) -> None:
+        """Give back the free slots this replica holds beyond what each key keeps: all of a
+        key with nothing in flight here, all but ``keep`` of a busy one (so that a replica
+        holds no more than it uses for longer than :data:`IDLE_SLOTS_S`)."""
+        for key_id, lease in list(self._leases.items()):
+            if not lease.concurrent:
+                continue
+            keep = lease.keep if lease.inflight > 0 else 0
+            if lease.slots > keep:
+                spare, lease.slots = lease.slots - keep, keep
+                await self.return_slots(key_id, spare)
+
+    async def run(self) -> None:
+        """:meth:`sweep` every :data:`IDLE_SLOTS_S`, and once more when stopped."""
+        try:
+            while True:
+                await self._clock.sleep(IDLE_SLOTS_S)
+                await self.sweep()
+        finally:
+            await self.sweep()
 
     async def return_slots(self, key_id: str, slots: int) -> None:
         """Give ``slots`` free concurrency slots back to the store; kept here when the store
