@@ -120,7 +120,9 @@ class _Lease:
     slots: int = UNLIMITED
     inflight: int = 0  # this key's requests in flight here
     concurrent: bool = False  # whether the key has a concurrency limit (slots held for it)
-    keep: int = 0  # free slots kept while some of its requests are in flight (none once idle)
+    #: free slots kept once its last request here ended (until the next sweep) and, while it
+    #: is busy, at each sweep; 0 below a limit of 20: every free slot back at a request's end
+    keep: int = 0
     refill: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def short(self, limits: Limits, est: Estimate) -> str | None:
@@ -218,7 +220,7 @@ def _empty_lease(limits: Limits, spans: Windows, old: _Lease | None) -> _Lease:
     concurrent = concurrency is not None
     # slots are held across windows: what the old lease holds stays held (a key given a limit
     # since starts with none)
-    held = old is not None and old.concurrent and concurrent
+    carried = old is not None and old.concurrent and concurrent
     return _Lease(
         windows=spans,
         requests=zero(limits.requests_per_min),
@@ -228,7 +230,7 @@ def _empty_lease(limits: Limits, spans: Windows, old: _Lease | None) -> _Lease:
             math.inf if limits.daily_cents is None else old.day_cents if same_day and old else 0.0
         ),
         priced=limits.daily_cents is not None,
-        slots=old.slots if held and old else zero(concurrency),
+        slots=old.slots if carried and old else zero(concurrency),
         inflight=old.inflight if old else 0,
         concurrent=concurrent,
         keep=0 if concurrency is None else concurrency // MINUTE_SLICE,
@@ -428,10 +430,11 @@ class Quota:
             await self.sweep()
 
     async def return_slots(self, key_id: str, slots: int) -> None:
-        """Give ``slots`` free concurrency slots back to the store; kept here when the store
-        cannot take them (used by the next request, or given back when it ends)."""
+        """Give ``slots`` free concurrency slots back to the store, never cut off by a cancel
+        of the request that ended; kept here when the store cannot take them (used by the next
+        request, or given back when it ends)."""
         try:
-            await self._store.return_slots(key_id, slots)
+            await asyncio.shield(self._store.return_slots(key_id, slots))
         except StoreError as exc:
             lease = self._leases.get(key_id)
             if lease is not None and lease.concurrent:

@@ -32,7 +32,6 @@ The job routes and ``/v1/models`` check keys in :func:`authorize_client`, called
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 from dataclasses import replace
@@ -248,10 +247,9 @@ class ClientKeys:
         try:
             await plane.serve(ex, openai=True)
         finally:
-            spare = keyed.end_local(ex)
-            if spare:  # concurrency slots back to the store: never cut off
-                quota = self.gateway.quota
-                await asyncio.shield(quota.return_slots(principal.key.id, spare))
+            spare = keyed.end(ex)
+            if spare:  # concurrency slots back to the store
+                await self.gateway.quota.return_slots(principal.key.id, spare)
 
     def allowed(self, key: ClientKey, model: str, config: GatewayConfig) -> None:
         """Refuse a model the key may not use (403 ``MODEL_NOT_ALLOWED``), or one an external
@@ -480,16 +478,15 @@ class _Watch:
 async def _settle(watch: _Watch) -> None:
     """The end of a keyed request, however it ended: its reservation settled or given back."""
     spare = watch.end()
-    if spare:  # concurrency slots back to the store: never cut off by a cancel
-        key_id = watch.principal.key.id
-        await asyncio.shield(watch.gateway.quota.return_slots(key_id, spare))
+    if spare:  # concurrency slots back to the store
+        await watch.gateway.quota.return_slots(watch.principal.key.id, spare)
 
 
 class Keyed:
     """A keyed request on the fast path, on its exchange (``Exchange.keyed``) while the data
     plane serves it: :meth:`admit` checks the parsed body against the key and holds its
     estimate, :meth:`generated` is told what a whole answer said (its usage, upstream and model,
-    read once for the GenAI histograms and the key alike), and :meth:`end_local` settles what
+    read once for the GenAI histograms and the key alike), and :meth:`end` settles what
     it holds and records its usage. ``stream`` hides the usage of a
     stream the gateway asked for (``FastCycle.body`` passes the pieces through it)."""
 
@@ -573,7 +570,7 @@ class Keyed:
             return model or "", upstream, 0, 0
         return model or "", upstream, held.prompt_tokens, held.completion_tokens
 
-    def end_local(self, ex: FastCycle) -> int:
+    def end(self, ex: FastCycle) -> int:
         """The end of the request: its reservation settled or given back, its usage recorded;
         no await. The concurrency slots to give back to the store (:meth:`Quota.settle_local`:
         0 but for a key with a concurrency limit that goes idle here)."""
