@@ -100,8 +100,8 @@ def start_keyed(procs: Processes, setup: Setup, cores: Cores) -> tuple[int, int]
 def phase_keys(
     setup: Setup, wrk: str, procs: Processes, cores: Cores, duration: int, rounds: int = ROUNDS
 ) -> tuple[list[str], dict[str, float]]:
-    """Measure and print; the problems found (a non-2xx answer), and keys' req/s as a share of
-    open's per mix and key (``"chat keys"``, ``"sse keys+limits"``, ...).
+    """Measure and print; the problems found (a non-2xx answer, a socket error), and keys'
+    req/s as a share of open's per mix and key (``"chat keys"``, ``"sse keys+limits"``, ...).
 
     The open gpugate and the keyed one are loaded **at the same time**, each by its own wrk,
     and share the proxies' core: both always have requests waiting, so the kernel's scheduler
@@ -138,7 +138,10 @@ def phase_keys(
                     cpu[name].append(load.cpu_us / base.cpu_us)
                     for who, got in (("open", base), (name, load)):
                         if got.non_2xx or got.socket_errors:
-                            problems.append(f"{mix} via gpugate {who}: {got.non_2xx} non-2xx")
+                            problems.append(
+                                f"{mix} via gpugate {who}: {got.non_2xx} non-2xx,"
+                                f" {got.socket_errors} socket errors"
+                            )
             for name, values in ratios.items():
                 shares[f"{mix} {name}"] = paired = statistics.median(values)
                 runs_text = " / ".join(f"{v:5.1%}" for v in values)

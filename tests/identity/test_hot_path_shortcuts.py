@@ -5,6 +5,7 @@ principal cached per offered secret."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -208,3 +209,61 @@ async def test_a_flood_of_wrong_keys_never_pushes_a_real_key_out_of_the_cache(
     assert len(keys._unknown) == size  # bounded
     with pytest.raises(Unauthorized, match="unknown"):
         keys.known(f"gk-wrong-{size + 9}")  # the newest: cached
+
+
+class _CountedLookups:
+    """The store's ``key_by_digest``, counted, each call held until the test lets it go (the
+    lookups a burst of requests would start while one is on the store's thread)."""
+
+    def __init__(self, store: Store) -> None:
+        self.real = store.key_by_digest
+        self.calls = 0
+        self.go = asyncio.Event()
+
+    async def __call__(self, key_digest: str) -> ClientKey | None:
+        self.calls += 1
+        await self.go.wait()
+        return await self.real(key_digest)
+
+
+async def test_requests_that_miss_the_cache_together_wait_for_one_store_lookup(
+    rig: _KeysRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once an entry's delay is over, every request of the key in flight misses it at once: the
+    store is asked once, and every one of them gets its answer (a wrong key's too)."""
+    keys = rig.keys
+    issued = await keys.create(KeySpec(name="k", tenant="t"), actor="test")
+    lookups = _CountedLookups(rig.store)
+    monkeypatch.setattr(rig.store, "key_by_digest", lookups)
+    real = [asyncio.ensure_future(keys.authenticate(issued.secret)) for _ in range(64)]
+    wrong = [asyncio.ensure_future(keys.authenticate("gk-wrong")) for _ in range(8)]
+    await asyncio.sleep(0)
+    lookups.go.set()
+    principals = await asyncio.gather(*real)
+    refused = await asyncio.gather(*wrong, return_exceptions=True)
+    assert 2 == lookups.calls  # one per secret
+    assert {issued.key.id} == {p.key.id for p in principals}
+    assert all(isinstance(r, Unauthorized) for r in refused)
+    assert {} == keys._lookups  # none left behind
+    rig.clock.advance(rig.config.auth.key_cache_s)
+    await keys.authenticate(issued.secret)
+    assert 3 == lookups.calls  # the delay over: asked again
+
+
+async def test_a_request_that_leaves_during_the_shared_lookup_does_not_cancel_it_for_the_others(
+    rig: _KeysRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = rig.keys
+    issued = await keys.create(KeySpec(name="k", tenant="t"), actor="test")
+    lookups = _CountedLookups(rig.store)
+    monkeypatch.setattr(rig.store, "key_by_digest", lookups)
+    first = asyncio.ensure_future(keys.authenticate(issued.secret))  # starts the lookup
+    second = asyncio.ensure_future(keys.authenticate(issued.secret))
+    await asyncio.sleep(0)
+    first.cancel()  # its client left
+    await asyncio.sleep(0)
+    lookups.go.set()
+    assert issued.key.id == (await second).key.id
+    assert first.cancelled()
+    assert 1 == lookups.calls
+    assert keys.known(issued.secret) is not None  # cached for the next request

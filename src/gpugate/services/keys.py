@@ -9,7 +9,10 @@ that such a flood never pushes a real key out; each cache is bounded
 (``auth.max_keys_cached``; the oldest entries go first; a secret longer than
 :data:`MAX_CACHED_SECRET` is kept as its digest, so the bound holds for memory too). A hit hands
 back the entry's :class:`~gpugate.core.keys.Principal`, built once per lookup with what each
-request of the key needs worked out.
+request of the key needs worked out. A miss is one lookup however many requests miss at once:
+when an entry's delay is over, every request of the key in flight misses it together (64 store
+queries in a row under ``wrk -c64``, every two seconds), so the requests that come while a lookup
+of their secret runs wait for that one (a request that leaves does not cancel it for the others).
 
 Bootstrap keys come from the environment variable named by ``auth.bootstrap_keys_env``: a JSON
 list of ``{"name", "tenant", "key", ...}`` objects, with the fields of ``POST /admin/keys``
@@ -19,6 +22,7 @@ list of ``{"name", "tenant", "key", ...}`` objects, with the fields of ``POST /a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -123,6 +127,8 @@ class Keys:
         auth = config().auth
         self._cache = KeyCache(auth.key_cache_s, auth.max_keys_cached)
         self._unknown = KeyCache(auth.key_cache_s, auth.max_keys_cached)  # secrets no key has
+        #: cache key → its store lookup running now (bounded by the requests in flight)
+        self._lookups: dict[str, asyncio.Task[object]] = {}
 
     @property
     def enforced(self) -> bool:
@@ -166,11 +172,27 @@ class Keys:
         if cached is not None:
             return cached
         assert secret is not None  # known() refused it otherwise
-        stored = await self._store.key_by_digest(digest(secret))  # only on a miss
+        name = _cache_key(secret)
+        lookup = self._lookups.get(name)
+        if lookup is None:  # the first miss: the others wait for its answer
+            lookup = self._lookups[name] = asyncio.ensure_future(self._look_up(secret, name))
+            lookup.add_done_callback(lambda done: self._looked_up(name, done))
+        return self._let_in(await asyncio.shield(lookup))
+
+    async def _look_up(self, secret: str, cached: str) -> object:
+        """The store's answer for ``secret`` (only on a miss), cached: a principal, or
+        ``_UNKNOWN``."""
+        stored = await self._store.key_by_digest(digest(secret))
         found = _UNKNOWN if stored is None else Principal(stored)
         cache = self._unknown if stored is None else self._cache
-        cache.put(_cache_key(secret), found, self._clock.monotonic())
-        return self._let_in(found)
+        cache.put(cached, found, self._clock.monotonic())
+        return found
+
+    def _looked_up(self, cached: str, done: asyncio.Task[object]) -> None:
+        if self._lookups.get(cached) is done:
+            del self._lookups[cached]
+        if not done.cancelled():
+            done.exception()  # retrieved: a failed lookup whose waiters all left logs nothing
 
     def _let_in(self, found: object) -> Principal:
         if type(found) is not Principal:
