@@ -573,7 +573,7 @@ class Keyed:
     def end(self, ex: FastCycle) -> int:
         """The end of the request: its reservation settled or given back, its usage recorded;
         no await. The concurrency slots to give back to the store (:meth:`Quota.settle_local`:
-        0 but for a key with a concurrency limit that goes idle here)."""
+        0 but for a key with a concurrency limit under 20, whose slot goes back at once)."""
         gw = self.door.gateway
         counted = self.counted
         if counted is None:
