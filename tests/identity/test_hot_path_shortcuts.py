@@ -267,3 +267,22 @@ async def test_a_request_that_leaves_during_the_shared_lookup_does_not_cancel_it
     assert first.cancelled()
     assert 1 == lookups.calls
     assert keys.known(issued.secret) is not None  # cached for the next request
+
+
+async def test_a_request_after_a_revocation_here_does_not_wait_for_a_lookup_begun_before_it(
+    rig: _KeysRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = rig.keys
+    issued = await keys.create(KeySpec(name="k", tenant="t"), actor="test")
+    lookups = _CountedLookups(rig.store)
+    monkeypatch.setattr(rig.store, "key_by_digest", lookups)
+    before = asyncio.ensure_future(keys.authenticate(issued.secret))
+    await asyncio.sleep(0)
+    await keys.revoke(issued.key.id, actor="test")
+    after = asyncio.ensure_future(keys.authenticate(issued.secret))
+    await asyncio.sleep(0)
+    lookups.go.set()
+    await asyncio.gather(before, return_exceptions=True)  # raced the revocation: either answer
+    with pytest.raises(Unauthorized, match="revoked"):
+        await after
+    assert 2 == lookups.calls

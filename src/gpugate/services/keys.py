@@ -234,6 +234,7 @@ class Keys:
             rotated, actor=actor, action=KEY_ROTATED, digest=digest(secret)
         )
         self._cache = KeyCache(self._cache.ttl_s, self._cache.size)  # this replica: at once
+        self._lookups = {}  # a lookup begun before it is not waited for after it
         return Issued(_found(saved, key_id), secret)
 
     async def revoke(self, key_id: str, *, actor: str) -> ClientKey:
@@ -243,6 +244,7 @@ class Keys:
         revoked = replace(key, revoked_at=self._clock.now())
         saved = await self._store.save_key(revoked, actor=actor, action=KEY_REVOKED)
         self._cache = KeyCache(self._cache.ttl_s, self._cache.size)  # this replica: at once
+        self._lookups = {}  # a lookup begun before it is not waited for after it
         return _found(saved, key_id)
 
     async def _existing(self, key_id: str) -> ClientKey:
