@@ -52,6 +52,7 @@ from proxy_load import (
     paced_bursts,
     pct,
     run_wrk,
+    run_wrk_at_once,
     slow_streams,
 )
 from proxy_report import (
@@ -162,34 +163,39 @@ def phase_ttfb(setup: Setup, report: Report) -> None:
     print(ttfb_table(report))
 
 
-ROUTING_PAIRS = 6  # alternated pairs of wrk runs per mix: A B, B A, A B, ...
+ROUTING_ROUNDS = 5  # rounds of both at once per mix
 
 
 def phase_routing_rps(setup: Setup, wrk: str, report: Report) -> None:
-    """gpugate with the default routing against gpugate with wave 1's picker: pairs of wrk runs
-    back to back, in alternating order (the machine's noise drifts; neither gets the quiet
-    seconds); per mix, the median of the pairs' req/s and CPU ratios, and the spread."""
+    """gpugate with the default routing against gpugate with wave 1's picker, **loaded at the
+    same time** (:func:`~proxy_load.run_wrk_at_once`: both pinned to the proxies' core, each
+    by its own wrk, so a request's cost is compared in one window and the machine's noise falls
+    on both alike; pairs run one after the other measured 0.77-0.97x in one run whose own
+    throughput table said 0.99x); per mix, the median of the rounds' req/s and CPU ratios."""
     pair = ("gpugate", "gpugate-p2c")
     if not all(t in setup.targets for t in pair):
         return
     duration = max(1, report.settings.duration // 2)
-    print(f"\n== Routing: {pair[0]} / {pair[1]}, {ROUTING_PAIRS} alternated pairs of {duration} s"
-          " wrk -c64 runs ==")  # fmt: skip
+    print(f"\n== Routing: {pair[0]} / {pair[1]}, {ROUTING_ROUNDS} rounds of {duration} s"
+          " wrk -c64 against each at once, sharing the proxies' core ==")  # fmt: skip
     for mix in ("chat", "sse"):
         lane, path = MIXES[mix]
+        both = [(setup.url(t, lane, path), setup.pid(t, lane), None) for t in pair]
         rps_ratios, cpu_ratios = [], []
-        for k in range(ROUTING_PAIRS):
-            loads = {}
-            for target in pair if k % 2 == 0 else tuple(reversed(pair)):
-                url, pid = setup.url(target, lane, path), setup.pid(target, lane)
-                loads[target] = run_wrk(wrk, url, BODIES[mix], duration, pid)
-            a, b = loads[pair[0]], loads[pair[1]]
+        for _ in range(ROUTING_ROUNDS):
+            a, b = run_wrk_at_once(wrk, BODIES[mix], duration, *both)
             rps_ratios.append(a.rps / b.rps)
             cpu_ratios.append(a.cpu_us / b.cpu_us)
+            for target, got in zip(pair, (a, b), strict=True):
+                if got.non_2xx or got.socket_errors:
+                    report.problems.append(
+                        f"routing {mix} via {target}: {got.non_2xx} non-2xx,"
+                        f" {got.socket_errors} socket errors"
+                    )
         spread = " ".join(f"{r:.2f}" for r in sorted(rps_ratios))
         report.routing[mix] = statistics.median(rps_ratios)
         print(
-            f"  {mix:<5} req/s ratio median {statistics.median(rps_ratios):.3f} (pairs: {spread}),"
+            f"  {mix:<5} req/s ratio median {statistics.median(rps_ratios):.3f} (rounds: {spread}),"
             f" CPU/req ratio median {statistics.median(cpu_ratios):.3f}"
         )
 

@@ -38,11 +38,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from proxy_load import BODIES, MIXES, run_wrk
+from proxy_load import BODIES, MIXES, run_wrk_at_once
 from proxy_targets import (
     BenchError,
     Cores,
@@ -120,35 +119,32 @@ def phase_keys(
         f" the proxies' core, {rounds} rounds =="
     )
     problems: list[str] = []
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for mix in ("chat", "sse"):
-            lane, path = MIXES[mix]
-            open_url, open_pid = setup.url("gpugate", lane, path), setup.pid("gpugate", lane)
-            keyed_url = f"http://127.0.0.1:{port}{path}"
-            ratios: dict[str, list[float]] = {name: [] for name in KEYED}
-            cpu: dict[str, list[float]] = {name: [] for name in ratios}
-            for _ in range(rounds):
-                for name, key in KEYED.items():
-                    opened = pool.submit(run_wrk, wrk, open_url, BODIES[mix], duration, open_pid)
-                    keyed = pool.submit(
-                        run_wrk, wrk, keyed_url, BODIES[mix], duration, keyed_pid, bearer=key
-                    )
-                    base, load = opened.result(), keyed.result()
-                    ratios[name].append(load.rps / base.rps)
-                    cpu[name].append(load.cpu_us / base.cpu_us)
-                    for who, got in (("open", base), (name, load)):
-                        if got.non_2xx or got.socket_errors:
-                            problems.append(
-                                f"{mix} via gpugate {who}: {got.non_2xx} non-2xx,"
-                                f" {got.socket_errors} socket errors"
-                            )
-            for name, values in ratios.items():
-                shares[f"{mix} {name}"] = paired = statistics.median(values)
-                runs_text = " / ".join(f"{v:5.1%}" for v in values)
-                print(
-                    f"  {mix:<5} {name:<16} {paired:6.1%} of open's req/s (rounds: {runs_text});"
-                    f" CPU per request {statistics.median(cpu[name]):6.1%} of open's"
+    for mix in ("chat", "sse"):
+        lane, path = MIXES[mix]
+        opened = (setup.url("gpugate", lane, path), setup.pid("gpugate", lane), None)
+        keyed_url = f"http://127.0.0.1:{port}{path}"
+        ratios: dict[str, list[float]] = {name: [] for name in KEYED}
+        cpu: dict[str, list[float]] = {name: [] for name in ratios}
+        for _ in range(rounds):
+            for name, key in KEYED.items():
+                base, load = run_wrk_at_once(
+                    wrk, BODIES[mix], duration, opened, (keyed_url, keyed_pid, key)
                 )
+                ratios[name].append(load.rps / base.rps)
+                cpu[name].append(load.cpu_us / base.cpu_us)
+                for who, got in (("open", base), (name, load)):
+                    if got.non_2xx or got.socket_errors:
+                        problems.append(
+                            f"{mix} via gpugate {who}: {got.non_2xx} non-2xx,"
+                            f" {got.socket_errors} socket errors"
+                        )
+        for name, values in ratios.items():
+            shares[f"{mix} {name}"] = paired = statistics.median(values)
+            runs_text = " / ".join(f"{v:5.1%}" for v in values)
+            print(
+                f"  {mix:<5} {name:<16} {paired:6.1%} of open's req/s (rounds: {runs_text});"
+                f" CPU per request {statistics.median(cpu[name]):6.1%} of open's"
+            )
     return problems, shares
 
 

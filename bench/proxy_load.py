@@ -15,6 +15,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -108,6 +109,22 @@ def run_wrk(
     if done.returncode != 0:
         raise BenchError(f"wrk failed ({done.returncode}): {done.stderr or done.stdout}")
     return parse_wrk(done.stdout, cpu_s(pid) - cpu_before)
+
+
+def run_wrk_at_once(
+    wrk: str, body: bytes, duration: int, *targets: tuple[str, int, str | None]
+) -> list[Load]:
+    """:func:`run_wrk` against each of ``targets`` (url, pid, bearer) **at the same time**, a
+    wrk each. Targets pinned to one core then share it: each always has requests waiting, so
+    the scheduler gives each its part of the core, and the ratio of their req/s is the inverse
+    ratio of what a request costs each, measured in one window (a shared machine's req/s moves
+    by 20-40 % between runs seconds apart; runs one after the other mostly measure that)."""
+    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+        runs = [
+            pool.submit(run_wrk, wrk, url, body, duration, pid, bearer=bearer)
+            for url, pid, bearer in targets
+        ]
+        return [run.result() for run in runs]
 
 
 # -- the Python clients: open-loop latency, slow streams, held streams --------------------------

@@ -36,7 +36,7 @@ class Report:
     rss: dict[str, dict[str, float]] = field(default_factory=dict)  # target -> moment -> MB
     held: dict[str, Held] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
-    #: gpugate / gpugate-p2c req/s, medians of alternated pairs, per mix (issue #18)
+    #: gpugate / gpugate-p2c req/s, medians of rounds of both loaded at once, per mix (#18)
     routing: dict[str, float] = field(default_factory=dict)
     #: the picker's µs per request in process, per policy, 2 endpoints (issue #18)
     picker_us: dict[str, float] = field(default_factory=dict)
