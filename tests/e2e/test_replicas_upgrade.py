@@ -1,16 +1,17 @@
 """A rolling upgrade across one migration step, both ways (issue #20, docs/production.md).
 
-The previous version is the real one: the package as it was just before the last migration
-(``0007_replicas``) was added, taken from git and run as a ``gpugate serve`` of its own. The
-new version starts beside it on the same PostgreSQL and applies the migration while the old one
-serves; both run jobs; then the new one stops (a rollback of the roll-out) and the old one goes
-on, on the migrated schema. Skipped, with one notice line, where git or that commit is missing.
+The previous version is the real one: the package as it was just before the last migration was
+added, taken from git and run as a ``gpugate serve`` of its own. The new version starts beside
+it on the same PostgreSQL and applies the migration while the old one serves; both run
+jobs; then the new one stops (a rollback of the roll-out) and the old one goes on, on the
+migrated schema. Skipped, with one notice line, where git or that commit is missing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -29,12 +30,17 @@ from gpugate.store.migrations import load_migrations
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parents[2]
-MIGRATIONS = "src/gpugate/store/sql/postgres"
+_VERSION = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+MIGRATIONS = "src/gpugate/store/sql"
 
 
 def previous_version(into: Path) -> tuple[Path, set[int]] | None:
     """The ``src`` tree of main just before the last commit (or merge) that added migrations,
-    and the versions it added (the step); None without git history."""
+    and the versions it added (the step); None without git history.
+
+    A version is a migration file's number, in either layout the package has had
+    (``sql/<backend>/NNNN_name.sql`` until issue #17, ``sql/NNNN_name.sql`` since), so moving
+    the files is no step and adding one is."""
     git = shutil.which("git")
     if git is None or not (ROOT / ".git").exists():
         return None
@@ -43,14 +49,20 @@ def previous_version(into: Path) -> tuple[Path, set[int]] | None:
         done = subprocess.run([git, "-C", str(ROOT), *args], capture_output=True, check=True)
         return done.stdout.decode()
 
+    def versions(commit: str) -> set[int]:
+        names = run("ls-tree", "-r", "--name-only", commit, "--", MIGRATIONS).split()
+        return {int(match[1]) for name in names if (match := _VERSION.match(Path(name).name))}
+
     try:
         # main's own line: a merge that brought migrations in counts against its first parent
-        last = run(
-            "log", "-1", "--first-parent", "-m", "--diff-filter=A", "--format=%H", "--", MIGRATIONS
-        ).strip()
-        if not last:
+        touching = run("log", "--first-parent", "-m", "--format=%H", "--", MIGRATIONS).split()
+        steps = (
+            (commit, versions(commit) - versions(f"{commit}^1"))
+            for commit in dict.fromkeys(touching)
+        )
+        last, step = next(((commit, step) for commit, step in steps if step), (None, set[int]()))
+        if last is None:
             return None
-        added = run("diff", "--name-only", "--diff-filter=A", f"{last}^1", last, "--", MIGRATIONS)
         archive = subprocess.run(
             [git, "-C", str(ROOT), "archive", "--format=tar", f"{last}^1", "src"],
             capture_output=True,
@@ -58,7 +70,6 @@ def previous_version(into: Path) -> tuple[Path, set[int]] | None:
         ).stdout
     except subprocess.CalledProcessError:
         return None
-    step = {int(Path(name).name[:4]) for name in added.split() if name.startswith(MIGRATIONS + "/")}
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     return into / "src", step

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import TYPE_CHECKING
 
 import pytest
 
-from gpugate.errors import StoreUnavailable
-from gpugate.store.migrations import load_migrations
+from gpugate.errors import MigrationError, StoreUnavailable
+from gpugate.store.migrations import load_migrations, render
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -38,6 +39,69 @@ def test_every_backend_ships_the_same_migrations_numbered_from_one() -> None:
         assert set(range(1, newest + 1)) - reserved <= set(versions)
         assert sorted(versions) == versions
     assert ["0001_initial", "0002_idempotency"] == [m.name for m in sqlite][:2]
+
+
+def test_a_migration_is_one_file_whose_named_types_become_each_backends_own() -> None:
+    text = "CREATE TABLE t (id {ID}, at {TIME} NOT NULL, detail {JSON} NOT NULL DEFAULT '{}');"
+
+    assert render(text, "sqlite") == (
+        "CREATE TABLE t (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL,"
+        " detail TEXT NOT NULL DEFAULT '{}');\n"
+    )
+    assert render(text, "postgres") == (
+        "CREATE TABLE t (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at timestamptz"
+        " NOT NULL, detail jsonb NOT NULL DEFAULT '{}');\n"
+    )
+
+
+def test_an_inline_part_and_a_block_are_kept_for_their_backend_only() -> None:
+    text = (
+        "ALTER TABLE t ADD COLUMN n integer{postgres: NOT NULL}{sqlite: DEFAULT 0};\n"
+        "-- if sqlite\n"
+        "CREATE INDEX t_n ON t (n);\n"
+        "-- if postgres\n"
+        "CREATE INDEX t_n ON t (n) WHERE n > 0;\n"
+        "-- end\n"
+        "SELECT 1;"
+    )
+
+    assert render(text, "sqlite").splitlines() == [
+        "ALTER TABLE t ADD COLUMN n integer DEFAULT 0;",
+        "CREATE INDEX t_n ON t (n);",
+        "SELECT 1;",
+    ]
+    assert render(text, "postgres").splitlines() == [
+        "ALTER TABLE t ADD COLUMN n integer NOT NULL;",
+        "CREATE INDEX t_n ON t (n) WHERE n > 0;",
+        "SELECT 1;",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("SELECT 1;\nCREATE TABLE t (at {TIMESTAMP});", "0099_x.sql:2: no type {TIMESTAMP}"),
+        ("CREATE TABLE t (n integer{mysql: UNSIGNED});", "0099_x.sql:1: no backend 'mysql'"),
+        ("-- if oracle\nSELECT 1;\n-- end", "0099_x.sql:1: no backend 'oracle'"),
+        ("-- if postgres\nSELECT 1;", "0099_x.sql: the last '-- if postgres' has no '-- end'"),
+    ],
+)
+def test_a_migration_naming_what_is_not_there_is_an_error_saying_where(
+    text: str, says: str
+) -> None:
+    for backend in ("sqlite", "postgres"):
+        with pytest.raises(MigrationError) as raised:
+            render(text, backend, "0099_x.sql")
+        assert says in str(raised.value)
+
+
+def test_every_shipped_migration_renders_with_no_brace_or_block_left() -> None:
+    for backend in ("sqlite", "postgres"):
+        for migration in load_migrations(backend):
+            assert "-- if " not in migration.sql
+            assert "-- end" not in migration.sql
+            statements = "\n".join(line.split("--")[0] for line in migration.sql.splitlines())
+            assert not re.search(r"\{[A-Za-z]", statements), migration.name
 
 
 async def test_migrate_applies_every_migration_in_order_and_reports_their_names(

@@ -8,7 +8,7 @@ CREATE TABLE batch_files (
     filename   text    NOT NULL,
     bytes      integer NOT NULL CHECK (bytes >= 0),
     blob_key   text    NOT NULL,
-    created_at timestamptz    NOT NULL
+    created_at {TIME}  NOT NULL
 );
 
 CREATE TABLE batches (
@@ -26,15 +26,15 @@ CREATE TABLE batches (
     error_file_id     text,
     metadata          text,
     owner             text,
-    lease_expires_at  timestamptz,
-    created_at        timestamptz    NOT NULL,
-    in_progress_at    timestamptz,
-    finalizing_at     timestamptz,
-    completed_at      timestamptz,
-    failed_at         timestamptz,
-    cancelling_at     timestamptz,
-    cancelled_at      timestamptz,
-    expires_at        timestamptz
+    lease_expires_at  {TIME},
+    created_at        {TIME}  NOT NULL,
+    in_progress_at    {TIME},
+    finalizing_at     {TIME},
+    completed_at      {TIME},
+    failed_at         {TIME},
+    cancelling_at     {TIME},
+    cancelled_at      {TIME},
+    expires_at        {TIME}
 );
 
 -- The runner's claim: runnable batches, oldest first.
@@ -44,7 +44,7 @@ CREATE TABLE batch_items (
     batch_id  text    NOT NULL REFERENCES batches (id) ON DELETE CASCADE,
     line      integer NOT NULL,
     custom_id text    NOT NULL,
-    ok        boolean NOT NULL,
+    ok        {BOOL}  NOT NULL{sqlite: CHECK (ok IN (0, 1))},
     output    text    NOT NULL,
     PRIMARY KEY (batch_id, line)
 );

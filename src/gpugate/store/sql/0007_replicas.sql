@@ -4,7 +4,7 @@
 -- dispatcher lease.
 
 CREATE TABLE gateway_replicas (
-    id         text NOT NULL PRIMARY KEY,
-    started_at timestamptz NOT NULL,
-    last_seen  timestamptz NOT NULL
+    id         text   NOT NULL PRIMARY KEY,
+    started_at {TIME} NOT NULL,
+    last_seen  {TIME} NOT NULL
 );

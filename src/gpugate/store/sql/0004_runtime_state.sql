@@ -3,11 +3,11 @@
 -- same transaction, so the audit log holds the history (auto-disables included).
 
 CREATE TABLE runtime_states (
-    runtime text        PRIMARY KEY,
-    state   text        NOT NULL CHECK (state IN ('enabled', 'disabled', 'drained')),
-    reason  text        NOT NULL DEFAULT '',
-    actor   text        NOT NULL,
-    since   timestamptz NOT NULL
+    runtime text   PRIMARY KEY,
+    state   text   NOT NULL CHECK (state IN ('enabled', 'disabled', 'drained')),
+    reason  text   NOT NULL DEFAULT '',
+    actor   text   NOT NULL,
+    since   {TIME} NOT NULL
 );
 
 -- The audit log filtered by actor (GET /admin/audit?actor=...).

@@ -6,23 +6,27 @@
 -- entry to the lease it was reserved under: once the job no longer holds it, the call is over.
 
 CREATE TABLE ledger (
-    id               bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    runtime          text             NOT NULL,
-    day              date             NOT NULL,
-    slug             text             NOT NULL,
-    lease_token      text             NOT NULL,
+    id               {ID},
+    runtime          text   NOT NULL,
+    day              {DATE} NOT NULL,
+    slug             text   NOT NULL,
+    lease_token      text   NOT NULL,
     call_id          text,
-    cents            double precision NOT NULL CHECK (cents >= 0),
-    estimated_cents  double precision NOT NULL CHECK (estimated_cents >= 0),
-    cents_per_second double precision NOT NULL CHECK (cents_per_second >= 0),
-    source           text             NOT NULL CHECK (source IN ('estimated', 'reported')),
-    state            text             NOT NULL CHECK (state IN ('reserved', 'settled', 'released')),
-    at               timestamptz      NOT NULL,
-    settled_at       timestamptz
+    cents            {REAL} NOT NULL CHECK (cents >= 0),
+    estimated_cents  {REAL} NOT NULL CHECK (estimated_cents >= 0),
+    cents_per_second {REAL} NOT NULL CHECK (cents_per_second >= 0),
+    source           text   NOT NULL CHECK (source IN ('estimated', 'reported')),
+    state            text   NOT NULL CHECK (state IN ('reserved', 'settled', 'released')),
+    at               {TIME} NOT NULL,
+    settled_at       {TIME}
 );
 
 -- The settlement sweep reads the open reservations only.
+-- if postgres
 CREATE INDEX ledger_reserved ON ledger (id) WHERE state = 'reserved';
+-- if sqlite
+CREATE INDEX ledger_state ON ledger (state, id);
+-- end
 -- A runtime's recent entries (GET /admin/runtimes/{id}).
 CREATE INDEX ledger_runtime ON ledger (runtime, id);
 -- A job's entries (settling the latest one of a completed job).
@@ -30,13 +34,14 @@ CREATE INDEX ledger_slug ON ledger (slug, runtime, id);
 
 -- Each runtime's spend per UTC day: reservations plus settled costs. The reservation is one
 -- conditional upsert of this row (INSERT ... ON CONFLICT DO UPDATE ... WHERE cents + estimate
--- <= limit): concurrent reservations, from any replica, serialise on the row's lock and each
--- re-checks the limit against the committed total, so there is no check-then-act window.
+-- <= limit): concurrent reservations, from any replica, serialise on the row's lock (on SQLite,
+-- on its single writer) and each re-checks the limit against the committed total, so there is
+-- no check-then-act window.
 -- soft_cap_at: when this day's spend first reached daily_cents (the soft-cap alert, once a day).
 CREATE TABLE spend_days (
-    runtime     text             NOT NULL,
-    day         date             NOT NULL,
-    cents       double precision NOT NULL DEFAULT 0,
-    soft_cap_at timestamptz,
+    runtime     text   NOT NULL,
+    day         {DATE} NOT NULL,
+    cents       {REAL} NOT NULL DEFAULT 0,
+    soft_cap_at {TIME},
     PRIMARY KEY (runtime, day)
 );
