@@ -56,12 +56,10 @@ def previous_version(into: Path) -> tuple[Path, set[int]] | None:
     try:
         # main's own line: a merge that brought migrations in counts against its first parent
         touching = run("log", "--first-parent", "-m", "--format=%H", "--", MIGRATIONS).split()
-        steps = (
-            (commit, versions(commit) - versions(f"{commit}^1"))
-            for commit in dict.fromkeys(touching)
-        )
-        last, step = next(((commit, step) for commit, step in steps if step), (None, set[int]()))
-        if last is None:
+        for last in touching:
+            if step := versions(last) - versions(f"{last}^1"):
+                break
+        else:
             return None
         archive = subprocess.run(
             [git, "-C", str(ROOT), "archive", "--format=tar", f"{last}^1", "src"],

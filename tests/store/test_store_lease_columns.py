@@ -105,8 +105,8 @@ async def test_the_lease_migration_types_the_leases_of_existing_rows(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store = await open_unmigrated()
-    for module, folder in ((gpugate.store.sqlite, "sqlite"), (gpugate.store.postgres, "postgres")):
-        older = [m for m in load_migrations(folder) if m.version < 16]
+    for module, dialect in ((gpugate.store.sqlite, "sqlite"), (gpugate.store.postgres, "postgres")):
+        older = [m for m in load_migrations(dialect) if m.version < 16]
         monkeypatch.setattr(module, "load_migrations", lambda _backend, older=older: older)
     await store.migrate()
     insert_old_rows(target)

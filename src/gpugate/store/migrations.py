@@ -21,7 +21,7 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 from gpugate.errors import MigrationError
-from gpugate.store.dialect import sql
+from gpugate.store.dialect import POSTGRES, SQLITE, sql
 from gpugate.store.tx import one
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 #: What each named type of a migration is in each backend's SQL.
 NAMES: dict[str, dict[str, str]] = {
-    "sqlite": {
+    SQLITE: {
         "ID": "INTEGER PRIMARY KEY AUTOINCREMENT",
         "BIGINT": "INTEGER",
         "JSON": "TEXT",
@@ -45,7 +45,7 @@ NAMES: dict[str, dict[str, str]] = {
         "FALSE": "0",
         "STRPOS": "instr",
     },
-    "postgres": {
+    POSTGRES: {
         "ID": "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
         "BIGINT": "bigint",
         "JSON": "jsonb",

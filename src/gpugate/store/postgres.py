@@ -150,7 +150,7 @@ class PostgresStore(Store):
             await conn.execute("SELECT 1")
 
     async def migrate(self) -> list[str]:
-        migrations = load_migrations("postgres")
+        migrations = load_migrations(self._codec.dialect)
         now = self._clock.now()
         async with self._transaction() as conn:
             await conn.execute(_LOCK_MIGRATIONS)

@@ -119,7 +119,9 @@ class SqliteStore(Store):
         await self._hop(lambda conn: conn.execute("SELECT 1").fetchone())
 
     async def migrate(self) -> list[str]:
-        work = partial(_apply_migrations, load_migrations("sqlite"), _ts(self._clock.now()))
+        work = partial(
+            _apply_migrations, load_migrations(self._codec.dialect), _ts(self._clock.now())
+        )
         applied, self._schema = await self._write(work)
         return applied
 
