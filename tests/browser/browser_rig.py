@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 import yaml
+
+from ports import free_port
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -46,12 +47,6 @@ def require_browser() -> None:
         if REQUIRED:
             pytest.fail(f"browser tests required (GPUGATE_TEST_BROWSER): {missing}", pytrace=False)
         pytest.skip(f"browser tests skipped: {missing}", allow_module_level=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _post_json(url: str, body: object) -> None:
@@ -82,7 +77,7 @@ class Demo:
 def running_demo(workdir: Path, *args: str) -> Iterator[Demo]:
     """``gpugate demo --listen 127.0.0.1:PORT --workdir W *args`` until ready (30 s at most),
     terminated on the way out."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (workdir / "demo.log").open("wb")
     command = [sys.executable, "-m", "gpugate", "demo", "--listen", f"127.0.0.1:{port}"]

@@ -3,7 +3,6 @@ push worker, and leaves the fleet healthy again."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,14 +22,7 @@ from gpugate.demo_scenarios import SCENARIOS, Stage, play
 from gpugate.errors import GpugateError
 from gpugate.fleet import Fleet
 from harness import serving
-
-
-def free_port() -> int:
-    """A free loopback port (the gateway's URL must be known before its config is written)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
+from ports import free_port
 
 # What the newcomer must see happen, per scenario (a line of its narration each).
 WITNESS = {

@@ -11,7 +11,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -27,12 +26,6 @@ from gpugate.fleet import ModelServer
 GPUGATE = [sys.executable, "-m", "gpugate"]
 CHAT = {"messages": [{"role": "user", "content": "hello"}]}
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_config(path: Path, *, port: int, store: str, upstream_url: str, extra: str = "") -> Path:

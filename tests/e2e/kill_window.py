@@ -22,9 +22,10 @@ from pathlib import Path
 import aiohttp
 import psycopg
 from aiohttp import web
-from replicas_e2e import JOB_MODEL, MESSAGES, Replica, free_port, job_outcomes, wait_all_finished
+from replicas_e2e import JOB_MODEL, MESSAGES, Replica, job_outcomes, wait_all_finished
 
 from gpugate.fleet import ModelServer, ServerBehaviour
+from ports import free_port
 
 TIMING = "{sweep_s: 1, reap_s: 0.5, quiet_s: 2}"
 """Fast job loops: the survivor takes the dead replica's calls back within seconds."""

@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,18 +39,13 @@ import openai
 import psycopg
 
 from e2e.children import track
+from ports import free_port
 
 GPUGATE = [sys.executable, "-m", "gpugate"]
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 MODEL = "qwen"  # chat and streams
 JOB_MODEL = "qwen-jobs"  # jobs: served by a slower model server, so jobs are in flight
 MESSAGES = [{"role": "user", "content": "hello"}]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RigError(Exception):

@@ -15,10 +15,11 @@ from pathlib import Path
 import aiohttp
 import psycopg
 import pytest
-from jobs_e2e import GatewayProcess, create_jobs, free_port, write_config
+from jobs_e2e import GatewayProcess, create_jobs, write_config
 
 from gpugate.fleet import ModelServer
 from guard.guard_rig import FakeWorker
+from ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 

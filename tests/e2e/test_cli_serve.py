@@ -17,17 +17,12 @@ import pytest
 
 from gpugate.fleet import ModelServer, ServerBehaviour
 from harness import eventually
+from ports import free_port, free_ports
 
 pytestmark = pytest.mark.e2e
 
 GPUGATE = [sys.executable, "-m", "gpugate"]
 ADMIN = {"Authorization": "Bearer demo-admin-token"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @asynccontextmanager
@@ -165,18 +160,6 @@ async def test_demo_brings_up_the_gateway_and_the_fleet_and_stops_on_sigterm(
     assert 0 == proc.returncode
     assert f"gpugate demo is up: {url}" in out.decode()
     assert (workdir / "demo.yaml").exists()
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports (held together while chosen, so they differ)."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 async def test_gpugate_fleet_ports_fixes_every_members_port_so_a_second_run_matches_the_config(

@@ -29,7 +29,6 @@ from jobs_e2e import (
     OpenRequestsPeak,
     create_jobs,
     event_statuses,
-    free_port,
     job_requests_served,
     trails,
     write_config,
@@ -37,6 +36,7 @@ from jobs_e2e import (
 
 from gpugate.fleet import ModelServer
 from harness import eventually
+from ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -16,10 +16,11 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
-from jobs_e2e import GatewayProcess, free_port
+from jobs_e2e import GatewayProcess
 
 from gpugate.fleet import ModelServer, ServerBehaviour
 from harness import eventually
+from ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -22,10 +22,11 @@ from pathlib import Path
 import aiohttp
 import psycopg
 import pytest
-from jobs_e2e import GatewayProcess, create_jobs, free_port, write_config
+from jobs_e2e import GatewayProcess, create_jobs, write_config
 
 from gpugate.fleet import ModelServer
 from gpugate.store.migrations import load_migrations
+from ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(180)]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ from gpugate.fleet import (
     demo_spec,
     serve_forever,
 )
+from ports import free_port
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -36,12 +36,6 @@ def two_servers(**behaviour: Any) -> FleetSpec:
         gpus=3,
         exporter=ExporterSpec(hostname="node-z"),
     )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def test_demo_fleet_serves_each_model_from_its_own_server() -> None:

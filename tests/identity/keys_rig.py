@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import sys
 import time
 from collections import Counter
@@ -22,15 +21,11 @@ from typing import Any
 import aiohttp
 import psycopg
 
+from ports import free_port
+
 GPUGATE = [sys.executable, "-m", "gpugate"]
 TOKEN = "rig-admin-token"
 MODEL = "m"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RigError(Exception):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -139,12 +138,6 @@ def held_gateway(
     """The gateway of :func:`push_config`, served with its dispatcher and reaper held still:
     only the test and the worker move its jobs."""
     return serving(push_config(dsn, model_url), environ=SECRETS, run_job_loops=False)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.asynccontextmanager

@@ -16,9 +16,10 @@ import aiohttp
 import pytest
 from kill_window import StampingProxy
 
-from e2e.jobs_e2e import GatewayProcess, create_jobs, free_port, write_config
+from e2e.jobs_e2e import GatewayProcess, create_jobs, write_config
 from gpugate.fleet import ModelServer
 from harness import eventually
+from ports import free_port
 from push.test_push_e2e import EVENTS_SQL, count, read
 
 pytestmark = pytest.mark.e2e

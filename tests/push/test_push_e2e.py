@@ -15,9 +15,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from e2e.jobs_e2e import GatewayProcess, create_jobs, free_port, write_config
+from e2e.jobs_e2e import GatewayProcess, create_jobs, write_config
 from gpugate.fleet import ModelServer
 from harness import eventually
+from ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,6 @@ import aiohttp
 from push_rig import (
     CHAT,
     SECRETS,
-    free_port,
     gateway_headers,
     held_gateway,
     leased,
@@ -28,6 +27,7 @@ from gpugate.worker.calls import FinalReport
 from gpugate.worker.outbox import Outbox
 from gpugate.worker.server import serve_worker
 from harness import eventually, serving
+from ports import free_port
 
 
 async def test_a_job_pushed_by_the_gateway_runs_on_the_model_server_and_completes(

@@ -29,11 +29,11 @@ from gpugate.services.runtimes.push import PushRuntime
 from gpugate.worker import WorkerSettings
 from gpugate.worker.server import running_worker
 from harness import eventually, make_config
+from ports import free_port
 from push.fake_worker import FakeWorker
 from push.push_rig import (
     CHAT,
     SECRETS,
-    free_port,
     held_gateway,
     leased,
     push_config,

@@ -4,7 +4,6 @@ the admin plane on its own port (each worker binds both with SO_REUSEPORT)."""
 from __future__ import annotations
 
 import re
-import socket
 import ssl
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from gpugate.fleet import ModelServer
 from harness import make_config, upstream
+from ports import free_port
 from security.tls_rig import make_pki
 from workers.processes import serve_process
 
@@ -20,12 +20,6 @@ pytestmark = pytest.mark.e2e
 
 TOKEN = "workers-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _status(url: str, context: ssl.SSLContext, headers: dict[str, str] | None = None) -> int:
@@ -38,7 +32,7 @@ async def test_two_workers_speak_tls_and_keep_the_admin_plane_on_its_own_listene
     sqlite_dsn: str, tmp_path: Path
 ) -> None:
     pki = make_pki(tmp_path)
-    admin_port = _free_port()
+    admin_port = free_port()
     async with ModelServer(["m"], name="up") as up:
         config = make_config(
             sqlite_dsn,
