@@ -11,6 +11,7 @@ import gpugate.store.postgres
 import gpugate.store.sqlite
 from gpugate.core.lease import RESERVED_CALL, Lease
 from gpugate.store import NewJob
+from gpugate.store.dialect import POSTGRES, SQLITE
 from gpugate.store.migrations import load_migrations
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ async def test_the_lease_migration_types_the_leases_of_existing_rows(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store = await open_unmigrated()
-    for module, dialect in ((gpugate.store.sqlite, "sqlite"), (gpugate.store.postgres, "postgres")):
+    for module, dialect in ((gpugate.store.sqlite, SQLITE), (gpugate.store.postgres, POSTGRES)):
         older = [m for m in load_migrations(dialect) if m.version < 16]
         monkeypatch.setattr(module, "load_migrations", lambda _backend, older=older: older)
     await store.migrate()
