@@ -45,6 +45,34 @@ async def test_export_is_the_seeded_document_in_the_files_schema_with_its_versio
     assert config.gateway_document() == yaml.safe_load(as_yaml.text)
 
 
+ACCEPTED_AS = {
+    "application/yaml": "yaml",
+    "Application/YAML": "yaml",
+    "text/yaml;q=0.5, */*;q=0.1": "yaml",
+    "application/json;q=1, application/yaml;q=0.1": "json",
+    "application/yaml;q=0": "json",
+    "application/yaml;q=nonsense": "json",
+    "application/json, application/yaml": "json",
+    "*/*": "json",
+    "text/html": "json",
+}
+
+
+async def test_export_follows_the_accept_headers_preference_with_json_on_a_tie(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with serving(two_models_config(sqlite_dsn, "http://127.0.0.1:9"), environ=ENV) as gw:
+        admin = Admin(http, gw.url)
+        served = {
+            accept: (await admin.call("GET", "/admin/config", headers={"Accept": accept}))
+            for accept in ACCEPTED_AS
+        }
+    kinds = {
+        accept: reply.headers["Content-Type"].partition(";")[0] for accept, reply in served.items()
+    }
+    assert {accept: f"application/{media}" for accept, media in ACCEPTED_AS.items()} == kinds
+
+
 async def test_importing_the_exported_document_changes_nothing(
     sqlite_dsn: str, http: aiohttp.ClientSession
 ) -> None:
@@ -87,6 +115,7 @@ listen: 0.0.0.0:80
         saved = await gw.gateway.store.list_audit(action="config.saved")
         in_effect = gw.gateway.config_version
     assert (422, "CONFIG_INVALID") == (reply.status, reply.code)
+    assert "invalid_request_error" == reply.body["error"]["type"]  # the client's document
     problems = {(p["path"], p["line"]) for p in reply.body["error"]["problems"]}
     assert {("upstreams[0].max_inflight", 5), ("fallback_chain[1]", 8), ("listen", 9)} <= problems
     assert (before.text, before.headers["X-Config-Version"]) == (

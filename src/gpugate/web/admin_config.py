@@ -56,7 +56,27 @@ def _versions(gateway: Gateway) -> ConfigVersions:
 
 
 def _wants_yaml(accept: str | None) -> bool:
-    return any(kind in (accept or "") for kind in YAML_TYPES)
+    """Whether ``Accept`` prefers YAML to JSON (RFC 9110 §12.5.1: media types compared without
+    case, each at its ``q``, 1 by default); a tie, or no ``Accept``, is JSON."""
+    best = {"yaml": 0.0, "json": 0.0}
+    for entry in (accept or "").split(","):
+        kind, *params = (part.strip().lower() for part in entry.split(";"))
+        q = next((_quality(p[2:]) for p in params if p.startswith("q=")), 1.0)
+        media = "yaml" if kind in YAML_TYPES else "json" if kind in _JSON_RANGES else None
+        if media is not None:
+            best[media] = max(best[media], q)
+    return best["yaml"] > best["json"]
+
+
+_JSON_RANGES = ("application/json", "application/*", "*/*")
+
+
+def _quality(text: str) -> float:
+    try:
+        q = float(text)
+    except ValueError:
+        return 0.0
+    return q if 0.0 <= q <= 1.0 else 0.0
 
 
 def _body_media(content_type: str | None) -> Media:
@@ -74,6 +94,7 @@ def _body_media(content_type: str | None) -> Media:
 def problems_response(exc: ConfigError) -> Response:
     """422 ``CONFIG_INVALID`` in the usual error shape, plus every problem as data."""
     body = json.loads(error_body(exc))
+    body["error"]["type"] = "invalid_request_error"  # the client's document, not the server
     body["error"]["problems"] = [
         {"path": p.path, "message": p.message, "line": p.line} for p in exc.problems
     ]
