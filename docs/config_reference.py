@@ -306,8 +306,10 @@ MEANING: dict[str, str] = {
     "runtimes[].modal.token_id_env": "the variable holding the Modal token id",
     "runtimes[].modal.token_secret_env": "the variable holding the Modal token secret",
     "runtimes[].idle_exit_s": "how long an idle container lingers before it exits",
-    "fallback_chain": "the order jobs walk the runtimes in; dispatch order is the policy",
-    "default_runtime": "the runtime a job without `runner` starts on",
+    "fallback_chain": "the order jobs walk the runtimes in; dispatch order is the policy; "
+    "absent: every runtime's id, in the order `runtimes` lists them",
+    "default_runtime": "the runtime a job without `runner` starts on; absent: the first of "
+    "`fallback_chain`, so that jobs start where the chain says",
     "stop_conditions": "when the gateway disables and drains a runtime by itself, with the "
     "reason recorded",
     "stop_conditions.max_submits_per_job": "the same job submitted more than this many times",
