@@ -45,6 +45,37 @@ async def test_a_page_without_a_session_redirects_to_the_login_page(console: Con
     assert (303, "/console/login?next=/console/runtimes") == (status, location)
 
 
+async def test_a_page_asked_for_with_the_admin_token_as_bearer_is_served_without_a_session(
+    console: Console,
+) -> None:
+    """DESIGN §3 lists the console under the operator plane's `Authorization: Bearer`."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with console.http.get(
+        console.url + "/runtimes", headers=headers, allow_redirects=False
+    ) as resp:
+        status, text, cookies = resp.status, await resp.text(), resp.cookies
+    assert (200, True, None) == (status, "<h1>Runtimes</h1>" in text, cookies.get(session.COOKIE))
+
+
+async def test_a_page_asked_for_with_a_wrong_bearer_token_is_401_not_the_login_page(
+    console: Console,
+) -> None:
+    headers = {"Authorization": "Bearer not-the-token"}
+    async with console.http.get(console.url, headers=headers, allow_redirects=False) as resp:
+        status, text = resp.status, await resp.text()
+    assert (401, True) == (status, "UNAUTHORIZED" in text)
+
+
+async def test_an_action_with_the_bearer_token_but_no_session_is_still_refused(
+    console: Console,
+) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with console.http.post(
+        console.url + "/logout", headers=headers, allow_redirects=False
+    ) as resp:
+        assert 401 == resp.status
+
+
 async def test_a_live_fragment_without_a_session_is_401_so_the_page_goes_to_login(
     console: Console,
 ) -> None:

@@ -1,6 +1,12 @@
 """The console's handlers: parse the request, check the session, call a view or an operation,
 render. GET pages redirect to the login page without a session; POST actions also need the
-session's CSRF token and answer 303 to the page they came from, with a notice."""
+session's CSRF token and answer 303 to the page they came from, with a notice.
+
+A GET page also answers a request that carries the admin token itself
+(``Authorization: Bearer``, checked as the admin API checks it, throttle included), as DESIGN
+§3 lists the console under the operator plane's credential: read-only, since such a visit has
+no session and so no CSRF token for the page's forms. A wrong token there is a 401, not the
+login page."""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from gpugate.services.config_preview import ConfigPreview, media_of
 from gpugate.web.admin import clear_gpu_fault, throttled_match, valid_actor_name
 from gpugate.web.admin_config import exported
 from gpugate.web.admin_runtimes import MAX_REASON, VERBS
+from gpugate.web.api import authorize_admin
 from gpugate.web.bodies import read_body, refuse_unstorable
 from gpugate.web.console import session, views
 from gpugate.web.console.revocations import Revocations
@@ -39,6 +46,7 @@ REFRESH_MS = 3000
 _TRANSIENT = frozenset({"fragment", "notice", "error"})  # query keys a page does not keep
 
 Page = Callable[["Request", "Gateway", session.Session], Awaitable[Response]]
+BEARER = session.Session(who="", expires=float("inf"), csrf="", sid="")  # see the docstring
 
 
 def _gateway(request: Request) -> Gateway:
@@ -143,6 +151,15 @@ class Pages:
         async def endpoint(request: Request) -> Response:
             gateway = _gateway(request)
             who = await self._session(request, gateway)
+            if who is None and "authorization" in request.headers:
+                try:
+                    authorize_admin(request, gateway)
+                except ClientError as exc:
+                    context = {"code": exc.code, "message": exc.message}
+                    page = self._html(request, "error.html", context, None, status_of(exc))
+                    page.headers.update(error_headers(exc))
+                    return page
+                who = BEARER
             if who is None:
                 if request.query_params.get("fragment") == "1":
                     return Response("session expired", status_code=401)
