@@ -222,7 +222,8 @@ MEANING: dict[str, str] = {
     "models": "per-model policy of the sync path; a model not listed has no fallbacks",
     "models[].name": "the model (as the request body's `model` names it)",
     "models[].fallbacks": "models tried in order when this one cannot answer: every upstream "
-    "failed (after retries), is out of rotation or answers 429/5xx",
+    "failed (after retries), is out of rotation or answers 429/5xx; one no upstream serves is "
+    "a warning (`check-config`, the log) and is passed over",
     "models[].price": "what the model costs through a client key (`/admin/usage` cents, the "
     "`daily_cents` limit); null: free",
     "models[].price.prompt_per_1k_cents": "cents per 1000 prompt tokens",

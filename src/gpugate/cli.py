@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote
 
 from gpugate import __version__
-from gpugate.config import env_problems, load_config
+from gpugate.config import env_problems, fallback_warnings, load_config
 from gpugate.errors import ConfigError, ConfigProblem, GpugateError
 
 if TYPE_CHECKING:
@@ -92,6 +92,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         raise ConfigError(missing, source=str(args.file))
     for problem in missing:
         print(f"warning: {problem} (needed at `serve`)")
+    for problem in fallback_warnings(config):
+        print(f"warning: {problem}")
     print(f"{args.file}: valid")
     return 0
 

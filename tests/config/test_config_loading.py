@@ -6,6 +6,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 import pytest
+import yaml
 from config_factories import EXAMPLES, problems_of_yaml
 
 from gpugate.config import (
@@ -17,6 +18,7 @@ from gpugate.config import (
     UpstreamConfig,
     UpstreamRuntimeConfig,
     config_from_document,
+    fallback_warnings,
     load_config,
     parse_config,
 )
@@ -84,6 +86,53 @@ def test_the_design_example_reads_as_written() -> None:
     )
     assert config.gpu_health is not None
     assert not config.gpu_health.dormant
+
+
+# DESIGN §2a's keys as it prints them; the upstream keys go on the example's first upstream.
+WAVE2_KEYS = """\
+config_source: file
+auth: {mode: open, bootstrap_keys_env: GPUGATE_BOOTSTRAP_KEYS}
+models:
+  - name: qwen-35b
+    fallbacks: [qwen-7b]
+    context_fallbacks: [qwen-35b-long]
+    routing: {policy: prefix_affinity}
+retention: {jobs_s: 2592000, audit_s: 7776000, batches_s: 2592000}
+tls: {cert_file: /etc/gpugate/tls.crt, key_file: /etc/gpugate/tls.key, client_ca_file: null}
+admin_listen: null
+"""
+WAVE2_UPSTREAM_KEYS = {
+    "retry": {"attempts": 3, "backoff_s": 0.5, "max_backoff_s": 4, "retry_after_max_s": 10},
+    "first_token_timeout_s": 30,
+    "stream_idle_timeout_s": 30,
+    "engine": {"kind": "vllm", "metrics_path": "/metrics", "poll_s": 2},
+    "raw": {"methods": ["GET", "POST"], "path_prefixes": ["/v1/"], "send_key": False},
+}
+
+
+def test_the_design_example_with_every_wave2_key_loads_and_warns_of_its_unserved_fallbacks(
+    tmp_path: Path,
+) -> None:
+    """§2a's fallbacks name models the §2 example's upstreams do not serve: warned, not refused."""
+    document = yaml.safe_load((EXAMPLES / "gateway.yaml").read_text())
+    document.update(yaml.safe_load(WAVE2_KEYS))
+    document["upstreams"][0].update(WAVE2_UPSTREAM_KEYS)
+    path = tmp_path / "wave2.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+
+    config = load_config(path)
+
+    assert ("prefix_affinity", "vllm") == (
+        config.models[0].routing.policy,
+        config.upstreams[0].engine.kind,
+    )
+    assert [
+        ("models[0].fallbacks[0]", True, True),
+        ("models[0].context_fallbacks[0]", True, True),
+    ] == [
+        (p.path, "no upstream serves model" in p.message, p.line is not None)
+        for p in fallback_warnings(config)
+    ]
 
 
 def test_a_file_with_one_upstream_gets_every_default() -> None:

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
+from gpugate.config import fallback_warnings
 from gpugate.errors import ConfigError
 from harness import make_config, serving, upstream
 from scripted_upstream import OK, WORDS, Step, answer_text, scripted
@@ -161,18 +162,46 @@ async def test_batch_is_still_shed_and_never_rescued_by_a_fallback(
     assert (0, 0) == (big.count, small.count)
 
 
-def test_a_fallback_must_be_a_served_model_other_than_itself() -> None:
+def test_a_fallback_naming_the_model_itself_is_a_config_error_an_unserved_one_a_warning() -> None:
     ups = [upstream("a", ["http://h"], ["big"]), upstream("b", ["http://i"], ["small"])]
+    models = [{"name": "big", "fallbacks": ["nope", "big"], "context_fallbacks": ["small"]}]
     with pytest.raises(ConfigError) as caught:
-        make_config(
-            "sqlite:///x.db",
-            ups,
-            models=[{"name": "big", "fallbacks": ["nope", "big"], "context_fallbacks": ["small"]}],
-        )
-    text = str(caught.value)
-    assert "models[0].fallbacks[0]: no upstream serves model 'nope'" in text
-    assert "models[0].fallbacks[1]: 'big' is the model itself" in text
-    assert "context_fallbacks" not in text
+        make_config("sqlite:///x.db", ups, models=models)
+    models[0]["fallbacks"] = ["nope"]
+    warned = [str(p) for p in fallback_warnings(make_config("sqlite:///x.db", ups, models=models))]
+    assert ["models[0].fallbacks[1]: 'big' is the model itself"] == [
+        str(p) for p in caught.value.problems
+    ]
+    skipped = "no upstream serves model 'nope' (served: big, small); the walk skips it"
+    assert [f"models[0].fallbacks[0]: {skipped}"] == warned
+
+
+def falling_back_to(sqlite_dsn: str, big: str, small: str, fallbacks: list[str]) -> Any:
+    upstreams = [
+        upstream("big-u", [big], ["big"], retry=FAST),
+        upstream("small-u", [small], ["small"], retry=FAST),
+    ]
+    return make_config(sqlite_dsn, upstreams, models=[{"name": "big", "fallbacks": fallbacks}])
+
+
+async def test_the_walk_passes_over_a_fallback_no_upstream_serves(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with scripted(Step(status=503), name="big") as big, scripted(OK, name="small") as small:
+        async with serving(
+            falling_back_to(sqlite_dsn, big.url, small.url, ["nope", "small"])
+        ) as gw:
+            status, headers, _ = await post(http, gw.v1)
+    assert (200, "small") == (status, headers["X-Gateway-Model"])
+
+
+async def test_when_only_an_unserved_fallback_is_left_the_client_gets_the_primarys_failure(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with scripted(Step(status=503), name="big") as big, scripted(OK, name="small") as small:
+        async with serving(falling_back_to(sqlite_dsn, big.url, small.url, ["nope"])) as gw:
+            status, _, _ = await post(http, gw.v1)
+    assert (503, 2, 0) == (status, big.count, small.count)  # the primary's 503, not a 404
 
 
 async def test_a_primary_down_then_healthy_every_request_answered_and_traffic_back_within_10_s(

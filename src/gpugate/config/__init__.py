@@ -6,6 +6,7 @@ Foundation layer: imports only :mod:`gpugate.errors`, pydantic, PyYAML and the s
     parse_config(text)           YAML text      → GatewayConfig
     config_from_document(doc)    dict from JSON → GatewayConfig   (no lines)
     env_problems(config, env)    the required *_env variables that are unset or empty
+    fallback_warnings(config)    the models[] fallbacks no upstream serves (warnings)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from gpugate.config.schema import (
     UpstreamRuntimeConfig,
 )
 from gpugate.config.source_map import SourceMap
+from gpugate.config.validation import fallback_warnings
 
 __all__ = [
     "GATEWAY_KEYS",
@@ -70,6 +72,7 @@ __all__ = [
     "UpstreamRuntimeConfig",
     "config_from_document",
     "env_problems",
+    "fallback_warnings",
     "load_config",
     "parse_config",
 ]

@@ -9,7 +9,7 @@ leaves the complaint to the schema.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from gpugate.config.paths import Finding, KeyPath, describe, format_path, quoted_list
@@ -55,7 +55,7 @@ def rule_findings(doc: Mapping[str, Any], *, default_implied: bool = False) -> l
     if isinstance(upstreams, list):
         findings += _upstream_findings(upstreams)
         if isinstance(doc.get("models"), list):
-            findings += _model_findings(doc["models"], _served_models(upstreams))
+            findings += _model_findings(doc["models"])
         findings += _gpu_id_findings(upstreams, doc.get("gpu_health"))
     if isinstance(runtimes, list):
         findings += _runtime_findings(runtimes, _served_models(upstreams))
@@ -133,35 +133,49 @@ def _upstream_findings(upstreams: list[Any]) -> list[Finding]:
     return findings + _azure_di_findings(upstreams)
 
 
-def _model_findings(models: list[Any], served: set[str] | None) -> list[Finding]:
-    """``models[]``: each name once, and every fallback a served model other than itself."""
+def _model_findings(models: list[Any]) -> list[Finding]:
+    """``models[]``: each name once, and no fallback listed twice or naming the model itself."""
     findings = _duplicates(
         _keys_of(models, "name"),
         ("models",),
         lambda name, at: f"model '{name}' is listed twice (first at {at})",
         ("name",),
     )
-    if served is None:
-        return findings
     for index, entry in _mappings(models):
-        name = entry.get("name")
+        for key in ("fallbacks", "context_fallbacks"):
+            if isinstance(entry.get(key), list):
+                findings += _duplicates(entry[key], ("models", index, key), _listed_twice)
+    itself = [(path, target) for path, target, name in _fallbacks(models) if target == name]
+    return findings + [Finding(path, f"'{target}' is the model itself") for path, target in itself]
+
+
+def unserved_fallbacks(doc: Mapping[str, Any]) -> list[Finding]:
+    """Each fallback (``models[].fallbacks``, ``context_fallbacks``) no upstream serves.
+
+    A warning, not an error: a config import may add its upstream later, and until then the
+    walk passes over it as over a model that is out of rotation (DESIGN §2a's example names
+    fallbacks its own upstreams do not serve).
+    """
+    models, served = doc.get("models"), _served_models(doc.get("upstreams"))
+    if not isinstance(models, list) or served is None:
+        return []
+    known = quoted_list(sorted(served))
+    return [
+        Finding(path, f"no upstream serves model '{target}' (served: {known}); the walk skips it")
+        for path, target, name in _fallbacks(models)
+        if target != name and target not in served
+    ]
+
+
+def _fallbacks(models: list[Any]) -> Iterator[tuple[KeyPath, str, Any]]:
+    """Every fallback named in ``models[]``: its key path, the model it names, whose it is."""
+    for index, entry in _mappings(models):
         for key in ("fallbacks", "context_fallbacks"):
             targets = entry.get(key)
-            if not isinstance(targets, list):
-                continue
-            findings += _duplicates(targets, ("models", index, key), _listed_twice)
-            for position, target in enumerate(targets):
-                if not isinstance(target, str):
-                    continue
-                if target == name:
-                    message = f"'{target}' is the model itself"
-                elif target not in served:
-                    known = quoted_list(sorted(served))
-                    message = f"no upstream serves model '{target}' (served: {known})"
-                else:
-                    continue
-                findings.append(Finding(("models", index, key, position), message))
-    return findings
+            if isinstance(targets, list):
+                for position, target in enumerate(targets):
+                    if isinstance(target, str):
+                        yield ("models", index, key, position), target, entry.get("name")
 
 
 def _azure_di_findings(upstreams: list[Any]) -> list[Finding]:

@@ -14,10 +14,11 @@ from pydantic import BaseModel, ValidationError
 
 from gpugate.config.paths import Finding, KeyPath, describe, format_path
 from gpugate.config.problems import schema_findings
-from gpugate.config.rules import resolve_implied, rule_findings
+from gpugate.config.rules import resolve_implied, rule_findings, unserved_fallbacks
 from gpugate.errors import ConfigError, ConfigProblem
 
 if TYPE_CHECKING:
+    from gpugate.config.schema import GatewayConfig
     from gpugate.config.source_map import SourceMap
 
 # Passed as pydantic's validation context: the caller has run the cross-field rules already,
@@ -55,6 +56,13 @@ def validate_document(
     if findings or config is None:
         raise ConfigError(to_problems(findings, source_map, resolved), source=source)
     return config
+
+
+def fallback_warnings(config: GatewayConfig) -> list[ConfigProblem]:
+    """The fallbacks no upstream serves (:func:`~gpugate.config.rules.unserved_fallbacks`), at
+    their lines: warned about, not refused."""
+    document = config.model_dump()
+    return to_problems(unserved_fallbacks(document), config.source_map, document)
 
 
 def to_problems(

@@ -115,6 +115,10 @@ class Registry:
     def upstreams(self) -> list[UpstreamState]:
         return list(self._by_id.values())
 
+    def serves(self, model: str) -> bool:
+        """Whether an upstream is configured for ``model`` (in rotation or not)."""
+        return model in self._by_model
+
     def serving(self, model: str) -> list[UpstreamState]:
         """Every upstream configured for ``model``; :class:`UnknownModel` when there is none."""
         try:

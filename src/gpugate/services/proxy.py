@@ -266,8 +266,12 @@ class Proxy:
         self._secrets = dict(secrets)
 
     def set_models(self, models: Sequence[ModelConfig]) -> None:
-        """Swap in the ``models[]`` policy (fallbacks) of a new config version."""
+        """Swap in the ``models[]`` policy (fallbacks) of a new config version; a fallback no
+        upstream serves is logged here and passed over by the walk."""
         self._models = {m.name: m for m in models}
+        for name in sorted({f for m in models for f in (*m.fallbacks, *m.context_fallbacks)}):
+            if not self.registry.serves(name):
+                log.warning("no upstream serves the fallback model %r: the walk skips it", name)
 
     def bind_gauges(self) -> None:
         """In-flight and queue-depth gauges read the pools when scraped, not on every request."""
@@ -302,7 +306,8 @@ class Proxy:
 
     async def _walk(self, run: _Run, out: Outbound, policy: ModelConfig) -> Reply:
         """The model, then its fallbacks in order (context fallbacks on a too-long prompt)."""
-        chain: list[str] = [policy.name, *policy.fallbacks]
+        serves = self.registry.serves  # a fallback no upstream serves is passed over
+        chain: list[str] = [policy.name, *filter(serves, policy.fallbacks)]
         context_used = False
         i = 0
         while i < len(chain):
@@ -317,7 +322,7 @@ class Proxy:
                 return reply
             if run.context is not None and not context_used and policy.context_fallbacks:
                 context_used = True  # the prompt is too long: only the long-context models
-                chain = [name, *policy.context_fallbacks]
+                chain = [name, *filter(serves, policy.context_fallbacks)]
                 run.reason = Reason.CONTEXT
             elif run.context is not None:
                 return self._give_up(run)
