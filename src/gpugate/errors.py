@@ -24,6 +24,7 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── ModelNotAllowed            MODEL_NOT_ALLOWED: the client key may not use the model
     │   ├── RunnerNotAllowed           RUNNER_NOT_ALLOWED: the client key may not use the runner
     │   ├── KeyNotFound                KEY_NOT_FOUND: no client key has this id
+    │   ├── KeyRevoked                 KEY_REVOKED: a revoked key cannot be given a new secret
     │   ├── CsrfRejected               CSRF_REJECTED: a console action without its session's token
     │   ├── TooManyAttempts            TOO_MANY_ATTEMPTS: too many wrong credentials from a client
     │   ├── UnknownModel               UNKNOWN_MODEL
@@ -226,6 +227,12 @@ class KeyNotFound(ClientError):
     """No client key has this id."""
 
     code = "KEY_NOT_FOUND"
+
+
+class KeyRevoked(ClientError):
+    """The key is revoked: a new secret for it would never work (create a new key)."""
+
+    code = "KEY_REVOKED"
 
 
 class CsrfRejected(ClientError):

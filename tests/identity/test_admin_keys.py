@@ -92,6 +92,23 @@ async def test_update_rotate_and_revoke_are_audited_with_the_actor(
     assert ["admin:alice"] * 3 == [e.actor for e in events[:3]]
 
 
+async def test_a_revoked_key_is_not_rotated_into_a_secret_that_would_never_work(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    config = keyed_config(sqlite_dsn, ["http://127.0.0.1:9"], ["m"])
+    async with serving(config, environ=ENVIRON) as gw:
+        created = await create_key(http, gw.url)
+        url = gw.url + f"/admin/keys/{created['id']}"
+        async with http.delete(url, headers=ADMIN):
+            pass
+        async with http.post(url + "/rotate", headers=ADMIN) as resp:
+            status, body = resp.status, await resp.json()
+        events = await gw.gateway.store.list_audit(subject=f"key:{created['id']}")
+    assert (409, "KEY_REVOKED") == (status, body["error"]["code"])
+    assert "key" not in body
+    assert ["key.revoked", "key.created"] == [e.action for e in events]
+
+
 async def test_an_unknown_key_id_is_404_and_a_bad_body_names_the_key_path(
     sqlite_dsn: str, http: aiohttp.ClientSession
 ) -> None:

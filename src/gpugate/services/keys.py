@@ -45,7 +45,7 @@ from gpugate.core.keys import (
     new_secret,
     prefix_of,
 )
-from gpugate.errors import ConfigError, ConfigProblem, KeyNotFound, Unauthorized
+from gpugate.errors import ConfigError, ConfigProblem, KeyNotFound, KeyRevoked, Unauthorized
 from gpugate.store import Store
 from gpugate.store.keys import KEY_REVOKED, KEY_ROTATED, KEY_UPDATED
 
@@ -228,6 +228,8 @@ class Keys:
         """A new secret for the key (the old one stops working at once here, within
         ``auth.key_cache_s`` elsewhere); usage, limits and id stay."""
         key = await self._existing(key_id)
+        if key.revoked_at is not None:
+            raise KeyRevoked(f"key {key_id!r} is revoked: create a new key instead")
         secret = new_secret()
         rotated = replace(key, prefix=prefix_of(secret))
         saved = await self._store.save_key(

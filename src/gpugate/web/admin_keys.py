@@ -113,7 +113,7 @@ async def update_key(
 
 @admin(
     responses={200: Answer("the key with its new secret (`key`), shown this once", KeyIssued)},
-    errors=NOT_FOUND,
+    errors={**NOT_FOUND, 409: "KEY_REVOKED: a revoked key gets no new secret"},
     body_required=False,
 )
 async def rotate_key(gateway: Gateway, path: KeyPath, headers: AdminHeaders) -> KeyIssued:

@@ -34,6 +34,7 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.ModelNotAllowed: 403,
     errors.RunnerNotAllowed: 403,
     errors.KeyNotFound: 404,
+    errors.KeyRevoked: 409,
     errors.KeyLimited: 429,
     errors.TooManyAttempts: 429,
     errors.UnknownModel: 404,
