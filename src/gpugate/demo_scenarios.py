@@ -176,7 +176,7 @@ class Stage:
         runtimes = (await self.admin("GET", "/admin/runtimes"))["runtimes"]
         return (
             all(u["out_of_rotation"] is None for u in upstreams)
-            and all(g["verdict"] == "ok" and not g["saturated"] for g in gpus)
+            and all(g["verdict"] != "faulted" and not g["saturated"] for g in gpus)
             and all(r["health"]["state"] == "enabled" for r in runtimes)
             and not any(r["spend"]["over_budget"] for r in runtimes)
         )

@@ -7,8 +7,10 @@ import html
 import re
 
 import yaml
-from console_rig import Console
+from console_rig import Console, console_of
 
+from gpugate.core.gpu.report import NOTHING_TO_JUDGE
+from gpugate.fleet import FakeExporter
 from gpugate.services.jobs import JobRequest
 from gpugate.store import AuditEvent
 from gpugate.web.console import views
@@ -62,6 +64,24 @@ async def test_clearing_a_gpu_fault_returns_its_upstream_to_rotation(console: Co
     assert monitor.guard("a") is None
     events = await console.gw.gateway.store.list_audit(action="gpu.cleared")
     assert ["console:alice"] == [e.actor for e in events]
+
+
+async def test_a_gpu_whose_scrape_holds_no_series_a_verdict_reads_shows_unknown_not_ok(
+    sqlite_dsn: str,
+) -> None:
+    """Util and temperature only, and no temperature threshold: neither ok nor faulted."""
+    async with (
+        FakeExporter(gpus=2, counters=(), emit_xid=False) as exporter,
+        console_of(sqlite_dsn, exporter, max_temp_c=None) as console,
+    ):
+        await console.login()
+        _, page = await console.page()
+
+    rows = re.findall(r'<tr data-gpu="[^"]+" class="(\w+)">.*?</tr>', page, re.DOTALL)
+    assert ["unknown", "unknown"] == rows
+    assert 2 == page.count('<span class="badge muted">unknown</span>')
+    assert 2 == page.count(NOTHING_TO_JUDGE)
+    assert "Clear fault" not in page
 
 
 async def test_an_invalid_import_preview_lists_every_problem_and_changes_nothing(

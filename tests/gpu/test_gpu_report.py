@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from gpu_factories import TABLE, dcgm_line, reading, scrape, thresholds
+from gpu_factories import TABLE, dcgm_line, fed, reading, scrape, thresholds
 
-from gpugate.core.gpu.report import NOTHING_TO_JUDGE, inspect
+from gpugate.core.gpu.dcgm import GpuReading
+from gpugate.core.gpu.report import NOTHING_TO_JUDGE, inspect, live_entry
 from gpugate.core.gpu.xid import XidTable
+
+XID_79 = "XID 79 (GPU_HAS_FALLEN_OFF_THE_BUS): fatal"
 
 CONTRACT_FIELDS = {
     "host",
@@ -160,3 +163,64 @@ def test_fractional_values_stay_numbers() -> None:
     found = entry(util=12.5, temp=40.25)
 
     assert (12.5, 40.25) == (found["util_pct"], found["temp_c"])
+
+
+# live_entry: the same entry for a GPU the monitor follows, with the fault it holds
+
+
+def live(steps: list[tuple[float, GpuReading]], now: float, **limits: float) -> dict[str, object]:
+    """The live entry at ``now`` of a state fed ``steps``, for its newest reading."""
+    state = fed(steps, thresholds(**limits))
+    assert state.latest is not None
+    return live_entry(state, state.latest, now, TABLE, thresholds(**limits))
+
+
+def without_live(found: dict[str, object]) -> dict[str, object]:
+    live_only = {"stale", "saturated", "fault_reason", "faulted_since"}
+    return {key: value for key, value in found.items() if key not in live_only}
+
+
+def test_a_live_entry_of_one_sample_is_the_inspect_entry_plus_the_monitor_s_state() -> None:
+    one = reading(xid=79, temp=55)
+    (inspected,) = inspect([one], TABLE, thresholds(), now=10.0)
+
+    found = live([(10.0, one)], now=10.0)
+
+    assert inspected == without_live(found)
+    assert (False, False, XID_79, 10.0) == (
+        found["stale"],
+        found["saturated"],
+        found["fault_reason"],
+        found["faulted_since"],
+    )
+
+
+def test_a_held_fault_is_faulted_while_the_newest_reading_alone_is_ok() -> None:
+    newest = reading(xid=13, temp=50)
+    (alone,) = inspect([newest], TABLE, thresholds())
+
+    found = live([(0.0, reading(xid=79)), (15.0, newest)], now=15.0)
+
+    assert ("ok", ["XID 13 (GR_EXCEPTION): not fatal"]) == (alone["verdict"], alone["reasons"])
+    assert {**alone, "verdict": "faulted", "reasons": [XID_79, *alone["reasons"]]} == (
+        without_live(found)
+    )
+
+
+def test_a_fault_whose_hold_ran_out_is_inspect_s_ok_although_the_sticky_xid_is_fatal() -> None:
+    """The sticky value alone, as a first sample, would fault; to the monitor it is no news."""
+    found = live([(0.0, reading(xid=79)), (400.0, reading(xid=79))], now=400.0)
+
+    assert ("ok", [], None) == (found["verdict"], found["reasons"], found["fault_reason"])
+
+
+def test_the_stale_reason_follows_inspect_s_reasons() -> None:
+    found = live([(0.0, reading(util=50))], now=61.0)
+
+    assert (
+        "unknown",
+        [NOTHING_TO_JUDGE, "stale: no successful scrape of its exporter for 61 s"],
+    ) == (
+        found["verdict"],
+        found["reasons"],
+    )

@@ -103,7 +103,6 @@ class GpuMonitor:
         self._fetch = fetch or self._fetch_over_http
         self._clock = clock
         self._metrics = metrics
-        self._readings: dict[dcgm.GpuKey, dcgm.GpuReading] = {}
         self.published = Published()
         self.reconfigure(upstreams)
 
@@ -151,8 +150,6 @@ class GpuMonitor:
             return False
         now = self._clock.monotonic()
         self.fleet.observe_scrape(found, now, exporter.host)
-        for reading in found:
-            self._readings[reading.key] = reading
         exporter.last_success, exporter.last_error = now, None
         self._metrics.gpu_scrapes.labels(exporter.label, "ok").inc()
         self._metrics.gpu_scrape_duration.labels(exporter.label).observe(now - started)
@@ -182,7 +179,7 @@ class GpuMonitor:
         for key, state in self.fleet.states.items():
             labels = (key.host or "", str(key.gpu), key.instance or "")
             verdict = self.fleet.verdict(key, now)
-            reading = self._readings.get(key)
+            reading = state.latest
             if reading is not None and reading.util_pct is not None:
                 m.gpu_util.labels(*labels).set(reading.util_pct)
             if state.temp_c is not None:
@@ -194,31 +191,20 @@ class GpuMonitor:
             m.gpu_stale.labels(*labels).set(int(verdict.stale))
 
     def snapshot(self, wall_now: datetime) -> list[dict[str, Any]]:
-        """Every GPU row for ``GET /admin/gpus``: what the last scrape said, the verdict, why."""
+        """Every GPU row for ``GET /admin/gpus``: ``gpus inspect``'s entry for its newest reading
+        judged by the fault the monitor holds (:func:`~gpugate.core.gpu.report.live_entry`),
+        its upstreams, and ``faulted_since`` on the wall clock."""
         now = self._clock.monotonic()
         entries = []
         for key in sorted(self.fleet.states, key=lambda k: k.sort_key):
-            reading = self._readings.get(key)
-            verdict = self.fleet.verdict(key, now)
-            fields = report.reading_fields(reading) if reading is not None else {}
-            since = verdict.faulted_since
-            entries.append(
-                {
-                    **fields,
-                    "host": key.host,
-                    "gpu": key.gpu,
-                    "instance": key.instance,
-                    "verdict": "faulted" if verdict.faulted else "ok",
-                    "reasons": list(verdict.reasons),
-                    "upstreams": self._upstreams_of(key),
-                    "stale": verdict.stale,
-                    "saturated": verdict.saturated,
-                    "fault_reason": verdict.fault_reason,
-                    "faulted_since": None
-                    if since is None
-                    else (wall_now - timedelta(seconds=now - since)).isoformat(),
-                }
-            )
+            state = self.fleet.states[key]
+            if state.latest is None:  # a row starts with a reading; none is without one
+                continue
+            found = report.live_entry(state, state.latest, now, self.table, self.fleet.thresholds)
+            since = found["faulted_since"]
+            if since is not None:
+                found["faulted_since"] = (wall_now - timedelta(seconds=now - since)).isoformat()
+            entries.append({**found, "upstreams": self._upstreams_of(key)})
         return entries
 
     def _upstreams_of(self, key: dcgm.GpuKey) -> list[str]:

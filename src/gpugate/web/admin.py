@@ -131,8 +131,10 @@ async def list_upstreams(gateway: Gateway) -> UpstreamList:
 async def list_gpus(gateway: Gateway) -> GpusView:
     """Every GPU row: readings, verdict, reasons, mapped upstreams; and each exporter's state.
 
-    The readings are those of `gpugate gpus inspect --json`; `stale` and `saturated` are the
-    verdict's inputs, `fault_reason` and `faulted_since` are set while a fault holds.
+    A row is the entry `gpugate gpus inspect --json` gives the GPU's newest scrape, with the
+    gateway's verdict: a fault it holds is `faulted` although that scrape alone may be `ok`;
+    else inspect's `ok` or `unknown`. Then `upstreams`, `stale` and `saturated` (their reasons
+    follow inspect's); `fault_reason` and `faulted_since` are set while a fault holds.
     """
     return gpus_state(gateway)
 

@@ -127,7 +127,8 @@ class GpuVerdict:
     stale: bool
     faulted: bool
     saturated: bool
-    reasons: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()  # why: stale, then the held fault's reasons, then saturated
+    fault_reasons: tuple[str, ...] = ()  # the held fault's part of ``reasons``
     fault_reason: str | None = None  # set while a fault is inside its hold (even if stale)
     faulted_since: float | None = None
 
@@ -232,8 +233,8 @@ def assess(state: GpuState | None, now: float, thresholds: Thresholds) -> GpuVer
         )
     fault = state.fault
     held = fault is not None and now - fault.last_evidence < thresholds.fault_hold_s
-    if fault is not None and held:
-        reasons.extend(fault.reasons)
+    fault_reasons = fault.reasons if fault is not None and held else ()
+    reasons.extend(fault_reasons)
     saturated = not stale and _saturated(state, now, thresholds)
     if saturated:
         reasons.append(
@@ -244,6 +245,7 @@ def assess(state: GpuState | None, now: float, thresholds: Thresholds) -> GpuVer
         faulted=held,
         saturated=saturated,
         reasons=tuple(reasons),
+        fault_reasons=fault_reasons,
         fault_reason=fault.reason if fault is not None and held else None,
         faulted_since=fault.since if fault is not None and held else None,
     )
@@ -279,9 +281,11 @@ def combine(parts: Sequence[tuple[GpuKey, GpuVerdict]]) -> GpuVerdict:
     if not parts:
         return NEVER_SEEN
     reasons: list[str] = []
+    fault_reasons: list[str] = []
     for key, verdict in parts:
         prefix = f"MIG {key.instance}: " if key.instance is not None else ""
         reasons.extend(prefix + reason for reason in verdict.reasons)
+        fault_reasons.extend(prefix + reason for reason in verdict.fault_reasons)
     held = [verdict for _, verdict in parts if verdict.faulted_since is not None]
     first = min(held, key=lambda verdict: verdict.faulted_since or 0.0) if held else None
     return GpuVerdict(
@@ -289,6 +293,7 @@ def combine(parts: Sequence[tuple[GpuKey, GpuVerdict]]) -> GpuVerdict:
         faulted=any(verdict.faulted for _, verdict in parts),
         saturated=any(verdict.saturated for key, verdict in parts if key.instance is None),
         reasons=tuple(reasons),
+        fault_reasons=tuple(fault_reasons),
         fault_reason=first.fault_reason if first else None,
         faulted_since=first.faulted_since if first else None,
     )

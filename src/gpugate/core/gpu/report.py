@@ -1,15 +1,22 @@
-"""``gpugate gpus inspect --json``: one scrape's GPUs as JSON-ready entries (DESIGN §7).
+"""The GPU entries of ``gpugate gpus inspect --json`` and ``GET /admin/gpus`` (DESIGN §7).
 
-One entry per GPU and per MIG instance. The verdict judges the scrape as if it were the first
-sample this gateway saw of each GPU (so a fatal sticky XID counts, as "seen at start" does):
-``faulted`` on a fatal XID, an HW thermal/slowdown clock event, ``temp ≥ max_temp_c``, a row-remap
-failure or DCGM health FAIL; ``unknown`` when the scrape holds none of the series a verdict reads;
-``ok`` otherwise. Saturation needs several samples and is not judged here.
+One entry per GPU and per MIG instance, built by :func:`entry` for both: what the scrape says of
+the GPU, the verdict and why. ``faulted`` while a fault holds; else ``unknown`` when the reading
+holds none of the series a verdict reads, ``ok`` otherwise.
+
+* :func:`inspect` judges one scrape as if it were the first sample this gateway saw of each GPU
+  (so a fatal sticky XID counts, as "seen at start" does): ``faulted`` on a fatal XID, an HW
+  thermal/slowdown clock event, ``temp ≥ max_temp_c``, a row-remap failure or DCGM health FAIL.
+  Saturation needs several samples and is not judged here.
+* :func:`live_entry` is the same entry for the newest reading of a GPU the monitor follows, with
+  the fault the monitor holds (which outlives the evidence, and an operator's clear ends) and
+  what only a running monitor knows: ``stale``, ``saturated``, ``fault_reason``,
+  ``faulted_since``; their reasons follow inspect's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpugate.core.gpu.dcgm import HEALTH_NAMES, HEALTH_WARN, GpuReading
@@ -23,7 +30,58 @@ def inspect(
     readings: Iterable[GpuReading], table: XidTable, thresholds: Thresholds, now: float = 0.0
 ) -> list[dict[str, Any]]:
     """The ``gpus`` entries for one scrape's readings, in the readings' order."""
-    return [_entry(reading, table, thresholds, now) for reading in readings]
+    return [
+        entry(reading, table, thresholds, _first_sample_fault(reading, table, thresholds, now))
+        for reading in readings
+    ]
+
+
+def entry(
+    reading: GpuReading, table: XidTable, thresholds: Thresholds, fault: Sequence[str] | None
+) -> dict[str, Any]:
+    """One GPU's entry: ``reading``'s fields, the verdict and why.
+
+    ``fault`` is the reasons of the fault held for the GPU, None when none holds. Notes that
+    fault nothing (a non-fatal XID, DCGM health WARN) follow the reasons either way.
+    """
+    if fault is not None:
+        word, reasons = "faulted", list(fault)
+    elif _judgeable(reading, thresholds):
+        word, reasons = "ok", []
+    else:
+        word, reasons = "unknown", [NOTHING_TO_JUDGE]
+    return {**reading_fields(reading), "verdict": word, "reasons": reasons + _notes(reading, table)}
+
+
+def live_entry(
+    state: GpuState, reading: GpuReading, now: float, table: XidTable, thresholds: Thresholds
+) -> dict[str, Any]:
+    """:func:`entry` for ``reading`` (``state``'s newest), judged by what ``state`` holds at
+    ``now``, plus ``stale``, ``saturated``, ``fault_reason`` and ``faulted_since`` (monotonic).
+
+    A fault ``state`` holds is ``faulted`` even when ``reading`` alone would not be; one it no
+    longer holds (cleared, or its hold ran out) is not, even when ``reading`` alone would be.
+    """
+    verdict = assess(state, now, thresholds)
+    found = entry(reading, table, thresholds, verdict.fault_reasons if verdict.faulted else None)
+    found["reasons"] += [why for why in verdict.reasons if why not in verdict.fault_reasons]
+    return {
+        **found,
+        "stale": verdict.stale,
+        "saturated": verdict.saturated,
+        "fault_reason": verdict.fault_reason,
+        "faulted_since": verdict.faulted_since,
+    }
+
+
+def _first_sample_fault(
+    reading: GpuReading, table: XidTable, thresholds: Thresholds, now: float
+) -> tuple[str, ...] | None:
+    """The reasons of the fault ``reading`` raises as the first sample of its GPU, or None."""
+    state = GpuState(reading.key)
+    observe(state, reading, now, table, thresholds)
+    verdict = assess(state, now, thresholds)
+    return verdict.fault_reasons if verdict.faulted else None
 
 
 def reading_fields(reading: GpuReading) -> dict[str, Any]:
@@ -49,21 +107,6 @@ def reading_fields(reading: GpuReading) -> dict[str, Any]:
         "namespace": reading.namespace,
         "container": reading.container,
     }
-
-
-def _entry(
-    reading: GpuReading, table: XidTable, thresholds: Thresholds, now: float
-) -> dict[str, Any]:
-    state = GpuState(reading.key)
-    observe(state, reading, now, table, thresholds)
-    verdict = assess(state, now, thresholds)
-    if verdict.faulted and state.fault is not None:
-        word, reasons = "faulted", list(state.fault.reasons)
-    elif _judgeable(reading, thresholds):
-        word, reasons = "ok", []
-    else:
-        word, reasons = "unknown", [NOTHING_TO_JUDGE]
-    return {**reading_fields(reading), "verdict": word, "reasons": reasons + _notes(reading, table)}
 
 
 def _judgeable(reading: GpuReading, thresholds: Thresholds) -> bool:

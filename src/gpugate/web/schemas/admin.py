@@ -80,8 +80,10 @@ class ExporterView(View):
 
 
 class GpuRow(View):
-    """One GPU (or MIG instance): the last scrape's readings (absent before the first one), the
-    verdict and why, the upstreams mapped to it."""
+    """One GPU (or MIG instance): the entry ``gpugate gpus inspect --json`` gives its last
+    reading, with the verdict of the fault the gateway holds (a fault outlives its evidence until
+    ``fault_hold_s`` or an operator's clear); then the upstreams mapped to it, ``stale``,
+    ``saturated``, and ``fault_reason`` and ``faulted_since`` while a fault holds."""
 
     host: str | None
     gpu: int
@@ -89,8 +91,8 @@ class GpuRow(View):
     profile: str | None = None
     uuid: str | None = None
     model: str | None = None
-    util_pct: float | None = None
-    temp_c: float | None = None
+    util_pct: int | float | None = Field(None, description="as the exporter wrote it: 91, 91.5")
+    temp_c: int | float | None = Field(None, description="as the exporter wrote it: 55, 55.5")
     last_xid: int | None = None
     xid_counts: dict[str, int] | None = None
     clock_reasons: list[str] | None = None
@@ -99,8 +101,13 @@ class GpuRow(View):
     pod: str | None = None
     namespace: str | None = None
     container: str | None = None
-    verdict: Literal["ok", "faulted"]
-    reasons: list[str]
+    verdict: Literal["ok", "faulted", "unknown"] = Field(
+        description="`unknown`: not faulted, and the reading has no series a verdict reads"
+    )
+    reasons: list[str] = Field(
+        description="inspect's reasons (the fault's, or why unknown, then notes), then why stale"
+        " or saturated"
+    )
     upstreams: list[str]
     stale: bool
     saturated: bool
