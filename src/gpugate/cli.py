@@ -51,8 +51,9 @@ def _print_problems(error: ConfigError, stream: TextIO) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from gpugate.listen import bind
     from gpugate.logs import configure_logging
-    from gpugate.server import bind, serve_gateway
+    from gpugate.server import serve_gateway
     from gpugate.workers import Supervisor, port_of, reserve
 
     config = load_config(args.config, environ=os.environ, require_env=True)

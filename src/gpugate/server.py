@@ -17,7 +17,6 @@ on it and off the main one.
 from __future__ import annotations
 
 import asyncio
-import errno
 import gc
 import logging
 import resource
@@ -33,7 +32,7 @@ from starlette.types import ASGIApp
 
 from gpugate.clock import SystemClock
 from gpugate.config import GatewayConfig, ServerConfig, TlsConfig
-from gpugate.errors import ConfigError, ConfigProblem, ListenError
+from gpugate.errors import ConfigError, ConfigProblem
 from gpugate.services.readiness import Lifecycle
 from gpugate.web.app import create_app
 from gpugate.web.batches import present
@@ -44,33 +43,6 @@ from gpugate.web.listeners import ListenerSplit, Peers, sibling_metrics
 from gpugate.wiring import build_gateway
 
 log = logging.getLogger("gpugate.server")
-
-
-def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
-    """A listening socket on host:port, or a :class:`ListenError` that says what is wrong.
-
-    ``reuse_port``: ``SO_REUSEPORT``, so every worker of ``serve --workers`` binds the address
-    itself and the kernel spreads the connections among them; ``listen=False`` leaves the
-    socket bound only (it gets no connection until the event loop starts serving on it, which
-    listens: a worker takes no connection before its gateway is built)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, True)  # noqa: FBT003
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, True)  # noqa: FBT003
-        sock.bind((host, port))
-        if listen:
-            sock.listen(2048)
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise ListenError(f"cannot listen on {host}:{port}: address already in use") from exc
-        if exc.errno == errno.EADDRNOTAVAIL:
-            raise ListenError(f"cannot listen on {host}:{port}: no such local address") from exc
-        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-    sock.setblocking(False)  # noqa: FBT003
-    return sock
 
 
 def raise_fd_limit() -> tuple[int, int]:

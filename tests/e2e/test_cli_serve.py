@@ -185,3 +185,15 @@ async def test_gpugate_fleet_refuses_a_ports_list_of_the_wrong_length() -> None:
         _, err = await asyncio.wait_for(proc.communicate(), timeout=20)
     assert 2 == proc.returncode
     assert "--ports needs 6 ports (qwen-35b, qwen-7b, cleanup-3b" in err.decode()
+
+
+async def test_gpugate_fleet_with_a_port_taken_is_one_clear_error_and_a_nonzero_exit() -> None:
+    ports = free_ports(6)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports[2]))
+        taken.listen()
+        async with gpugate("fleet", "--ports", ",".join(map(str, ports))) as proc:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout=20)
+    assert 1 == proc.returncode
+    expected = f"gpugate: error: cannot listen on 127.0.0.1:{ports[2]}: address already in use\n"
+    assert (b"", expected) == (out, err.decode())
