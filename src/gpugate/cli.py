@@ -157,7 +157,48 @@ def _api(args: argparse.Namespace, *, token: str | None = None) -> GatewayApi:
     from gpugate.adapters.gateway_api import GatewayApi, client_tls
 
     tls = client_tls(args.ca_file, args.cert_file, args.key_file)
-    return GatewayApi(args.gateway, token=token, actor=getattr(args, "actor", None), tls=tls)
+    actor = getattr(args, "actor", None)
+    return GatewayApi(_gateway_url(args), token=token, actor=actor, tls=tls)
+
+
+GATEWAY_URL_ENV = "GPUGATE_URL"
+DEFAULT_GATEWAY = "http://127.0.0.1:8080"
+
+
+def _gateway_url(args: argparse.Namespace) -> str:
+    """``--gateway``, else ``$GPUGATE_URL``, else the local default; checked."""
+    if args.gateway is not None:
+        return _checked_url(args.gateway, "--gateway")
+    if GATEWAY_URL_ENV in os.environ:
+        where = f"${GATEWAY_URL_ENV} (the default of --gateway)"
+        return _checked_url(os.environ[GATEWAY_URL_ENV], where)
+    return DEFAULT_GATEWAY
+
+
+def _checked_url(url: str, where: str) -> str:
+    """``url``, or a :class:`GpugateError` naming ``where`` it came from and what is wrong."""
+    from gpugate.adapters.gateway_api import base_url_problem
+
+    problem = base_url_problem(url)
+    if problem is not None:
+        raise GpugateError(f"{where}: not an http(s) URL: {url!r}: {problem}")
+    return url
+
+
+def _read_file(path: Path) -> bytes:
+    """The bytes of ``path``, or a :class:`GpugateError` saying why it cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise GpugateError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path``, or a :class:`GpugateError` saying why it cannot be."""
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise GpugateError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 def _print_json(value: object) -> None:
@@ -169,7 +210,8 @@ def _print_json(value: object) -> None:
 def cmd_jobs_submit(args: argparse.Namespace) -> int:
     import json
 
-    raw = Path(args.input[1:]).read_text() if args.input.startswith("@") else args.input
+    given: str = args.input
+    raw = _read_file(Path(given[1:])) if given.startswith("@") else given
     try:
         payload = json.loads(raw)
     except ValueError as exc:
@@ -260,7 +302,7 @@ def cmd_config_export(args: argparse.Namespace) -> int:
     kind = "application/json" if args.format == "json" else "application/yaml"
     _, headers, raw = _admin_api(args).send("GET", "/admin/config", headers={"Accept": kind})
     if args.output:
-        Path(args.output).write_bytes(raw)
+        _write_file(Path(args.output), raw)
     else:
         sys.stdout.write(raw.decode())
     print(f"exported gateway config version {headers.get('x-config-version')}", file=sys.stderr)
@@ -273,19 +315,16 @@ def cmd_config_import(args: argparse.Namespace) -> int:
     path = Path(args.file)
     fmt = args.format or ("json" if path.suffix == ".json" else "yaml")
     headers = {"Content-Type": f"application/{fmt}", "Accept": "application/json"}
+    document = _read_file(path)
+    api = _admin_api(args)
     try:
-        _, _, raw = _admin_api(args).send(
-            "PUT", "/admin/config", path.read_bytes(), headers=headers
-        )
+        _, result = api.send_for_json("PUT", "/admin/config", document, headers=headers)
     except GatewayApiError as exc:
         if not exc.problems:
             raise
         problems = [ConfigProblem(p["path"], p["message"], p["line"]) for p in exc.problems]
         _print_problems(ConfigError(problems, source=str(path)), sys.stderr)
         return 1
-    import json
-
-    result = json.loads(raw)
     what = "a new version" if result["changed"] else "unchanged: it equals the current version"
     print(f"gateway config version {result['version']} ({what})")
     return 0
@@ -319,8 +358,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = WorkerSettings(
         runtime_id=args.runtime,
         secret=secret,
-        gateway_url=args.gateway,
-        upstream_url=args.upstream,
+        gateway_url=_checked_url(args.gateway, "--gateway"),
+        upstream_url=_checked_url(args.upstream, "--upstream"),
         state_dir=state_dir,
         concurrency=args.concurrency,
         idle_exit_s=args.idle_exit_s,
@@ -555,8 +594,7 @@ def _gateway_parent() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument(
         "--gateway",
-        default=os.environ.get("GPUGATE_URL", "http://127.0.0.1:8080"),
-        help="the gateway's base URL (default $GPUGATE_URL or http://127.0.0.1:8080); a "
+        help=f"the gateway's base URL (default ${GATEWAY_URL_ENV} or {DEFAULT_GATEWAY}); a "
         "redirect to another origin is refused, so the token never goes elsewhere",
     )
     tls = (

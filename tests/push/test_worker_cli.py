@@ -55,3 +55,19 @@ def test_a_worker_whose_listen_port_is_taken_is_one_clear_error_and_a_nonzero_ex
     assert 1 == result.returncode
     expected = f"gpugate: error: cannot listen on 127.0.0.1:{port}: address already in use"
     assert [expected] == result.stderr.splitlines()
+
+
+@pytest.mark.parametrize("flag", ["--gateway", "--upstream"])
+def test_a_worker_given_a_url_that_is_not_one_refuses_to_start_and_names_the_flag(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flag: str
+) -> None:
+    monkeypatch.setenv("SECRET", "s3cret")
+    urls = {"--gateway": "http://127.0.0.1:9", "--upstream": "http://127.0.0.1:9", flag: "gw:8080"}
+    given = [part for option in urls.items() for part in option]
+
+    code = main(["worker", "--listen", "127.0.0.1:0", "--runtime", "home-1",
+                 "--secret-env", "SECRET", "--idle-exit-s", "0.5",  # the old code started
+                 "--state-dir", str(tmp_path), *given])  # fmt: skip
+
+    expected = f"gpugate: error: {flag}: not an http(s) URL: 'gw:8080': it must start with "
+    assert (1, expected) == (code, capsys.readouterr().err[: len(expected)])
