@@ -469,7 +469,12 @@ def _split_listen(value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit():
         raise GpugateError(f"--listen must be HOST:PORT, got {value!r}")
+    if int(port) > MAX_PORT:
+        raise GpugateError(f"--listen: the port must be 0-{MAX_PORT}, got {value!r}")
     return host.strip("[]"), int(port)
+
+
+MAX_PORT = 65535
 
 
 def _add_process_commands(sub: Any) -> None:

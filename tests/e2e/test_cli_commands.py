@@ -118,3 +118,38 @@ def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixtur
         main([*command, "--help"])
     assert 0 == exit_info.value.code
     assert "usage: gpugate " + " ".join(command) in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["demo", "--listen", "127.0.0.1:99999"],
+            "the port must be 0-65535, got '127.0.0.1:99999'",
+        ),
+        (["demo", "--listen", "8080"], "--listen must be HOST:PORT, got '8080'"),
+        (["serve", "--config", "gw.yaml", "--listen", "[::1]:70000"], "the port must be 0-65535"),
+    ],
+    ids=["demo-port-too-big", "demo-no-host", "serve-port-too-big"],
+)
+def test_a_listen_address_that_cannot_be_one_is_one_clear_error(
+    argv: list[str], expected: str, tmp_path: Path
+) -> None:
+    (tmp_path / "gw.yaml").write_text(
+        "upstreams: [{id: a, url: 'http://127.0.0.1:9', models: [m]}]\n"
+    )
+    argv = [str(tmp_path / part) if part == "gw.yaml" else part for part in argv]
+
+    result = subprocess.run(  # not main(): demo and serve set up logging on the process's stderr
+        [sys.executable, "-m", "gpugate", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        cwd=tmp_path,
+    )
+
+    assert (1, "") == (result.returncode, result.stdout)
+    assert result.stderr.startswith("gpugate: error: "), result.stderr
+    assert expected in result.stderr
+    assert 1 == len(result.stderr.splitlines()), result.stderr
