@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote
@@ -33,21 +34,25 @@ def _run(coro: object) -> object:
     return uvloop.run(coro)  # type: ignore[arg-type]
 
 
-def _print_problems(error: ConfigError, stream: TextIO) -> None:
-    """Every problem: one line when there is one, else a count and a line each.
+def _print_problems(error: ConfigError, stream: TextIO, summary: TextIO) -> None:
+    """Every problem on a line of its own, ``path.to.key: reason (line N)`` (DESIGN §7), then
+    ``FILE: N problems`` on ``summary``.
 
-    ``check-config`` is a linter, so its findings go to stdout (as ruff's and mypy's do); a
-    command that cannot start because of its config says so on stderr.
+    A problem of the whole document (the file cannot be read, is not YAML) has the file in the
+    key's place, and when it is the only one it is all there is. ``check-config`` is a linter,
+    so its findings go to stdout (as ruff's and mypy's do) and the count to stderr, leaving
+    stdout nothing but problem lines; a command that cannot start because of its config
+    prints both on stderr.
     """
-    source = f"{error.source}: " if error.source else ""
     problems = error.problems
-    if len(problems) == 1 and not problems[0].path:
-        line = f" (line {problems[0].line})" if problems[0].line is not None else ""
-        print(f"{source}{problems[0].message}{line}", file=stream)
-        return
-    print(f"{source}{len(problems)} problem{'s' if len(problems) != 1 else ''}", file=stream)
     for problem in problems:
-        print(f"  {problem}", file=stream)
+        where = problem if problem.path or not error.source else replace(problem, path=error.source)
+        print(where, file=stream)
+    if len(problems) == 1 and not problems[0].path and error.source:
+        return  # its line names the file already
+    stream.flush()  # the count comes after the lines, on a terminal too
+    count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+    print(f"{error.source}: {count}" if error.source else count, file=summary)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -323,7 +328,7 @@ def cmd_config_import(args: argparse.Namespace) -> int:
         if not exc.problems:
             raise
         problems = [ConfigProblem(p["path"], p["message"], p["line"]) for p in exc.problems]
-        _print_problems(ConfigError(problems, source=str(path)), sys.stderr)
+        _print_problems(ConfigError(problems, source=str(path)), sys.stderr, sys.stderr)
         return 1
     what = "a new version" if result["changed"] else "unchanged: it equals the current version"
     print(f"gateway config version {result['version']} ({what})")
@@ -508,9 +513,13 @@ def _add_process_commands(sub: Any) -> None:
     p = sub.add_parser(
         "check-config",
         help="validate a config file: every problem as `path.to.key: reason (line N)`",
-        description="Validate a config file. Prints every problem and exits 1, or a summary and "
-        "exits 0. Unset environment variables that `serve` needs are warnings here "
-        "(errors with --strict-env).",
+        description="Validate a config file. Each problem is one line on stdout, "
+        "`path.to.key: reason (line N)` (a problem of the file as a whole, such as unreadable "
+        "or not YAML, names the file in the key's place), then the count, `FILE: N problems`, "
+        "on stderr; exit 1. A valid file prints a summary and `FILE: valid`; exit 0. Unset "
+        "environment variables that `serve` needs are warnings here, `warning: path.to.key: "
+        "reason (line N) (needed at `serve`)` (errors with --strict-env). `serve` prints the "
+        "same problem lines and count on stderr.",
     )
     p.add_argument("file", type=Path)
     p.add_argument("--strict-env", action="store_true", help="unset required env vars are errors")
@@ -866,7 +875,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = args.func(args)
     except ConfigError as exc:
-        _print_problems(exc, sys.stdout if args.func is cmd_check_config else sys.stderr)
+        _print_problems(
+            exc, sys.stdout if args.func is cmd_check_config else sys.stderr, sys.stderr
+        )
         return 1
     except GpugateError as exc:
         print(f"gpugate: error: {exc.message}", file=sys.stderr)

@@ -18,14 +18,27 @@ def test_check_config_reports_a_wrong_type_an_unknown_key_and_a_missing_runtime_
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code = main(["check-config", str(EXAMPLES / "invalid.yaml")])
-    err = capsys.readouterr().out  # a linter's findings go to stdout
+    captured = capsys.readouterr()  # a linter's findings go to stdout, the count to stderr
+    lines = captured.out.splitlines()
     assert 1 == code
-    assert "upstreams[0].max_inflight: expected an integer, got 'lots' (line 11)" in err
-    assert "upstreams[0].gpu_id: unknown key" in err
-    assert "(line 12)" in err
-    assert "fallback_chain[1]: names runtime 'nope', which is not defined" in err
-    assert "(line 22)" in err
-    assert "3 problems" in err
+    assert "upstreams[0].max_inflight: expected an integer, got 'lots' (line 11)" == lines[0]
+    assert lines[1].startswith("upstreams[0].gpu_id: unknown key (allowed: id, url, ")
+    assert lines[1].endswith(") (line 12)")
+    unknown_runtime = "names runtime 'nope', which is not defined (defined: local, home-1)"
+    assert [f"fallback_chain[1]: {unknown_runtime} (line 22)"] == lines[2:]
+    assert f"{EXAMPLES / 'invalid.yaml'}: 3 problems\n" == captured.err
+
+
+def test_serve_prints_the_problems_of_a_bad_config_as_check_config_does(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME1_WORKER_SECRET", "s3cret")  # serve also needs the secrets
+    main(["check-config", str(EXAMPLES / "invalid.yaml")])
+    checked = capsys.readouterr()
+
+    code = main(["serve", "--config", str(EXAMPLES / "invalid.yaml")])
+
+    assert (1, "", checked.out + checked.err) == (code, *capsys.readouterr())
 
 
 def test_the_design_example_validates_with_a_summary(capsys: pytest.CaptureFixture[str]) -> None:
