@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -533,25 +533,7 @@ def _add_process_commands(sub: Any) -> None:
     where.add_argument("--config", type=Path, help="take `store` from this config file")
     p.set_defaults(func=cmd_db_upgrade)
 
-    p = sub.add_parser(
-        "fleet", help="run the simulated fleet alone (fake model servers + exporter)"
-    )
-    p.add_argument("--gpus", type=int, default=2, help="GPUs on the fake exporter (default 2)")
-    p.add_argument("--host-label", choices=["Hostname", "hostname"], default="Hostname")
-    fixed = p.add_mutually_exclusive_group()
-    fixed.add_argument(
-        "--port",
-        type=int,
-        help="fixed ports from P up: each server in the order listed, then the exporter "
-        "(default: free ports, new on every run)",
-    )
-    fixed.add_argument(
-        "--ports",
-        type=lambda text: [int(part) for part in text.split(",")],
-        metavar="P1,P2,...",
-        help="one fixed port per member, in that order",
-    )
-    p.set_defaults(func=cmd_fleet)
+    _add_fleet_command(sub)
 
     from gpugate.demo_scenarios import SCENARIOS, describe
 
@@ -583,6 +565,71 @@ def _add_process_commands(sub: Any) -> None:
     p.add_argument("--workdir", default=".gpugate", help="state directory (default ./.gpugate)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=cmd_demo)
+
+
+def _add_fleet_command(sub: Any) -> None:
+    """fleet; the help of its fixed ports names the members, read from the demo spec when
+    ``--help`` asks (importing the fleet would cost every other command 0.2 s)."""
+    p = sub.add_parser(
+        "fleet",
+        help="run the simulated fleet alone (fake model servers + exporter)",
+        add_help=False,
+    )
+    one: argparse.Action  # --port and --ports, added below
+    each: argparse.Action
+    p.add_argument("-h", "--help", action=_HelpAfter, fill=lambda: _fill_fleet_help(one, each))
+    p.add_argument("--gpus", type=int, default=2, help="GPUs on the fake exporter (default 2)")
+    p.add_argument("--host-label", choices=["Hostname", "hostname"], default="Hostname")
+    fixed = p.add_mutually_exclusive_group()
+    one = fixed.add_argument("--port", type=int, metavar="P")
+    each = fixed.add_argument("--ports", type=_port_list, metavar="P1,P2,...")
+    p.set_defaults(func=cmd_fleet)
+
+
+def _fill_fleet_help(port: argparse.Action, ports: argparse.Action) -> None:
+    from gpugate.demo import fleet_members, fleet_spec
+
+    members = fleet_members(fleet_spec())
+    port.help = (
+        f"{len(members)} consecutive fixed ports from P up (P to P+{len(members) - 1}), in "
+        "the order of --ports (default: free ports, new on every run)"
+    )
+    ports.help = f"{len(members)} fixed ports, one per member in this order: {', '.join(members)}"
+
+
+class _HelpAfter(argparse.Action):
+    """``-h``/``--help`` that calls ``fill()`` first: for help text too costly to build on
+    every run of the command line."""
+
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, *, fill: Callable[[], None]
+    ) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="show this help message and exit",
+        )
+        self._fill = fill
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        _namespace: argparse.Namespace,
+        _values: object,
+        _option_string: str | None = None,
+    ) -> None:
+        self._fill()
+        parser.print_help()
+        parser.exit()
+
+
+def _port_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of ports: {text!r}") from None
 
 
 def _add_gpus_commands(sub: Any) -> None:

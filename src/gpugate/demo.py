@@ -46,10 +46,16 @@ def fleet_spec(gpus: int = 2, host_label: HostLabel = "Hostname") -> FleetSpec:
     return dataclasses.replace(spec, gpus=gpus, exporter=exporter)
 
 
+def fleet_members(spec: FleetSpec) -> list[str]:
+    """The fleet's members in the order fixed ports go to them: every server as the spec lists
+    them, then the exporter."""
+    return [*(server.name for server in spec.servers), EXPORTER]
+
+
 def fleet_ports(spec: FleetSpec, ports: Sequence[int]) -> dict[str, int]:
-    """Fixed ports for the fleet's members, in order: every server as the spec lists them, then
-    the exporter. One port is the first of consecutive ones; otherwise one per member."""
-    members = [*(server.name for server in spec.servers), EXPORTER]
+    """Fixed ports for the fleet's members, in order (:func:`fleet_members`). One port is the
+    first of consecutive ones; otherwise one per member."""
+    members = fleet_members(spec)
     if len(ports) == 1:
         ports = [ports[0] + i for i in range(len(members))]
     if len(ports) != len(members):

@@ -166,3 +166,28 @@ def test_a_listen_address_that_cannot_be_one_is_one_clear_error(
     assert result.stderr.startswith("gpugate: error: "), result.stderr
     assert expected in result.stderr
     assert 1 == len(result.stderr.splitlines()), result.stderr
+
+
+def test_fleet_help_says_how_many_ports_and_which_members_from_the_demo_spec(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gpugate.fleet import EXPORTER, demo_spec
+
+    members = [*(server.name for server in demo_spec().servers), EXPORTER]
+
+    with pytest.raises(SystemExit):
+        main(["fleet", "--help"])
+
+    text = " ".join(capsys.readouterr().out.split())  # as argparse wraps it
+    assert f"{len(members)} fixed ports, one per member in this order: {', '.join(members)}" in text
+    assert f"{len(members)} consecutive fixed ports from P up (P to P+{len(members) - 1})" in text
+
+
+def test_the_command_line_does_not_import_the_fleet_until_a_command_needs_it() -> None:
+    """The fleet's members in ``fleet --help`` are read when it is shown: not on every run."""
+    probe = "import sys; from gpugate.cli import build_parser; build_parser(); "
+    probe += "print('gpugate.fleet' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert "False" == result.stdout.strip()
