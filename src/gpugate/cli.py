@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote
 
 from gpugate import __version__
-from gpugate.config import env_problems, load_config
+from gpugate.config import GatewayConfig, env_problems, load_config
+from gpugate.config.files import file_problems
 from gpugate.errors import ConfigError, ConfigProblem, GpugateError
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gpugate.workers import Supervisor, port_of, reserve
 
     config = load_config(args.config, environ=os.environ, require_env=True)
+    _check_files(config, str(args.config))
     if args.no_access_log:
         config = config.model_copy(
             update={"server": config.server.model_copy(update={"access_log": False})}
@@ -89,13 +91,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0 if clean else 1
 
 
+def _check_files(config: GatewayConfig, source: str) -> None:
+    """What ``serve`` reads at start besides the variables (``load_config`` checked those):
+    the TLS files, readable and loadable as a certificate and its key. Before anything is
+    bound or announced, so a wrong file is the whole of the output, with its key's line."""
+    from gpugate.server import server_tls
+
+    problems = file_problems(config)
+    if not problems:
+        try:
+            server_tls(config.tls, config.source_map)  # each process builds its own later
+        except ConfigError as exc:
+            problems = exc.problems
+    if problems:
+        raise ConfigError(problems, source=source)
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     config = load_config(args.file)
-    missing = env_problems(config, os.environ)
-    for line in config.summary_lines():
-        print(line)
+    missing = [*env_problems(config, os.environ), *file_problems(config)]
     if missing and args.strict_env:
         raise ConfigError(missing, source=str(args.file))
+    for line in config.summary_lines():
+        print(line)
     for problem in missing:
         print(f"warning: {problem} (needed at `serve`)")
     print(f"{args.file}: valid")
@@ -516,13 +534,19 @@ def _add_process_commands(sub: Any) -> None:
         description="Validate a config file. Each problem is one line on stdout, "
         "`path.to.key: reason (line N)` (a problem of the file as a whole, such as unreadable "
         "or not YAML, names the file in the key's place), then the count, `FILE: N problems`, "
-        "on stderr; exit 1. A valid file prints a summary and `FILE: valid`; exit 0. Unset "
-        "environment variables that `serve` needs are warnings here, `warning: path.to.key: "
-        "reason (line N) (needed at `serve`)` (errors with --strict-env). `serve` prints the "
-        "same problem lines and count on stderr.",
+        "on stderr; exit 1. A valid file prints a summary and `FILE: valid`; exit 0. What "
+        "`serve` needs of the machine it runs on (environment variables named by `*_env` keys "
+        "set, the `tls` files readable) is a warning here, `warning: path.to.key: reason "
+        "(line N) (needed at `serve`)` (an error with --strict-env). `serve` prints the same "
+        "problem lines and count on stderr.",
     )
     p.add_argument("file", type=Path)
-    p.add_argument("--strict-env", action="store_true", help="unset required env vars are errors")
+    p.add_argument(
+        "--strict-env",
+        action="store_true",
+        help="what serve needs of this machine (unset *_env variables, unreadable tls files) "
+        "is an error, not a warning",
+    )
     p.set_defaults(func=cmd_check_config)
 
     p = sub.add_parser("db", help="store maintenance")

@@ -191,3 +191,31 @@ def test_the_command_line_does_not_import_the_fleet_until_a_command_needs_it() -
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, check=True
     )
     assert "False" == result.stdout.strip()
+
+
+def test_tls_files_check_config_cannot_read_are_warnings_with_lines_and_errors_when_strict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cert, key = tmp_path / "absent.crt", tmp_path / "absent.key"
+    config = tmp_path / "gw.yaml"
+    config.write_text(
+        "upstreams: [{id: a, url: 'http://127.0.0.1:9', models: [m]}]\n"
+        f"tls:\n  cert_file: {cert}\n  key_file: {key}\n"
+    )
+    cert_problem = f"tls.cert_file: cannot read {cert}: No such file or directory (line 3)"
+    key_problem = f"tls.key_file: cannot read {key}: No such file or directory (line 4)"
+
+    assert 0 == main(["check-config", str(config)])
+    out = capsys.readouterr().out.splitlines()
+    assert [
+        f"warning: {cert_problem} (needed at `serve`)",
+        f"warning: {key_problem} (needed at `serve`)",
+        f"{config}: valid",
+    ] == out[-3:]
+
+    assert 1 == main(["check-config", "--strict-env", str(config)])
+    captured = capsys.readouterr()
+    assert ([cert_problem, key_problem], f"{config}: 2 problems\n") == (
+        captured.out.splitlines(),
+        captured.err,
+    )
