@@ -134,3 +134,16 @@ def test_jobs_submit_with_an_input_file_that_does_not_exist_names_it(
 
     expected = f"gpugate: error: cannot read {missing}: No such file or directory\n"
     assert (1, "", expected) == (code, out, err)
+
+
+@pytest.mark.parametrize("flag", ["--ca-file", "--cert-file"])
+def test_a_tls_file_for_the_gateway_that_does_not_exist_names_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str
+) -> None:
+    missing = tmp_path / "absent.pem"
+
+    code, out, err = run(capsys, "runtimes", "list", flag, str(missing))
+
+    what = "the CA bundle" if flag == "--ca-file" else "the client certificate"
+    expected = f"gpugate: error: cannot load {what} {missing}: No such file or directory\n"
+    assert (1, "", expected) == (code, out, err)

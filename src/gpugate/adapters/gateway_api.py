@@ -46,14 +46,23 @@ def client_tls(
     and present ``cert_file``/``key_file`` (mTLS); None when nothing is asked for."""
     if ca_file is None and cert_file is None:
         return None
-    context = ssl.create_default_context(cafile=ca_file)
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise GpugateError(f"cannot load the CA bundle {ca_file}: {_reason(exc)}") from exc
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if cert_file is not None:
         try:
             context.load_cert_chain(cert_file, key_file)
         except (OSError, ssl.SSLError) as exc:
-            raise GpugateError(f"cannot load the client certificate {cert_file}: {exc}") from exc
+            what = f"the client certificate {cert_file}"
+            raise GpugateError(f"cannot load {what}: {_reason(exc)}") from exc
     return context
+
+
+def _reason(exc: OSError | ssl.SSLError) -> str:
+    """Why a file did not load: ``No such file or directory``, not ``[Errno 2] ...``."""
+    return exc.strerror or getattr(exc, "reason", None) or str(exc)
 
 
 def base_url_problem(url: str) -> str | None:
