@@ -68,8 +68,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = config.model_copy(
             update={"server": config.server.model_copy(update={"access_log": False})}
         )
-    configure_logging(args.log_format or config.server.log_format, args.log_level)
     host, port = (config.host, config.port) if args.listen is None else _split_listen(args.listen)
+    configure_logging(args.log_format or config.server.log_format, args.log_level)
     workers = args.workers if args.workers is not None else 1
     many = workers > 1  # the supervisor holds the ports, each worker binds them again
     sock = reserve(host, port) if many else bind(host, port)
@@ -149,8 +149,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from gpugate.demo import run_demo
     from gpugate.logs import configure_logging
 
-    configure_logging("text", args.log_level)
     host, port = _split_listen(args.listen)
+    configure_logging("text", args.log_level)
     workdir = Path(args.workdir)
     clean = _run(run_demo(host, port, workdir=workdir, scenario=args.scenario, pace_s=args.pace))
     return 0 if clean else 1
@@ -372,7 +372,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from gpugate.worker import WorkerSettings
     from gpugate.worker.server import serve_worker
 
-    configure_logging("text", args.log_level)
     secret = os.environ.get(args.secret_env)
     if not secret:
         raise GpugateError(f"environment variable {args.secret_env} (--secret-env) is not set")
@@ -392,6 +391,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         tls_client_ca_file=args.tls_client_ca_file,
         gateway_ca_file=args.gateway_ca_file,
     )
+    configure_logging("text", args.log_level)  # once the arguments are known to be good
     result = _run(serve_worker(settings, host, port))
     assert isinstance(result, int)
     return result
