@@ -1,7 +1,10 @@
 """The ``gpugate`` command. Each subcommand parses its arguments, calls one function, presents.
 
 Exit codes: 0 success, 1 a failure the message explains (invalid config, port taken, store down),
-2 a usage error (argparse).
+2 a usage error (argparse). A failure is one line, ``gpugate: error: ...`` (a config's problems:
+a line each, ``path.to.key: reason (line N)``), never a traceback: what goes wrong as expected —
+a taken port, a URL that is not one, a file that cannot be read — is translated to a
+:class:`~gpugate.errors.GpugateError` where it enters, and :func:`main` prints it.
 """
 
 from __future__ import annotations
