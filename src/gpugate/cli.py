@@ -48,15 +48,19 @@ def _print_problems(error: ConfigError, stream: TextIO, summary: TextIO) -> None
     stdout nothing but problem lines; a command that cannot start because of its config
     prints both on stderr.
     """
-    problems = error.problems
+    problems, source = error.problems, error.source
     for problem in problems:
-        where = problem if problem.path or not error.source else replace(problem, path=error.source)
-        print(where, file=stream)
-    if len(problems) == 1 and not problems[0].path and error.source:
+        print(_problem_line(problem, source), file=stream)
+    if len(problems) == 1 and not problems[0].path and source:
         return  # its line names the file already
     stream.flush()  # the count comes after the lines, on a terminal too
     count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
-    print(f"{error.source}: {count}" if error.source else count, file=summary)
+    print(f"{source}: {count}" if source else count, file=summary)
+
+
+def _problem_line(problem: ConfigProblem, source: str | None) -> str:
+    """``path.to.key: reason (line N)``; for the whole document, the file in the key's place."""
+    return str(replace(problem, path=source) if source and not problem.path else problem)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
