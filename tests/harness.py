@@ -17,7 +17,8 @@ import pytest
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig, config_from_document
 from gpugate.fleet import ModelServer, ServerBehaviour
-from gpugate.server import bind, connection_limits, make_server
+from gpugate.listen import bind
+from gpugate.server import connection_limits, make_server
 from gpugate.web.app import create_app
 from gpugate.web.batches import present
 from gpugate.wiring import Gateway, build_gateway

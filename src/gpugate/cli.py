@@ -1,7 +1,10 @@
 """The ``gpugate`` command. Each subcommand parses its arguments, calls one function, presents.
 
 Exit codes: 0 success, 1 a failure the message explains (invalid config, port taken, store down),
-2 a usage error (argparse).
+2 a usage error (argparse). A failure is one line, ``gpugate: error: ...`` (a config's problems:
+a line each, ``path.to.key: reason (line N)``), never a traceback: what goes wrong as expected —
+a taken port, a URL that is not one, a file that cannot be read — is translated to a
+:class:`~gpugate.errors.GpugateError` where it enters, and :func:`main` prints it.
 """
 
 from __future__ import annotations
@@ -9,13 +12,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote
 
 from gpugate import __version__
-from gpugate.config import env_problems, fallback_warnings, load_config
+from gpugate.config import GatewayConfig, env_problems, fallback_warnings, load_config
+from gpugate.config.files import file_problems
 from gpugate.errors import ConfigError, ConfigProblem, GpugateError
 
 if TYPE_CHECKING:
@@ -33,35 +38,45 @@ def _run(coro: object) -> object:
     return uvloop.run(coro)  # type: ignore[arg-type]
 
 
-def _print_problems(error: ConfigError, stream: TextIO) -> None:
-    """Every problem: one line when there is one, else a count and a line each.
+def _print_problems(error: ConfigError, stream: TextIO, summary: TextIO) -> None:
+    """Every problem on a line of its own, ``path.to.key: reason (line N)`` (DESIGN §7), then
+    ``FILE: N problems`` on ``summary``.
 
-    ``check-config`` is a linter, so its findings go to stdout (as ruff's and mypy's do); a
-    command that cannot start because of its config says so on stderr.
+    A problem of the whole document (the file cannot be read, is not YAML) has the file in the
+    key's place, and when it is the only one it is all there is. ``check-config`` is a linter,
+    so its findings go to stdout (as ruff's and mypy's do) and the count to stderr, leaving
+    stdout nothing but problem lines; a command that cannot start because of its config
+    prints both on stderr.
     """
-    source = f"{error.source}: " if error.source else ""
-    problems = error.problems
-    if len(problems) == 1 and not problems[0].path:
-        line = f" (line {problems[0].line})" if problems[0].line is not None else ""
-        print(f"{source}{problems[0].message}{line}", file=stream)
-        return
-    print(f"{source}{len(problems)} problem{'s' if len(problems) != 1 else ''}", file=stream)
+    problems, source = error.problems, error.source
     for problem in problems:
-        print(f"  {problem}", file=stream)
+        print(_problem_line(problem, source), file=stream)
+    if len(problems) == 1 and not problems[0].path and source:
+        return  # its line names the file already
+    stream.flush()  # the count comes after the lines, on a terminal too
+    count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+    print(f"{source}: {count}" if source else count, file=summary)
+
+
+def _problem_line(problem: ConfigProblem, source: str | None) -> str:
+    """``path.to.key: reason (line N)``; for the whole document, the file in the key's place."""
+    return str(replace(problem, path=source) if source and not problem.path else problem)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from gpugate.listen import bind
     from gpugate.logs import configure_logging
-    from gpugate.server import bind, serve_gateway
+    from gpugate.server import serve_gateway
     from gpugate.workers import Supervisor, port_of, reserve
 
     config = load_config(args.config, environ=os.environ, require_env=True)
+    _check_files(config, str(args.config))
     if args.no_access_log:
         config = config.model_copy(
             update={"server": config.server.model_copy(update={"access_log": False})}
         )
-    configure_logging(args.log_format or config.server.log_format, args.log_level)
     host, port = (config.host, config.port) if args.listen is None else _split_listen(args.listen)
+    configure_logging(args.log_format or config.server.log_format, args.log_level)
     workers = args.workers if args.workers is not None else 1
     many = workers > 1  # the supervisor holds the ports, each worker binds them again
     sock = reserve(host, port) if many else bind(host, port)
@@ -83,13 +98,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0 if clean else 1
 
 
+def _check_files(config: GatewayConfig, source: str) -> None:
+    """What ``serve`` reads at start besides the variables (``load_config`` checked those):
+    the TLS files, readable and loadable as a certificate and its key. Before anything is
+    bound or announced, so a wrong file is the whole of the output, with its key's line."""
+    from gpugate.server import server_tls
+
+    problems = file_problems(config)
+    if not problems:
+        try:
+            server_tls(config.tls, config.source_map)  # each process builds its own later
+        except ConfigError as exc:
+            problems = exc.problems
+    if problems:
+        raise ConfigError(problems, source=source)
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     config = load_config(args.file)
-    missing = env_problems(config, os.environ)
-    for line in config.summary_lines():
-        print(line)
+    missing = [*env_problems(config, os.environ), *file_problems(config)]
     if missing and args.strict_env:
         raise ConfigError(missing, source=str(args.file))
+    for line in config.summary_lines():
+        print(line)
     for problem in missing:
         print(f"warning: {problem} (needed at `serve`)")
     for problem in fallback_warnings(config):
@@ -127,8 +158,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from gpugate.demo import run_demo
     from gpugate.logs import configure_logging
 
-    configure_logging("text", args.log_level)
     host, port = _split_listen(args.listen)
+    configure_logging("text", args.log_level)
     workdir = Path(args.workdir)
     clean = _run(run_demo(host, port, workdir=workdir, scenario=args.scenario, pace_s=args.pace))
     return 0 if clean else 1
@@ -158,7 +189,48 @@ def _api(args: argparse.Namespace, *, token: str | None = None) -> GatewayApi:
     from gpugate.adapters.gateway_api import GatewayApi, client_tls
 
     tls = client_tls(args.ca_file, args.cert_file, args.key_file)
-    return GatewayApi(args.gateway, token=token, actor=getattr(args, "actor", None), tls=tls)
+    actor = getattr(args, "actor", None)
+    return GatewayApi(_gateway_url(args), token=token, actor=actor, tls=tls)
+
+
+GATEWAY_URL_ENV = "GPUGATE_URL"
+DEFAULT_GATEWAY = "http://127.0.0.1:8080"
+
+
+def _gateway_url(args: argparse.Namespace) -> str:
+    """``--gateway``, else ``$GPUGATE_URL``, else the local default; checked."""
+    if args.gateway is not None:
+        return _checked_url(args.gateway, "--gateway")
+    if GATEWAY_URL_ENV in os.environ:
+        where = f"${GATEWAY_URL_ENV} (the default of --gateway)"
+        return _checked_url(os.environ[GATEWAY_URL_ENV], where)
+    return DEFAULT_GATEWAY
+
+
+def _checked_url(url: str, where: str) -> str:
+    """``url``, or a :class:`GpugateError` naming ``where`` it came from and what is wrong."""
+    from gpugate.adapters.gateway_api import base_url_problem
+
+    problem = base_url_problem(url)
+    if problem is not None:
+        raise GpugateError(f"{where}: not an http(s) URL: {url!r}: {problem}")
+    return url
+
+
+def _read_file(path: Path) -> bytes:
+    """The bytes of ``path``, or a :class:`GpugateError` saying why it cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise GpugateError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path``, or a :class:`GpugateError` saying why it cannot be."""
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise GpugateError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 def _print_json(value: object) -> None:
@@ -170,7 +242,8 @@ def _print_json(value: object) -> None:
 def cmd_jobs_submit(args: argparse.Namespace) -> int:
     import json
 
-    raw = Path(args.input[1:]).read_text() if args.input.startswith("@") else args.input
+    given: str = args.input
+    raw = _read_file(Path(given[1:])) if given.startswith("@") else given
     try:
         payload = json.loads(raw)
     except ValueError as exc:
@@ -261,7 +334,7 @@ def cmd_config_export(args: argparse.Namespace) -> int:
     kind = "application/json" if args.format == "json" else "application/yaml"
     _, headers, raw = _admin_api(args).send("GET", "/admin/config", headers={"Accept": kind})
     if args.output:
-        Path(args.output).write_bytes(raw)
+        _write_file(Path(args.output), raw)
     else:
         sys.stdout.write(raw.decode())
     print(f"exported gateway config version {headers.get('x-config-version')}", file=sys.stderr)
@@ -274,19 +347,16 @@ def cmd_config_import(args: argparse.Namespace) -> int:
     path = Path(args.file)
     fmt = args.format or ("json" if path.suffix == ".json" else "yaml")
     headers = {"Content-Type": f"application/{fmt}", "Accept": "application/json"}
+    document = _read_file(path)
+    api = _admin_api(args)
     try:
-        _, _, raw = _admin_api(args).send(
-            "PUT", "/admin/config", path.read_bytes(), headers=headers
-        )
+        _, result = api.send_for_json("PUT", "/admin/config", document, headers=headers)
     except GatewayApiError as exc:
         if not exc.problems:
             raise
         problems = [ConfigProblem(p["path"], p["message"], p["line"]) for p in exc.problems]
-        _print_problems(ConfigError(problems, source=str(path)), sys.stderr)
+        _print_problems(ConfigError(problems, source=str(path)), sys.stderr, sys.stderr)
         return 1
-    import json
-
-    result = json.loads(raw)
     what = "a new version" if result["changed"] else "unchanged: it equals the current version"
     print(f"gateway config version {result['version']} ({what})")
     return 0
@@ -311,7 +381,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from gpugate.worker import WorkerSettings
     from gpugate.worker.server import serve_worker
 
-    configure_logging("text", args.log_level)
     secret = os.environ.get(args.secret_env)
     if not secret:
         raise GpugateError(f"environment variable {args.secret_env} (--secret-env) is not set")
@@ -320,8 +389,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = WorkerSettings(
         runtime_id=args.runtime,
         secret=secret,
-        gateway_url=args.gateway,
-        upstream_url=args.upstream,
+        gateway_url=_checked_url(args.gateway, "--gateway"),
+        upstream_url=_checked_url(args.upstream, "--upstream"),
         state_dir=state_dir,
         concurrency=args.concurrency,
         idle_exit_s=args.idle_exit_s,
@@ -331,6 +400,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         tls_client_ca_file=args.tls_client_ca_file,
         gateway_ca_file=args.gateway_ca_file,
     )
+    configure_logging("text", args.log_level)  # once the arguments are known to be good
     result = _run(serve_worker(settings, host, port))
     assert isinstance(result, int)
     return result
@@ -431,7 +501,12 @@ def _split_listen(value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit():
         raise GpugateError(f"--listen must be HOST:PORT, got {value!r}")
+    if int(port) > MAX_PORT:
+        raise GpugateError(f"--listen: the port must be 0-{MAX_PORT}, got {value!r}")
     return host.strip("[]"), int(port)
+
+
+MAX_PORT = 65535
 
 
 def _add_process_commands(sub: Any) -> None:
@@ -465,12 +540,22 @@ def _add_process_commands(sub: Any) -> None:
     p = sub.add_parser(
         "check-config",
         help="validate a config file: every problem as `path.to.key: reason (line N)`",
-        description="Validate a config file. Prints every problem and exits 1, or a summary and "
-        "exits 0. Unset environment variables that `serve` needs are warnings here "
-        "(errors with --strict-env).",
+        description="Validate a config file. Each problem is one line on stdout, "
+        "`path.to.key: reason (line N)` (a problem of the file as a whole, such as unreadable "
+        "or not YAML, names the file in the key's place), then the count, `FILE: N problems`, "
+        "on stderr; exit 1. A valid file prints a summary and `FILE: valid`; exit 0. What "
+        "`serve` needs of the machine it runs on (environment variables named by `*_env` keys "
+        "set, the `tls` files readable) is a warning here, `warning: path.to.key: reason "
+        "(line N) (needed at `serve`)` (an error with --strict-env). `serve` prints the same "
+        "problem lines and count on stderr.",
     )
     p.add_argument("file", type=Path)
-    p.add_argument("--strict-env", action="store_true", help="unset required env vars are errors")
+    p.add_argument(
+        "--strict-env",
+        action="store_true",
+        help="what serve needs of this machine (unset *_env variables, unreadable tls files) "
+        "is an error, not a warning",
+    )
     p.set_defaults(func=cmd_check_config)
 
     p = sub.add_parser("db", help="store maintenance")
@@ -481,25 +566,7 @@ def _add_process_commands(sub: Any) -> None:
     where.add_argument("--config", type=Path, help="take `store` from this config file")
     p.set_defaults(func=cmd_db_upgrade)
 
-    p = sub.add_parser(
-        "fleet", help="run the simulated fleet alone (fake model servers + exporter)"
-    )
-    p.add_argument("--gpus", type=int, default=2, help="GPUs on the fake exporter (default 2)")
-    p.add_argument("--host-label", choices=["Hostname", "hostname"], default="Hostname")
-    fixed = p.add_mutually_exclusive_group()
-    fixed.add_argument(
-        "--port",
-        type=int,
-        help="fixed ports from P up: each server in the order listed, then the exporter "
-        "(default: free ports, new on every run)",
-    )
-    fixed.add_argument(
-        "--ports",
-        type=lambda text: [int(part) for part in text.split(",")],
-        metavar="P1,P2,...",
-        help="one fixed port per member, in that order",
-    )
-    p.set_defaults(func=cmd_fleet)
+    _add_fleet_command(sub)
 
     from gpugate.demo_scenarios import SCENARIOS, describe
 
@@ -533,6 +600,71 @@ def _add_process_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_demo)
 
 
+def _add_fleet_command(sub: Any) -> None:
+    """fleet; the help of its fixed ports names the members, read from the demo spec when
+    ``--help`` asks (importing the fleet would cost every other command 0.2 s)."""
+    p = sub.add_parser(
+        "fleet",
+        help="run the simulated fleet alone (fake model servers + exporter)",
+        add_help=False,
+    )
+    one: argparse.Action  # --port and --ports, added below
+    each: argparse.Action
+    p.add_argument("-h", "--help", action=_HelpAfter, fill=lambda: _fill_fleet_help(one, each))
+    p.add_argument("--gpus", type=int, default=2, help="GPUs on the fake exporter (default 2)")
+    p.add_argument("--host-label", choices=["Hostname", "hostname"], default="Hostname")
+    fixed = p.add_mutually_exclusive_group()
+    one = fixed.add_argument("--port", type=int, metavar="P")
+    each = fixed.add_argument("--ports", type=_port_list, metavar="P1,P2,...")
+    p.set_defaults(func=cmd_fleet)
+
+
+def _fill_fleet_help(port: argparse.Action, ports: argparse.Action) -> None:
+    from gpugate.demo import fleet_members, fleet_spec
+
+    members = fleet_members(fleet_spec())
+    port.help = (
+        f"{len(members)} consecutive fixed ports from P up (P to P+{len(members) - 1}), in "
+        "the order of --ports (default: free ports, new on every run)"
+    )
+    ports.help = f"{len(members)} fixed ports, one per member in this order: {', '.join(members)}"
+
+
+class _HelpAfter(argparse.Action):
+    """``-h``/``--help`` that calls ``fill()`` first: for help text too costly to build on
+    every run of the command line."""
+
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, *, fill: Callable[[], None]
+    ) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="show this help message and exit",
+        )
+        self._fill = fill
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        _namespace: argparse.Namespace,
+        _values: object,
+        _option_string: str | None = None,
+    ) -> None:
+        self._fill()
+        parser.print_help()
+        parser.exit()
+
+
+def _port_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of ports: {text!r}") from None
+
+
 def _add_gpus_commands(sub: Any) -> None:
     """gpus inspect."""
     p = sub.add_parser("gpus", help="look at GPUs through dcgm-exporter")
@@ -556,8 +688,7 @@ def _gateway_parent() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument(
         "--gateway",
-        default=os.environ.get("GPUGATE_URL", "http://127.0.0.1:8080"),
-        help="the gateway's base URL (default $GPUGATE_URL or http://127.0.0.1:8080); a "
+        help=f"the gateway's base URL (default ${GATEWAY_URL_ENV} or {DEFAULT_GATEWAY}); a "
         "redirect to another origin is refused, so the token never goes elsewhere",
     )
     tls = (
@@ -824,7 +955,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = args.func(args)
     except ConfigError as exc:
-        _print_problems(exc, sys.stdout if args.func is cmd_check_config else sys.stderr)
+        _print_problems(
+            exc, sys.stdout if args.func is cmd_check_config else sys.stderr, sys.stderr
+        )
         return 1
     except GpugateError as exc:
         print(f"gpugate: error: {exc.message}", file=sys.stderr)

@@ -16,7 +16,7 @@ import os
 import secrets
 import signal
 from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 from typing import Self
 
@@ -24,7 +24,8 @@ from gpugate.config import load_config
 from gpugate.demo_scenarios import SCENARIOS, Stage, play
 from gpugate.errors import GpugateError
 from gpugate.fleet import EXPORTER, Fleet, FleetSpec, HostLabel, demo_spec
-from gpugate.server import bind, serve_gateway
+from gpugate.listen import bind
+from gpugate.server import serve_gateway
 from gpugate.worker import WorkerSettings
 from gpugate.worker.server import running_worker
 
@@ -35,6 +36,7 @@ WORKER_SECRET_ENV = "GPUGATE_DEMO_WORKER_SECRET"  # noqa: S105 - a variable's na
 DEFAULT_PACE_S = 5.0  # how long a scenario holds each state for a watcher (``--pace``)
 MAX_PACE_S = 600.0
 TRAFFIC_EVERY_S = 0.5  # the background chat traffic while a scenario plays
+FLEET_HOST = "127.0.0.1"  # the simulated fleet listens on loopback only
 HOME_DAILY_CENTS = 2.0  # home-1's daily budget in the demo: over it after ~4 s of its GPU time
 
 
@@ -44,10 +46,16 @@ def fleet_spec(gpus: int = 2, host_label: HostLabel = "Hostname") -> FleetSpec:
     return dataclasses.replace(spec, gpus=gpus, exporter=exporter)
 
 
+def fleet_members(spec: FleetSpec) -> list[str]:
+    """The fleet's members in the order fixed ports go to them: every server as the spec lists
+    them, then the exporter."""
+    return [*(server.name for server in spec.servers), EXPORTER]
+
+
 def fleet_ports(spec: FleetSpec, ports: Sequence[int]) -> dict[str, int]:
-    """Fixed ports for the fleet's members, in order: every server as the spec lists them, then
-    the exporter. One port is the first of consecutive ones; otherwise one per member."""
-    members = [*(server.name for server in spec.servers), EXPORTER]
+    """Fixed ports for the fleet's members, in order (:func:`fleet_members`). One port is the
+    first of consecutive ones; otherwise one per member."""
+    members = fleet_members(spec)
     if len(ports) == 1:
         ports = [ports[0] + i for i in range(len(members))]
     if len(ports) != len(members):
@@ -63,18 +71,21 @@ async def run_fleet(
     *, gpus: int = 2, host_label: HostLabel = "Hostname", ports: Sequence[int] = ()
 ) -> None:
     """Run the simulated fleet until SIGINT or SIGTERM, printing where each member listens;
-    ``ports`` fixes them (see :func:`fleet_ports`), else each gets a free one."""
+    ``ports`` fixes them (see :func:`fleet_ports`), else each gets a free one. Fixed ports are
+    all bound first, so a taken one is a :class:`~gpugate.errors.ListenError` naming it."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     spec = fleet_spec(gpus, host_label)
-    fixed = fleet_ports(spec, ports) if ports else None
-    async with Fleet(spec, ports=fixed) as fleet:
-        for line in fleet.describe():
-            print(line, flush=True)  # noqa: T201 - the command's output
-        print("Ctrl-C stops.", flush=True)  # noqa: T201
-        await stop.wait()
+    fixed = fleet_ports(spec, ports) if ports else {}
+    with ExitStack() as bound:  # each socket is the fleet's once it serves; closed here if not
+        socks = {name: bound.enter_context(bind(FLEET_HOST, port)) for name, port in fixed.items()}
+        async with Fleet(spec, host=FLEET_HOST, ports=socks) as fleet:
+            for line in fleet.describe():
+                print(line, flush=True)  # noqa: T201 - the command's output
+            print("Ctrl-C stops.", flush=True)  # noqa: T201
+            await stop.wait()
 
 
 def demo_config(

@@ -17,7 +17,6 @@ on it and off the main one.
 from __future__ import annotations
 
 import asyncio
-import errno
 import gc
 import logging
 import resource
@@ -32,8 +31,8 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from gpugate.clock import SystemClock
-from gpugate.config import GatewayConfig, ServerConfig, TlsConfig
-from gpugate.errors import ConfigError, ConfigProblem, ListenError
+from gpugate.config import GatewayConfig, ServerConfig, SourceMap, TlsConfig
+from gpugate.errors import ConfigError, ConfigProblem
 from gpugate.services.readiness import Lifecycle
 from gpugate.web.app import create_app
 from gpugate.web.batches import present
@@ -44,33 +43,6 @@ from gpugate.web.listeners import ListenerSplit, Peers, sibling_metrics
 from gpugate.wiring import build_gateway
 
 log = logging.getLogger("gpugate.server")
-
-
-def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
-    """A listening socket on host:port, or a :class:`ListenError` that says what is wrong.
-
-    ``reuse_port``: ``SO_REUSEPORT``, so every worker of ``serve --workers`` binds the address
-    itself and the kernel spreads the connections among them; ``listen=False`` leaves the
-    socket bound only (it gets no connection until the event loop starts serving on it, which
-    listens: a worker takes no connection before its gateway is built)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, True)  # noqa: FBT003
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, True)  # noqa: FBT003
-        sock.bind((host, port))
-        if listen:
-            sock.listen(2048)
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise ListenError(f"cannot listen on {host}:{port}: address already in use") from exc
-        if exc.errno == errno.EADDRNOTAVAIL:
-            raise ListenError(f"cannot listen on {host}:{port}: no such local address") from exc
-        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-    sock.setblocking(False)  # noqa: FBT003
-    return sock
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -101,9 +73,9 @@ def _absorb_reraised_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
 
 
-def server_tls(tls: TlsConfig | None) -> ssl.SSLContext | None:
+def server_tls(tls: TlsConfig | None, lines: SourceMap | None = None) -> ssl.SSLContext | None:
     """The server's TLS context for ``tls`` (None: plain HTTP); :class:`ConfigError` naming
-    the key whose file cannot be loaded."""
+    the key whose file cannot be loaded, and its line in ``lines`` (the config's source map)."""
     if tls is None:
         return None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -112,19 +84,22 @@ def server_tls(tls: TlsConfig | None) -> ssl.SSLContext | None:
     try:
         context.load_cert_chain(tls.cert_file, tls.key_file)
     except (OSError, ssl.SSLError) as exc:
-        raise _tls_problem("tls.cert_file", "the certificate and key", exc) from exc
+        raise _tls_problem("cert_file", "the certificate and key", exc, lines) from exc
     if tls.client_ca_file is not None:
         try:
             context.load_verify_locations(cafile=tls.client_ca_file)
         except (OSError, ssl.SSLError) as exc:
-            raise _tls_problem("tls.client_ca_file", "the client CA bundle", exc) from exc
+            raise _tls_problem("client_ca_file", "the client CA bundle", exc, lines) from exc
         context.verify_mode = ssl.CERT_REQUIRED
     return context
 
 
-def _tls_problem(key: str, what: str, exc: OSError | ssl.SSLError) -> ConfigError:
+def _tls_problem(
+    key: str, what: str, exc: OSError | ssl.SSLError, lines: SourceMap | None
+) -> ConfigError:
     reason = exc.strerror or getattr(exc, "reason", None) or str(exc)
-    return ConfigError([ConfigProblem(key, f"cannot load {what}: {reason}")])
+    line = None if lines is None else lines.line(("tls", key))
+    return ConfigError([ConfigProblem(f"tls.{key}", f"cannot load {what}: {reason}", line)])
 
 
 CUT_MARGIN_S = 2.0
@@ -303,7 +278,7 @@ async def serve_gateway(
 ) -> bool:
     """Build the gateway, serve it until a signal, then stop it: the whole life of ``serve``;
     ``peers``: one worker of ``serve --workers`` (its /metrics merges its siblings')."""
-    tls = server_tls(config.tls)  # before anything starts: a wrong file is one clear error
+    tls = server_tls(config.tls, config.source_map)  # before anything: one clear error
     raise_fd_limit()
     async with (
         build_gateway(

@@ -51,7 +51,8 @@ from types import FrameType
 
 from gpugate.config import GatewayConfig
 from gpugate.errors import ConfigError, GpugateError
-from gpugate.server import bind, serve_gateway
+from gpugate.listen import bind
+from gpugate.server import serve_gateway
 from gpugate.web.listeners import Peers
 
 log = logging.getLogger("gpugate.workers")
@@ -323,7 +324,7 @@ def _user() -> str:
 def reserve(host: str, port: int) -> socket.socket:
     """The supervisor's hold on ``host:port``: bound with ``SO_REUSEPORT`` and not listening
     (it takes no connection), so the port stays the workers' while one restarts; a taken port
-    is the :class:`~gpugate.errors.ListenError` of :func:`gpugate.server.bind`."""
+    is the :class:`~gpugate.errors.ListenError` of :func:`gpugate.listen.bind`."""
     return bind(host, port, reuse_port=True, listen=False)
 
 

@@ -18,14 +18,27 @@ def test_check_config_reports_a_wrong_type_an_unknown_key_and_a_missing_runtime_
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code = main(["check-config", str(EXAMPLES / "invalid.yaml")])
-    err = capsys.readouterr().out  # a linter's findings go to stdout
+    captured = capsys.readouterr()  # a linter's findings go to stdout, the count to stderr
+    lines = captured.out.splitlines()
     assert 1 == code
-    assert "upstreams[0].max_inflight: expected an integer, got 'lots' (line 11)" in err
-    assert "upstreams[0].gpu_id: unknown key" in err
-    assert "(line 12)" in err
-    assert "fallback_chain[1]: names runtime 'nope', which is not defined" in err
-    assert "(line 22)" in err
-    assert "3 problems" in err
+    assert "upstreams[0].max_inflight: expected an integer, got 'lots' (line 11)" == lines[0]
+    assert lines[1].startswith("upstreams[0].gpu_id: unknown key (allowed: id, url, ")
+    assert lines[1].endswith(") (line 12)")
+    unknown_runtime = "names runtime 'nope', which is not defined (defined: local, home-1)"
+    assert [f"fallback_chain[1]: {unknown_runtime} (line 22)"] == lines[2:]
+    assert f"{EXAMPLES / 'invalid.yaml'}: 3 problems\n" == captured.err
+
+
+def test_serve_prints_the_problems_of_a_bad_config_as_check_config_does(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME1_WORKER_SECRET", "s3cret")  # serve also needs the secrets
+    main(["check-config", str(EXAMPLES / "invalid.yaml")])
+    checked = capsys.readouterr()
+
+    code = main(["serve", "--config", str(EXAMPLES / "invalid.yaml")])
+
+    assert (1, "", checked.out + checked.err) == (code, *capsys.readouterr())
 
 
 def test_the_design_example_validates_with_a_summary(capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,3 +131,91 @@ def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixtur
         main([*command, "--help"])
     assert 0 == exit_info.value.code
     assert "usage: gpugate " + " ".join(command) in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["demo", "--listen", "127.0.0.1:99999"],
+            "the port must be 0-65535, got '127.0.0.1:99999'",
+        ),
+        (["demo", "--listen", "8080"], "--listen must be HOST:PORT, got '8080'"),
+        (["serve", "--config", "gw.yaml", "--listen", "[::1]:70000"], "the port must be 0-65535"),
+    ],
+    ids=["demo-port-too-big", "demo-no-host", "serve-port-too-big"],
+)
+def test_a_listen_address_that_cannot_be_one_is_one_clear_error(
+    argv: list[str], expected: str, tmp_path: Path
+) -> None:
+    (tmp_path / "gw.yaml").write_text(
+        "upstreams: [{id: a, url: 'http://127.0.0.1:9', models: [m]}]\n"
+    )
+    argv = [str(tmp_path / part) if part == "gw.yaml" else part for part in argv]
+
+    result = subprocess.run(  # not main(): demo and serve set up logging on the process's stderr
+        [sys.executable, "-m", "gpugate", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        cwd=tmp_path,
+    )
+
+    assert (1, "") == (result.returncode, result.stdout)
+    assert result.stderr.startswith("gpugate: error: "), result.stderr
+    assert expected in result.stderr
+    assert 1 == len(result.stderr.splitlines()), result.stderr
+
+
+def test_fleet_help_says_how_many_ports_and_which_members_from_the_demo_spec(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gpugate.fleet import EXPORTER, demo_spec
+
+    members = [*(server.name for server in demo_spec().servers), EXPORTER]
+
+    with pytest.raises(SystemExit):
+        main(["fleet", "--help"])
+
+    text = " ".join(capsys.readouterr().out.split())  # as argparse wraps it
+    assert f"{len(members)} fixed ports, one per member in this order: {', '.join(members)}" in text
+    assert f"{len(members)} consecutive fixed ports from P up (P to P+{len(members) - 1})" in text
+
+
+def test_the_command_line_does_not_import_the_fleet_until_a_command_needs_it() -> None:
+    """The fleet's members in ``fleet --help`` are read when it is shown: not on every run."""
+    probe = "import sys; from gpugate.cli import build_parser; build_parser(); "
+    probe += "print('gpugate.fleet' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert "False" == result.stdout.strip()
+
+
+def test_tls_files_check_config_cannot_read_are_warnings_with_lines_and_errors_when_strict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cert, key = tmp_path / "absent.crt", tmp_path / "absent.key"
+    config = tmp_path / "gw.yaml"
+    config.write_text(
+        "upstreams: [{id: a, url: 'http://127.0.0.1:9', models: [m]}]\n"
+        f"tls:\n  cert_file: {cert}\n  key_file: {key}\n"
+    )
+    cert_problem = f"tls.cert_file: cannot read {cert}: No such file or directory (line 3)"
+    key_problem = f"tls.key_file: cannot read {key}: No such file or directory (line 4)"
+
+    assert 0 == main(["check-config", str(config)])
+    out = capsys.readouterr().out.splitlines()
+    assert [
+        f"warning: {cert_problem} (needed at `serve`)",
+        f"warning: {key_problem} (needed at `serve`)",
+        f"{config}: valid",
+    ] == out[-3:]
+
+    assert 1 == main(["check-config", "--strict-env", str(config)])
+    captured = capsys.readouterr()
+    assert ([cert_problem, key_problem], f"{config}: 2 problems\n") == (
+        captured.out.splitlines(),
+        captured.err,
+    )

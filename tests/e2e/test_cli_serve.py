@@ -185,3 +185,67 @@ async def test_gpugate_fleet_refuses_a_ports_list_of_the_wrong_length() -> None:
         _, err = await asyncio.wait_for(proc.communicate(), timeout=20)
     assert 2 == proc.returncode
     assert "--ports needs 6 ports (qwen-35b, qwen-7b, cleanup-3b" in err.decode()
+
+
+async def test_gpugate_fleet_with_a_port_taken_is_one_clear_error_and_a_nonzero_exit() -> None:
+    ports = free_ports(6)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports[2]))
+        taken.listen()
+        async with gpugate("fleet", "--ports", ",".join(map(str, ports))) as proc:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout=20)
+    assert 1 == proc.returncode
+    expected = f"gpugate: error: cannot listen on 127.0.0.1:{ports[2]}: address already in use\n"
+    assert (b"", expected) == (out, err.decode())
+
+
+def write_tls_config(path: Path, *, port: int, cert_file: Path, key_file: Path) -> Path:
+    path.write_text(
+        f"""\
+listen: 127.0.0.1:{port}
+store: sqlite:///{path.parent / "gw.db"}
+upstreams:
+  - {{id: a, url: 'http://127.0.0.1:9', models: [m]}}
+tls:
+  cert_file: {cert_file}
+  key_file: {key_file}
+"""
+    )
+    return path
+
+
+async def test_serve_with_tls_files_it_cannot_read_names_each_key_and_line_before_listening(
+    tmp_path: Path,
+) -> None:
+    cert, key = tmp_path / "absent.crt", tmp_path / "absent.key"
+    config = write_tls_config(tmp_path / "gw.yaml", port=free_port(), cert_file=cert, key_file=key)
+
+    async with gpugate("serve", "--config", str(config)) as proc:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=20)
+
+    assert (1, b"") == (proc.returncode, out)
+    assert [
+        f"tls.cert_file: cannot read {cert}: No such file or directory (line 6)",
+        f"tls.key_file: cannot read {key}: No such file or directory (line 7)",
+        f"{config}: 2 problems",
+    ] == err.decode().splitlines()
+    assert not (tmp_path / "gw.db").exists()  # nothing started
+
+
+async def test_serve_with_a_certificate_that_does_not_load_names_its_line_before_listening(
+    tmp_path: Path,
+) -> None:
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    config = write_tls_config(
+        tmp_path / "gw.yaml", port=free_port(), cert_file=garbage, key_file=garbage
+    )
+
+    async with gpugate("serve", "--config", str(config)) as proc:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=20)
+
+    assert (1, b"") == (proc.returncode, out)
+    problem, summary = err.decode().splitlines()
+    assert problem.startswith("tls.cert_file: cannot load the certificate and key: ")
+    assert problem.endswith(" (line 6)")
+    assert f"{config}: 1 problem" == summary

@@ -13,7 +13,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from raw_rig import recording_upstream, send_raw
 
-from gpugate.server import bind
+from gpugate.listen import bind
 from harness import make_config, serving, upstream
 
 

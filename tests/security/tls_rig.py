@@ -14,7 +14,8 @@ from pathlib import Path
 import trustme
 
 from gpugate.config import GatewayConfig
-from gpugate.server import bind, gateway_app, make_server, server_tls
+from gpugate.listen import bind
+from gpugate.server import gateway_app, make_server, server_tls
 from gpugate.web.app import create_app
 from gpugate.web.batches import present
 from gpugate.wiring import Gateway, build_gateway

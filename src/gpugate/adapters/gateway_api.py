@@ -5,10 +5,15 @@ A redirect is followed only within the gateway's origin (scheme, host and port):
 rides on every request, and a redirect to another origin would hand it over (as curl and
 requests, the client refuses; issue #15 finding 8). ``tls`` verifies a gateway whose
 certificate a private CA signed, and presents a client certificate to one that requires it.
+
+What goes wrong on the way is a :class:`~gpugate.errors.GpugateError` that says what: a base URL
+that is not an ``http(s)://`` one (:func:`base_url_problem`), a gateway that cannot be reached
+or does not speak HTTP, an error answer (:class:`GatewayApiError`), an answer that is not JSON.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
 import urllib.error
@@ -41,14 +46,37 @@ def client_tls(
     and present ``cert_file``/``key_file`` (mTLS); None when nothing is asked for."""
     if ca_file is None and cert_file is None:
         return None
-    context = ssl.create_default_context(cafile=ca_file)
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise GpugateError(f"cannot load the CA bundle {ca_file}: {_reason(exc)}") from exc
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if cert_file is not None:
         try:
             context.load_cert_chain(cert_file, key_file)
         except (OSError, ssl.SSLError) as exc:
-            raise GpugateError(f"cannot load the client certificate {cert_file}: {exc}") from exc
+            what = f"the client certificate {cert_file}"
+            raise GpugateError(f"cannot load {what}: {_reason(exc)}") from exc
     return context
+
+
+def _reason(exc: OSError | ssl.SSLError) -> str:
+    """Why a file did not load: ``No such file or directory``, not ``[Errno 2] ...``."""
+    return exc.strerror or getattr(exc, "reason", None) or str(exc)
+
+
+def base_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a gateway's base URL, or None when it can."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - reading it checks it: not a number, out of range
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", ...
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        return "it must start with http:// or https://"
+    if not parts.hostname:
+        return "it names no host"
+    return None
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
@@ -79,9 +107,9 @@ class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
 
 
 class GatewayApi:
-    """``request(method, path, body)`` against one gateway, JSON in and out; ``send`` for any
-    other body (a YAML config). ``token``: the admin token; ``actor``: who acts, for the audit
-    log (``X-Gpugate-Actor``)."""
+    """``request(method, path, body)`` against one gateway, JSON in and out; ``send`` for a raw
+    body and a raw answer (a YAML config), ``send_for_json`` for a raw body and a JSON answer.
+    ``token``: the admin token; ``actor``: who acts, for the audit log (``X-Gpugate-Actor``)."""
 
     def __init__(
         self,
@@ -92,6 +120,9 @@ class GatewayApi:
         timeout_s: float = 30.0,
         tls: ssl.SSLContext | None = None,
     ) -> None:
+        problem = base_url_problem(base_url)
+        if problem is not None:
+            raise GpugateError(f"not a gateway URL: {base_url!r}: {problem}")
         self.base_url = base_url.rstrip("/")
         self._token = token
         self._actor = actor
@@ -110,11 +141,26 @@ class GatewayApi:
         headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
-        sent = {"Accept": "application/json", **(headers or {})}
+        sent = {"Accept": "application/json"}
         if data is not None:
             sent["Content-Type"] = "application/json"
-        status, _, raw = self.send(method, path, data, headers=sent)
-        return status, json.loads(raw or b"null")
+        return self.send_for_json(method, path, data, headers={**sent, **(headers or {})})
+
+    def send_for_json(
+        self, method: str, path: str, data: bytes | None = None, *, headers: dict[str, str]
+    ) -> tuple[int, Any]:
+        """:meth:`send`, and the answer's JSON; an answer that is not JSON (another server at
+        that address: a proxy's login page, a web server) is a :class:`GpugateError` saying
+        so, with its status and content type."""
+        status, got, raw = self.send(method, path, data, headers=headers)
+        try:
+            return status, json.loads(raw or b"null")
+        except ValueError as exc:
+            kind = got.get("content-type") or "no Content-Type"
+            raise GpugateError(
+                f"the answer to {method} {path} was not JSON ({status}, {kind}): is "
+                f"{self.base_url} a gpugate gateway?"
+            ) from exc
 
     def send(
         self, method: str, path: str, data: bytes | None = None, *, headers: dict[str, str]
@@ -134,6 +180,11 @@ class GatewayApi:
             raise _api_error(exc) from exc
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             raise GpugateError(f"cannot reach the gateway at {self.base_url}: {exc}") from exc
+        except http.client.HTTPException as exc:  # it answered, but not in HTTP
+            what = type(exc).__name__
+            raise GpugateError(
+                f"the gateway at {self.base_url} did not answer HTTP: {what}"
+            ) from exc
 
     def __repr__(self) -> str:
         return f"<GatewayApi {self.base_url}>"

@@ -24,6 +24,7 @@ from gpugate.fleet.gpu import GpuReadings
 from gpugate.fleet.site import LocalSite, abort
 
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Iterable
 
 ExporterMode = Literal["normal", "down", "garbage", "truncated", "hang", "reset"]
@@ -194,7 +195,7 @@ class FakeExporter:
     def metrics_url(self) -> str:
         return f"{self._site.url}/metrics"
 
-    async def start(self, host: str = "127.0.0.1", port: int | None = None) -> str:
+    async def start(self, host: str = "127.0.0.1", port: int | socket.socket | None = None) -> str:
         return await self._site.start(host, port)
 
     async def stop(self) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from gpugate.fleet.behaviour import ServerBehaviour
 from gpugate.fleet.engine import EngineSpec
@@ -14,6 +14,9 @@ from gpugate.fleet.exporter import DEFAULT_MODEL_NAME, FakeExporter, HostLabel
 from gpugate.fleet.exposition import DEFAULT_COUNTERS
 from gpugate.fleet.faults import Fault
 from gpugate.fleet.model_server import ModelServer
+
+if TYPE_CHECKING:
+    import socket
 
 EXPORTER = "exporter"
 """The key of the exporter in `ports` and in `Fleet.describe()`; no server may be named so."""
@@ -84,12 +87,17 @@ def demo_spec() -> FleetSpec:
 class Fleet:
     """Runs a `FleetSpec` on `host`: ``async with Fleet(spec) as fleet: fleet.servers[name].url``.
 
-    `ports` maps server names (and `EXPORTER`) to fixed ports; the rest get free ports.
+    `ports` maps server names (and `EXPORTER`) to fixed ports, or to sockets the caller bound
+    on `host` (which the fleet then serves on and closes); the rest get free ports.
     Leaving the context stops everything and closes every connection, streams included.
     """
 
     def __init__(
-        self, spec: FleetSpec, *, host: str = "127.0.0.1", ports: Mapping[str, int] | None = None
+        self,
+        spec: FleetSpec,
+        *,
+        host: str = "127.0.0.1",
+        ports: Mapping[str, int | socket.socket] | None = None,
     ) -> None:
         self.spec = spec
         self.host = host

@@ -15,7 +15,7 @@ import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from aiohttp import web
 
@@ -27,6 +27,9 @@ from gpugate.fleet.faults import Fault, FaultBook, RequestLog
 from gpugate.fleet.replies import Completion, InvalidRequestError
 from gpugate.fleet.server_stats import ServerStats
 from gpugate.fleet.site import LocalSite, abort
+
+if TYPE_CHECKING:
+    import socket
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -194,7 +197,7 @@ class ModelServer:
         """Its base URL; while `down_for` holds it down, the URL it listens on again."""
         return self._site.last_url if self._down is not None else self._site.url
 
-    async def start(self, host: str = "127.0.0.1", port: int | None = None) -> str:
+    async def start(self, host: str = "127.0.0.1", port: int | socket.socket | None = None) -> str:
         return await self._site.start(host, port)
 
     async def stop(self) -> None:

@@ -56,9 +56,12 @@ class LocalSite:
         """``http://host:port`` it serves or served last (for a site stopped for a while)."""
         return f"http://{self._host}:{self._port}"
 
-    async def start(self, host: str | None = "127.0.0.1", port: int | None = None) -> str:
+    async def start(
+        self, host: str | None = "127.0.0.1", port: int | socket.socket | None = None
+    ) -> str:
         """Serve on `host:port` (port default: the previous port, else a free one; host None:
-        the previous host); returns the URL."""
+        the previous host); returns the URL. `port` may be a socket the caller bound on `host`
+        (so a taken port fails where it was bound): the site serves on it and closes it."""
         if self._runner is not None:
             raise RuntimeError("the site is already running")
         runner = web.AppRunner(
@@ -70,7 +73,11 @@ class LocalSite:
         await runner.setup()
         host = self._host if host is None else host
         try:
-            site = web.TCPSite(runner, host, self._port if port is None else port)
+            site: web.BaseSite
+            if isinstance(port, socket.socket):
+                site = web.SockSite(runner, port)
+            else:
+                site = web.TCPSite(runner, host, self._port if port is None else port)
             await site.start()
         except BaseException:
             await runner.cleanup()

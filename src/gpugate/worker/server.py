@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gpugate.listen import bind
 from gpugate.push_signature import HEADER, BadSignature
 from gpugate.worker.calls import Push
 from gpugate.worker.links import Links
@@ -151,38 +152,40 @@ class RunningWorker:
 async def running_worker(
     settings: WorkerSettings, host: str, port: int
 ) -> AsyncIterator[RunningWorker]:
-    """The worker serving ``/calls`` on ``host:port`` (0: a free port) for the block."""
-    served, gateway_tls = worker_tls(settings)
-    links = Links(
-        settings.gateway_url,
-        settings.secret,
-        settings.upstream_url,
-        auth=settings.auth,
-        gateway_tls=gateway_tls,
-        runtime_id=settings.runtime_id,
-    )
-    await links.start()
-    worker = Worker(settings, links, Outbox(settings.state_dir))
-    runner = web.AppRunner(make_app(worker), access_log=None)
-    try:
-        await worker.start()
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, ssl_context=served)
-        await site.start()
-        bound = runner.addresses[0][1]
-        scheme = "https" if served is not None else "http"
-        url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{bound}"
-        log.info(
-            "gpugate worker %s listening on %s/calls, reporting to %s",
-            settings.runtime_id,
-            url,
+    """The worker serving ``/calls`` on ``host:port`` (0: a free port) for the block; a taken
+    port is a :class:`~gpugate.errors.ListenError`, before anything else starts."""
+    with bind(host, port) as sock:
+        served, gateway_tls = worker_tls(settings)
+        links = Links(
             settings.gateway_url,
+            settings.secret,
+            settings.upstream_url,
+            auth=settings.auth,
+            gateway_tls=gateway_tls,
+            runtime_id=settings.runtime_id,
         )
-        yield RunningWorker(worker, url)
-    finally:
-        await runner.cleanup()
-        await worker.close()
-        await links.close()
+        await links.start()
+        worker = Worker(settings, links, Outbox(settings.state_dir))
+        runner = web.AppRunner(make_app(worker), access_log=None)
+        try:
+            await worker.start()
+            await runner.setup()
+            site = web.SockSite(runner, sock, ssl_context=served)
+            await site.start()
+            bound = runner.addresses[0][1]
+            scheme = "https" if served is not None else "http"
+            url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{bound}"
+            log.info(
+                "gpugate worker %s listening on %s/calls, reporting to %s",
+                settings.runtime_id,
+                url,
+                settings.gateway_url,
+            )
+            yield RunningWorker(worker, url)
+        finally:
+            await runner.cleanup()
+            await worker.close()
+            await links.close()
 
 
 async def serve_worker(settings: WorkerSettings, host: str, port: int) -> int:
