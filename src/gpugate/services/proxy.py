@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -385,10 +386,14 @@ class Proxy:
         if kept is None:
             assert failure.error is not None
             raise failure.error
-        overhead = max(0.0, self.clock.monotonic() - run.out.received_at - run.upstream_time)
+        now = self.clock.monotonic()
+        headers = kept.headers
+        if is_load_signal(kept.status) and not _has_retry_after(headers):
+            headers = [*headers, (b"retry-after", _retry_after(failure.endpoint, now))]
+        overhead = max(0.0, now - run.out.received_at - run.upstream_time)
         return Reply(
             kept.status,
-            kept.headers,
+            headers,
             failure.upstream,
             failure.endpoint,
             overhead,
@@ -906,6 +911,19 @@ class Proxy:
 
     def __repr__(self) -> str:
         return f"<Proxy {self.registry!r}>"
+
+
+def _has_retry_after(headers: list[tuple[bytes, bytes]]) -> bool:
+    for k, _ in headers:  # noqa: SIM110 - like _is_event_stream
+        if k == b"retry-after":
+            return True
+    return False
+
+
+def _retry_after(endpoint: EndpointState, now: float) -> bytes:
+    """``Retry-After`` for a 429/503 relayed without one: when the gateway will send to the
+    endpoint that gave it again (its remaining load backoff), in whole seconds, at least 1."""
+    return str(max(1, math.ceil(endpoint.backoff_until - now))).encode()
 
 
 def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
