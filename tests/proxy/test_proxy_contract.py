@@ -10,6 +10,7 @@ and once with ``GPUGATE_FASTPATH=0`` (the ASGI path): a client sees the same on 
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import aiohttp
@@ -22,6 +23,7 @@ from scripted_upstream import Step, scripted
 CHAT = [{"role": "user", "content": "hi"}]
 BODY = {"model": "m", "messages": CHAT}
 TWO_TRIES = {"attempts": 2, "backoff_s": 0.01, "max_backoff_s": 0.05, "retry_after_max_s": 5}
+THREE_TRIES = {**TWO_TRIES, "attempts": 3}
 
 
 @pytest.fixture(params=["fast", "asgi"])
@@ -29,6 +31,13 @@ def plane(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
     """Which server serves the OpenAI routes: the fast path, or ASGI (``GPUGATE_FASTPATH=0``)."""
     monkeypatch.setenv("GPUGATE_FASTPATH", "1" if request.param == "fast" else "0")
     return str(request.param)
+
+
+def dead_url() -> str:
+    """A loopback URL where nothing listens (connection refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 async def post(
@@ -41,6 +50,20 @@ async def post(
     sent = {"Content-Type": "application/json", **(headers or {})}
     async with http.post(url + "/v1/chat/completions", data=data, headers=sent) as resp:
         return resp.status, CIMultiDict(resp.headers), await resp.read()
+
+
+async def metrics(http: aiohttp.ClientSession, url: str) -> str:
+    async with http.get(url + "/metrics") as resp:
+        return await resp.text()
+
+
+def requests_total(text: str, **labels: str) -> float:
+    """``gateway_requests_total`` with exactly these labels (0 when the series is absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith("gateway_requests_total{" + want + "} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 # --- Retry-After on a relayed 429 or 503 ----------------------------------------------------
@@ -72,3 +95,77 @@ async def test_an_upstreams_own_retry_after_on_a_relayed_429_passes_through_unch
         async with serving(config) as gw:
             got, headers, _ = await post(http, gw.url, {**BODY, "stream": stream})
     assert (429, ["30"]) == (got, headers.getall("Retry-After"))
+
+
+# --- the gateway's headers and the metric's upstream once an upstream was tried -------------
+
+
+def timing_out(url: str) -> dict[str, Any]:
+    deadlines = {"first_byte_timeout_s": 0.3, "first_token_timeout_s": 0.3}
+    return upstream("slow", [url], ["m"], retry=THREE_TRIES, **deadlines)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_504_after_a_timeout_names_the_upstream_tried_its_tries_and_the_overhead(
+    sqlite_dsn: str, http: aiohttp.ClientSession, plane: str, stream: bool
+) -> None:
+    """A timed-out try is retried only on an endpoint not tried yet: one try. The upstream's
+    0.3 s is not the gateway's overhead."""
+    async with scripted(Step(hang_s=5)) as server:
+        async with serving(make_config(sqlite_dsn, [timing_out(server.url)])) as gw:
+            status, headers, body = await post(http, gw.url, {**BODY, "stream": stream})
+            text = await metrics(http, gw.url)
+    assert (504, "UPSTREAM_TIMEOUT") == (status, json.loads(body)["error"]["code"])
+    assert ("slow", "1") == (headers["X-Gateway-Upstream"], headers["X-Gateway-Attempts"])
+    assert 0 <= float(headers["X-Gateway-Overhead-Ms"]) < 250
+    labels = {"class": "interactive", "code": "UPSTREAM_TIMEOUT", "model": "m"}
+    assert 1 == requests_total(text, **labels, upstream="slow")
+    assert 0 == requests_total(text, **labels, upstream="")
+
+
+async def test_a_502_after_refused_connects_names_the_upstream_tried_and_its_tries(
+    sqlite_dsn: str, http: aiohttp.ClientSession, plane: str
+) -> None:
+    config = make_config(sqlite_dsn, [upstream("down", [dead_url()], ["m"], retry=THREE_TRIES)])
+    async with serving(config) as gw:
+        status, headers, body = await post(http, gw.url)
+        text = await metrics(http, gw.url)
+    assert (502, "UPSTREAM_UNREACHABLE") == (status, json.loads(body)["error"]["code"])
+    assert ("down", "3") == (headers["X-Gateway-Upstream"], headers["X-Gateway-Attempts"])
+    assert float(headers["X-Gateway-Overhead-Ms"]) >= 0
+    labels = {"class": "interactive", "code": "UPSTREAM_UNREACHABLE", "model": "m"}
+    assert 1 == requests_total(text, **labels, upstream="down")
+
+
+async def test_a_stream_that_opens_with_an_error_every_time_is_a_502_naming_the_upstream(
+    sqlite_dsn: str, http: aiohttp.ClientSession, plane: str
+) -> None:
+    async with scripted(Step(first_event_error=True)) as server:
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"], retry=THREE_TRIES)])
+        async with serving(config) as gw:
+            status, headers, body = await post(http, gw.url, {**BODY, "stream": True})
+            text = await metrics(http, gw.url)
+    assert (502, "UPSTREAM_ERROR") == (status, json.loads(body)["error"]["code"])
+    assert ("u", "3") == (headers["X-Gateway-Upstream"], headers["X-Gateway-Attempts"])
+    assert "X-Gateway-Overhead-Ms" in headers
+    labels = {"class": "interactive", "code": "UPSTREAM_ERROR", "model": "m", "upstream": "u"}
+    assert 1 == requests_total(text, **labels)
+
+
+async def test_a_relayed_upstream_error_names_the_upstream_its_tries_and_the_overhead(
+    sqlite_dsn: str, http: aiohttp.ClientSession, plane: str
+) -> None:
+    async with scripted(Step(status=500, error="broken")) as server:
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"], retry=TWO_TRIES)])
+        async with serving(config) as gw:
+            status, headers, _ = await post(http, gw.url)
+            text = await metrics(http, gw.url)
+    assert (500, "u", "2") == (
+        status,
+        headers["X-Gateway-Upstream"],
+        headers["X-Gateway-Attempts"],
+    )
+    assert float(headers["X-Gateway-Overhead-Ms"]) >= 0
+    assert "Retry-After" not in headers  # only a 429 or a 503 says when to come back
+    labels = {"class": "interactive", "code": "500", "model": "m", "upstream": "u"}
+    assert 1 == requests_total(text, **labels)

@@ -36,6 +36,7 @@ from gpugate.errors import (
     BadRequest,
     ExternalUpstreamForbidden,
     GpugateError,
+    Tried,
     UpstreamError,
 )
 from gpugate.logs import request_id
@@ -544,6 +545,16 @@ def _head(reply: Reply, rid: bytes) -> list[tuple[bytes, bytes]]:
     return headers
 
 
+def _tried_headers(tried: Tried) -> list[tuple[bytes, bytes]]:
+    """What :func:`_head` says of a reply, for our error after upstreams were tried."""
+    attempts = tried.attempts
+    return [
+        (b"x-gateway-upstream", tried.upstream.encode()),
+        (b"x-gateway-overhead-ms", f"{tried.overhead_s * 1000:.3f}".encode()),
+        (b"x-gateway-attempts", _ATTEMPTS[attempts] if attempts < 16 else b"16+"),
+    ]
+
+
 async def _end_broken_stream(ex: Exchange, reply: Reply, exc: UpstreamError) -> None:
     content_type = next((v for k, v in reply.headers if k == b"content-type"), b"")
     if not content_type.startswith(b"text/event-stream"):
@@ -602,4 +613,7 @@ async def _send_stored(ex: Exchange, stored: StoredResponse, rid: bytes) -> None
 async def _send_error(ex: Exchange, exc: GpugateError, rid: bytes) -> None:
     headers = [*_JSON, (REQUEST_ID, rid)]
     headers += [(k.encode(), v.encode()) for k, v in error_headers(exc).items()]
+    tried = exc.tried
+    if tried is not None:  # upstreams were tried: the answer says which, as a reply does
+        headers += _tried_headers(tried)
     await ex.answer(status_of(exc), headers, error_body(exc))
