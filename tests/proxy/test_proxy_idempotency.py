@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 
 import aiohttp
+from multidict import CIMultiDict
 
 from gpugate.fleet import ServerBehaviour
 from harness import eventually, make_config, model_servers, serving, upstream
@@ -15,7 +15,7 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 async def post(
     http: aiohttp.ClientSession, url: str, key: str, body: dict[str, object] = BODY
-) -> tuple[int, Mapping[str, str], bytes]:
+) -> tuple[int, CIMultiDict[str], bytes]:
     headers = {"Idempotency-Key": key}
     async with http.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
         return resp.status, resp.headers.copy(), await resp.read()
@@ -34,6 +34,22 @@ async def test_a_replay_is_byte_identical_and_never_reaches_the_upstream(
     assert "Idempotent-Replayed" not in first[1]
     assert "u" == again[1]["X-Gateway-Upstream"]
     assert {"key-1": 1} == server.stats.executions
+
+
+async def test_a_replay_says_its_own_time_in_the_gateway_and_that_no_upstream_was_tried(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """The stored answer's X-Gateway-Upstream and -Model stay; the replay adds what it did
+    itself: its overhead, and 0 tries (the stored answer's own count is not this request's)."""
+    async with model_servers(("u", ["m"])) as (server,):
+        async with serving(make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])) as gw:
+            first = await post(http, gw.url, "key-6")
+            again = await post(http, gw.url, "key-6")
+    assert ("1", "0") == (first[1]["X-Gateway-Attempts"], again[1]["X-Gateway-Attempts"])
+    assert float(again[1]["X-Gateway-Overhead-Ms"]) >= 0
+    assert ["u"] == again[1].getall("X-Gateway-Upstream")
+    assert ["m"] == again[1].getall("X-Gateway-Model")
+    assert ["true"] == again[1].getall("Idempotent-Replayed")
 
 
 async def test_a_replay_survives_a_gateway_restart(

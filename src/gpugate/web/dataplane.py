@@ -155,7 +155,7 @@ class Handler:
                 begun = await gw.idempotency.begin(seen.idempotency_key, "POST", path, body)
                 if isinstance(begun, StoredResponse):
                     gw.metrics.idempotent_replays.inc()
-                    await _send_stored(ex, begun, rid)
+                    await _send_stored(ex, begun, rid, gw.clock.monotonic() - received_at)
                     return
                 ticket = begun
             await ex.while_connected(self._relay(out, ex, rid, ticket, keep=not stream))
@@ -605,8 +605,16 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     return None
 
 
-async def _send_stored(ex: Exchange, stored: StoredResponse, rid: bytes) -> None:
-    headers = [*stored.headers, (b"idempotent-replayed", b"true"), (REQUEST_ID, rid)]
+async def _send_stored(ex: Exchange, stored: StoredResponse, rid: bytes, spent_s: float) -> None:
+    """A replay: the stored answer (its X-Gateway-Upstream and -Model kept with it), and what
+    this request did itself: ``spent_s`` in the gateway, no upstream tried."""
+    headers = [
+        *stored.headers,
+        (b"idempotent-replayed", b"true"),
+        (b"x-gateway-overhead-ms", f"{spent_s * 1000:.3f}".encode()),
+        (b"x-gateway-attempts", _ATTEMPTS[0]),
+        (REQUEST_ID, rid),
+    ]
     await ex.answer(stored.status, headers, stored.body)
 
 
