@@ -9,16 +9,19 @@ and once with ``GPUGATE_FASTPATH=0`` (the ASGI path): a client sees the same on 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 from multidict import CIMultiDict
+from yarl import URL
 
-from harness import make_config, serving, upstream
-from scripted_upstream import Step, scripted
+from harness import RunningGateway, make_config, serving, upstream
+from scripted_upstream import OK, Scripted, Step, scripted
 
 CHAT = [{"role": "user", "content": "hi"}]
 BODY = {"model": "m", "messages": CHAT}
@@ -50,6 +53,17 @@ async def post(
     sent = {"Content-Type": "application/json", **(headers or {})}
     async with http.post(url + "/v1/chat/completions", data=data, headers=sent) as resp:
         return resp.status, CIMultiDict(resp.headers), await resp.read()
+
+
+@contextlib.asynccontextmanager
+async def answering(
+    sqlite_dsn: str, **extra: Any
+) -> AsyncIterator[tuple[RunningGateway, Scripted]]:
+    """A gateway in front of one upstream ``u`` serving ``m`` that answers every request."""
+    async with scripted(OK) as server:
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])], **extra)
+        async with serving(config) as gw:
+            yield gw, server
 
 
 async def metrics(http: aiohttp.ClientSession, url: str) -> str:
@@ -169,3 +183,64 @@ async def test_a_relayed_upstream_error_names_the_upstream_its_tries_and_the_ove
     assert "Retry-After" not in headers  # only a 429 or a 503 says when to come back
     labels = {"class": "interactive", "code": "500", "model": "m", "upstream": "u"}
     assert 1 == requests_total(text, **labels)
+
+
+# --- every request refused before routing is counted, with bounded labels -------------------
+
+
+async def test_requests_refused_before_routing_are_counted_with_empty_model_and_upstream(
+    sqlite_dsn: str, http: aiohttp.ClientSession, plane: str
+) -> None:
+    """Bad JSON, no model, an unknown class, a body over the limit: counted by their code, the
+    class the one given when it is valid (else the default), never a client's string."""
+    async with answering(sqlite_dsn, server={"max_body_bytes": 1000}) as (gw, server):
+        answers = [
+            await post(http, gw.url, b"{not json"),
+            await post(http, gw.url, b'{"model": "m", ', {"X-Request-Class": "batch"}),
+            await post(http, gw.url, {"messages": CHAT}),
+            await post(http, gw.url, BODY, {"X-Request-Class": "vip-" + "x" * 80}),
+            await post(http, gw.url, {**BODY, "pad": "x" * 2000}, {"X-Request-Class": "system"}),
+        ]
+        text = await metrics(http, gw.url)
+    assert [400, 400, 400, 400, 413] == [status for status, _, _ in answers]
+    assert 0 == server.count
+    empty = {"model": "", "upstream": ""}
+    assert 3 == requests_total(text, **{"class": "interactive", "code": "BAD_REQUEST"}, **empty)
+    assert 1 == requests_total(text, **{"class": "batch", "code": "BAD_REQUEST"}, **empty)
+    assert 1 == requests_total(text, **{"class": "system", "code": "PAYLOAD_TOO_LARGE"}, **empty)
+    assert "vip-" not in text
+
+
+async def test_a_model_the_fleet_does_not_serve_is_counted_under_one_bounded_label(
+    sqlite_dsn: str, http: aiohttp.ClientSession, plane: str
+) -> None:
+    async with answering(sqlite_dsn) as (gw, _):
+        for n in range(3):
+            status, _, _ = await post(http, gw.url, {**BODY, "model": f"typo-{n}"})
+            assert 404 == status
+        text = await metrics(http, gw.url)
+    labels = {"class": "interactive", "code": "UNKNOWN_MODEL", "upstream": ""}
+    assert 3 == requests_total(text, **labels, model="_unknown")
+    assert "typo-" not in text
+
+
+async def test_raw_requests_refused_before_routing_are_counted_without_the_clients_strings(
+    sqlite_dsn: str, http: aiohttp.ClientSession, plane: str
+) -> None:
+    """``/u/`` (always ASGI): an encoded slash, an unknown upstream, an unknown class."""
+    async with answering(sqlite_dsn) as (gw, _):
+        statuses = []
+        for path, headers in [
+            ("/u/u/a%2Fb", {}),
+            ("/u/nope-upstream/health", {}),
+            ("/u/u/health", {"X-Request-Class": "vip"}),
+        ]:
+            url = URL(gw.url + path, encoded=True)
+            async with http.get(url, headers=headers) as resp:
+                statuses.append(resp.status)
+        text = await metrics(http, gw.url)
+    assert [400, 404, 400] == statuses
+    empty = {"class": "interactive", "model": "", "upstream": ""}
+    assert 2 == requests_total(text, code="BAD_REQUEST", **empty)
+    assert 1 == requests_total(text, code="UNKNOWN_UPSTREAM", **empty)
+    assert "nope-upstream" not in text

@@ -161,8 +161,7 @@ class Handler:
             await ex.while_connected(self._relay(out, ex, rid, ticket, keep=not stream))
         except GpugateError as exc:
             error = refused_span(span, status_of(exc), exc.code)
-            if out is not None:
-                gw.proxy.refused(out, exc)
+            gw.proxy.refused(out or _unrouted(ex, seen, received_at), exc)
             await _send_error(ex, exc, rid)
         finally:
             span.end(error)
@@ -196,8 +195,7 @@ class Handler:
             )
             await ex.while_connected(self._relay(out, ex, rid, None, keep=False))
         except GpugateError as exc:
-            if out is not None:
-                gw.proxy.refused(out, exc)
+            gw.proxy.refused(out or _unrouted(ex, seen, received_at), exc)
             await _send_error(ex, exc, rid)
 
     async def _relay(
@@ -588,6 +586,16 @@ def _parse_doc(body: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise BadRequest("the request body must be a JSON object")
     return doc
+
+
+def _unrouted(ex: Exchange, seen: _Seen, received_at: float) -> Outbound:
+    """A request refused before it was routed, as its count needs it: no model and no upstream
+    (a client's strings never become label values), the class it asked for if that is one."""
+    try:
+        cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
+    except BadRequest:
+        cls = RequestClass.INTERACTIVE
+    return Outbound(ex.method, ex.path, [], None, cls, received_at)
 
 
 def _routing_fields(doc: dict[str, Any]) -> tuple[str, bool]:
