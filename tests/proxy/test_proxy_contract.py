@@ -244,3 +244,32 @@ async def test_raw_requests_refused_before_routing_are_counted_without_the_clien
     assert 2 == requests_total(text, code="BAD_REQUEST", **empty)
     assert 1 == requests_total(text, code="UNKNOWN_UPSTREAM", **empty)
     assert "nope-upstream" not in text
+
+
+# --- a method an OpenAI route does not take ---------------------------------------------------
+
+
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+
+
+async def test_a_method_an_openai_route_does_not_take_is_405_with_allow_post(
+    sqlite_dsn: str, http: aiohttp.ClientSession, plane: str
+) -> None:
+    asked = [(path, "GET") for path in ROUTES] + [(ROUTES[0], m) for m in ("PUT", "DELETE")]
+    async with answering(sqlite_dsn) as (gw, server):
+        answers = []
+        for path, method in asked:
+            sent = {"X-Request-Id": f"r-{method}"}
+            async with http.request(method, gw.url + path, headers=sent) as resp:
+                answers.append((resp.status, resp.headers.copy(), await resp.json()))
+        async with http.head(gw.url + ROUTES[0]) as head:
+            head_answer = (head.status, head.headers.get("Allow"))
+        text = await metrics(http, gw.url)
+    for (_, method), (status, headers, body) in zip(asked, answers, strict=True):
+        assert (405, "METHOD_NOT_ALLOWED") == (status, body["error"]["code"])
+        assert ("POST", f"r-{method}") == (headers["Allow"], headers["X-Request-Id"])
+        assert headers["Content-Type"].startswith("application/json")
+    assert (405, "POST") == head_answer
+    assert 0 == server.count
+    labels = {"class": "interactive", "code": "METHOD_NOT_ALLOWED", "model": "", "upstream": ""}
+    assert len(asked) + 1 == requests_total(text, **labels)

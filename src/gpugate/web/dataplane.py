@@ -36,6 +36,7 @@ from gpugate.errors import (
     BadRequest,
     ExternalUpstreamForbidden,
     GpugateError,
+    MethodNotAllowed,
     Tried,
     UpstreamError,
 )
@@ -118,6 +119,17 @@ class Handler:
             return
         finally:
             request_id.reset(token)
+
+    async def refuse_method(self, ex: Exchange) -> None:
+        """A method an OpenAI route does not take: 405 ``METHOD_NOT_ALLOWED``, ``Allow: POST``
+        (as Starlette answers for its routes), counted like any refusal before routing."""
+        received_at = self.gateway.clock.monotonic()
+        seen = _scan(ex.headers)
+        rid = self.ids.choose(seen.request_id)
+        exc = MethodNotAllowed(f"{ex.path} takes POST only, not {ex.method}")
+        self.gateway.proxy.refused(_unrouted(ex, seen, received_at), exc)
+        headers = [*_JSON, (b"allow", b"POST"), (REQUEST_ID, rid)]
+        await ex.answer(status_of(exc), headers, error_body(exc))
 
     async def _openai(self, ex: Exchange, seen: _Seen, rid: bytes) -> None:
         gw = self.gateway
@@ -247,8 +259,12 @@ class DataPlane:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path: str = scope["path"]
-            if path in OPENAI_ROUTES and scope["method"] == "POST":
-                await self.handler.serve(AsgiExchange(scope, receive, send), openai=True)
+            if path in OPENAI_ROUTES:
+                ex = AsgiExchange(scope, receive, send)
+                if scope["method"] == "POST":
+                    await self.handler.serve(ex, openai=True)
+                else:  # the fast path hands these on too
+                    await self.handler.refuse_method(ex)
                 return
             if path.startswith(RAW_PREFIX):
                 await self.handler.serve(AsgiExchange(scope, receive, send), openai=False)
