@@ -273,3 +273,19 @@ async def test_a_method_an_openai_route_does_not_take_is_405_with_allow_post(
     assert 0 == server.count
     labels = {"class": "interactive", "code": "METHOD_NOT_ALLOWED", "model": "", "upstream": ""}
     assert len(asked) + 1 == requests_total(text, **labels)
+
+
+# --- ANY /u/{upstream_id}/{path} ------------------------------------------------------------
+
+
+async def test_head_and_options_on_raw_pass_through_are_forwarded_and_relayed(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """Whatever the upstream answers them (aiohttp: HEAD like GET, OPTIONS not taken)."""
+    async with answering(sqlite_dsn) as (gw, _):
+        async with http.head(gw.url + "/u/u/health") as head:
+            head_answer = (head.status, head.headers["X-Gateway-Upstream"], await head.read())
+        async with http.options(gw.url + "/u/u/health") as options:
+            options_answer = (options.status, options.headers["X-Gateway-Upstream"])
+    assert (200, "u", b"") == head_answer
+    assert (405, "u") == options_answer

@@ -108,3 +108,16 @@ async def test_a_5xx_from_the_upstream_is_not_kept_so_the_client_may_retry(
     assert (500, 200) == (failed[0], retried[0])
     assert "Idempotent-Replayed" not in retried[1]
     assert {"key-5": 2} == server.stats.received
+
+
+async def test_raw_pass_through_forwards_the_key_untouched_and_replays_nothing(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """``/u/`` is passed through as is (docs/dataplane.md): the upstream gets the header and
+    both requests; what it does with the key is its own affair."""
+    async with model_servers(("u", ["m"])) as (server,):
+        async with serving(make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])) as gw:
+            answers = [await post(http, gw.url + "/u/u", "raw-key") for _ in range(2)]
+    assert [200, 200] == [status for status, _, _ in answers]
+    assert all("Idempotent-Replayed" not in headers for _, headers, _ in answers)
+    assert {"raw-key": 2} == server.stats.executions
