@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 from multidict import CIMultiDict
 
 from gpugate.fleet import ServerBehaviour
@@ -95,17 +96,21 @@ async def test_a_duplicate_while_the_first_is_in_flight_gets_409_at_once(
     assert "Retry-After" in headers
 
 
-async def test_a_5xx_from_the_upstream_is_not_kept_so_the_client_may_retry(
-    sqlite_dsn: str, http: aiohttp.ClientSession
+@pytest.mark.parametrize("status", [500, 429])
+async def test_a_5xx_or_a_429_from_the_upstream_is_not_kept_so_the_client_may_retry(
+    sqlite_dsn: str, http: aiohttp.ClientSession, status: int
 ) -> None:
+    """A 429 (like 408 and 425) says the request was not acted on and to come back: kept, its
+    replay would refuse the very retry it asks for until the key expires."""
     once = {"attempts": 1}  # no retries of our own: the client's retry is the subject here
-    async with model_servers(("u", ["m"]), behaviour=ServerBehaviour(fail_status=500)) as (server,):
+    behaviour = ServerBehaviour(fail_status=status)
+    async with model_servers(("u", ["m"]), behaviour=behaviour) as (server,):
         config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"], retry=once)])
         async with serving(config) as gw:
             failed = await post(http, gw.url, "key-5")
             server.update(fail_status=None)
             retried = await post(http, gw.url, "key-5")
-    assert (500, 200) == (failed[0], retried[0])
+    assert (status, 200) == (failed[0], retried[0])
     assert "Idempotent-Replayed" not in retried[1]
     assert {"key-5": 2} == server.stats.received
 
