@@ -74,6 +74,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+@dataclass(frozen=True, slots=True)
+class Tried:
+    """What a request's tries came to when it ended in one of our errors after an upstream was
+    tried: the last upstream tried (its id), the tries made, the gateway's own time."""
+
+    upstream: str
+    attempts: int
+    overhead_s: float
+
+
 class GpugateError(Exception):
     """gpugate failed."""
 
@@ -81,6 +91,9 @@ class GpugateError(Exception):
     #: The message is for the operator's log (it may name hosts, users, paths): clients and
     #: unauthenticated probes get :attr:`public_message`, the class's docstring, instead.
     internal = False
+    #: Set by the sync path when this error ends a request after upstreams were tried: the
+    #: answer's ``X-Gateway-*`` headers and its ``gateway_requests_total`` name them.
+    tried: Tried | None = None
 
     def __init__(self, message: str | None = None, *, retry_after_s: float | None = None) -> None:
         self.message = message or (type(self).__doc__ or self.code).strip()

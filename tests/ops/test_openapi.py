@@ -36,7 +36,10 @@ DATA_PLANE = {
     ("/v1/chat/completions", "post"),
     ("/v1/completions", "post"),
     ("/v1/embeddings", "post"),
-    *(("/u/{upstream_id}/{path}", m) for m in ("get", "post", "put", "patch", "delete")),
+    *(
+        ("/u/{upstream_id}/{path}", m)
+        for m in ("get", "head", "options", "post", "put", "patch", "delete")
+    ),
 }
 BODIES = {  # operation -> the component its JSON body is, refusing unknown keys
     ("/v1/jobs", "post"): "JobCreate",
@@ -203,3 +206,14 @@ def test_request_bodies_refuse_unknown_keys_as_the_api_promises(
 
     assert BODIES == documented
     assert all(components[name]["additionalProperties"] is False for name in BODIES.values())
+
+
+def test_raw_pass_through_is_documented_for_any_method_and_as_passed_through_unreplayed(
+    schema: dict[str, Any],
+) -> None:
+    """``ANY /u/...`` (DESIGN §3): HEAD and OPTIONS are served and forwarded, so listed; the
+    Idempotency-Key goes to the upstream, the gateway replays nothing."""
+    raw = schema["paths"]["/u/{upstream_id}/{path}"]
+
+    assert {"get", "head", "options", "post", "put", "patch", "delete"} == set(raw)
+    assert "`Idempotency-Key` header goes to the upstream untouched" in raw["head"]["description"]

@@ -292,6 +292,9 @@ async def test_running_out_of_file_descriptors_is_the_gateways_own_503_never_the
         await eventually_listening(port)
         config = make_config(sqlite_dsn, [upstream("u", [url], ["m"])])
         async with serving(config) as gw:
+            # the gateway's descriptors are this process's: in process only (skipped with
+            # GPUGATE_TEST_WORKERS, where they are another process's and the limit misses them)
+            endpoint = gw.gateway.registry.upstream("u").endpoints[0]
             async with http.get(gw.url + "/healthz") as warm:  # the client's connection, kept
                 await warm.read()
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -313,7 +316,6 @@ async def test_running_out_of_file_descriptors_is_the_gateways_own_503_never_the
                 for hog in hogs:
                     hog.close()
                 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-            endpoint = gw.gateway.registry.upstream("u").endpoints[0]
             async with http.post(gw.v1 + "/chat/completions", json=BODY) as after:
                 assert 200 == after.status
             metrics = await (await http.get(gw.url + "/metrics")).text()

@@ -7,8 +7,9 @@ for ``idempotency_ttl_s``; a replay gets it back byte-identical, before admissio
 A duplicate that arrives while the first request is still in flight gets 409
 ``IDEMPOTENCY_CONFLICT`` at once (it does not wait: a client that retries after a timeout should
 not hold a second connection open for the length of a generation). The same key with a different
-request body gets 422 ``IDEMPOTENCY_KEY_REUSED``. Responses with a 5xx status, streams and
-requests that failed in the gateway are not kept: the key is released so the client may retry.
+request body gets 422 ``IDEMPOTENCY_KEY_REUSED``. Responses with a 5xx status or one that asks
+for a retry (408, 425, 429: :func:`gpugate.retry.retryable`), streams and requests that failed in
+the gateway are not kept: the key is released so the client may retry.
 Nor is a response larger than ``server.max_idempotent_response_bytes`` (default 1 MiB, issue #15
 finding 4): the store does not grow by what an upstream returns, and a retry is sent again.
 """
@@ -19,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 
 from gpugate.errors import BadRequest, IdempotencyConflict, IdempotencyKeyReused
+from gpugate.retry import retryable
 from gpugate.store import InFlight, Mismatch, Replay, Store, request_fingerprint
 
 MAX_KEY_LENGTH = 255
@@ -77,9 +79,9 @@ class Idempotency:
     async def complete(
         self, ticket: Ticket, status: int, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> None:
-        """Keep the response for replays (5xx responses, and bodies over ``max_body_bytes``,
-        release the key instead)."""
-        if status >= 500 or len(body) > self.max_body_bytes:
+        """Keep the response for replays (5xx responses, those that ask for a retry — 408,
+        425, 429 — and bodies over ``max_body_bytes``, release the key instead)."""
+        if status >= 500 or retryable(status) or len(body) > self.max_body_bytes:
             await self.abandon(ticket)
             return
         pairs = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]

@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from gpugate.errors import (
     GatewayOverloaded,
     GpugateError,
     NoHealthyUpstream,
+    Tried,
     UpstreamError,
     UpstreamTimeout,
 )
@@ -186,7 +188,7 @@ class Reply:
         if self._closed:
             return
         self.discard()
-        self._proxy.finished(self._outbound, self.upstream, code or str(self.status))
+        self._proxy.finished(self._outbound, self.upstream.id, code or str(self.status))
 
 
 async def read_all(reply: Reply) -> bytes:
@@ -386,14 +388,21 @@ class Proxy:
         failure = run.context or run.last
         if failure is None:
             raise NoHealthyUpstream("no endpoint serves this request")
+        now = self.clock.monotonic()
+        overhead = max(0.0, now - run.out.received_at - run.upstream_time - run.waited)
         kept = failure.kept
         if kept is None:
-            assert failure.error is not None
-            raise failure.error
-        overhead = max(0.0, self.clock.monotonic() - run.out.received_at - run.upstream_time)
+            error = failure.error
+            assert error is not None
+            if failure.upstream is not None:  # the answer and its count name the one tried
+                error.tried = Tried(failure.upstream.id, run.attempts, overhead)
+            raise error
+        headers = kept.headers
+        if is_load_signal(kept.status) and not _has_retry_after(headers):
+            headers = [*headers, (b"retry-after", _retry_after(failure.endpoint, now))]
         return Reply(
             kept.status,
-            kept.headers,
+            headers,
             failure.upstream,
             failure.endpoint,
             overhead,
@@ -607,8 +616,10 @@ class Proxy:
                 label=self._label(upstream, endpoint),  # clients read the id, not the URL
             )
         except UpstreamError as exc:
+            now = self.clock.monotonic()
+            run.upstream_time += now - sent_at
             picking.release(endpoint, probe=probe)
-            picking.record_failure(endpoint, self.clock.monotonic())
+            picking.record_failure(endpoint, now)
             slot.release()
             outcome = (
                 Outcome.CONNECT
@@ -618,7 +629,7 @@ class Proxy:
                 else Outcome.DROPPED
             )
             self._count(upstream, outcome)
-            run.fail(Failure(outcome, error=exc), Reason.FAILED)
+            run.fail(Failure(outcome, error=exc, upstream=upstream), Reason.FAILED)
             return None
         except GatewayOverloaded:
             picking.release(endpoint, probe=probe)
@@ -633,6 +644,7 @@ class Proxy:
         try:
             if retryable(status):
                 await self._failed_status(run, out, upstream, endpoint, response)
+                run.upstream_time += self.clock.monotonic() - sent_at
                 picking.release(endpoint, probe=probe)
                 slot.release()
                 return None
@@ -650,19 +662,22 @@ class Proxy:
                         Outcome.CONTEXT, kept, None, upstream, endpoint, out.model
                     )
                     run.fail(run.context, Reason.CONTEXT)
+                    run.upstream_time += self.clock.monotonic() - sent_at
                     return None
                 held = read  # relayed as it came, whatever was read of it
             elif out.stream and status == 200 and _is_event_stream(response.headers):
                 held = await self._first_event(response, cfg.first_token_timeout_s, ttfb)
                 response.set_idle_timeout(cfg.stream_idle_timeout_s)
         except UpstreamError as exc:
+            now = self.clock.monotonic()
+            run.upstream_time += now - sent_at
             response.release()
             picking.release(endpoint, probe=probe)
-            picking.record_failure(endpoint, self.clock.monotonic())
+            picking.record_failure(endpoint, now)
             slot.release()
             outcome = Outcome.TIMEOUT if isinstance(exc, UpstreamTimeout) else Outcome.BAD_START
             self._count(upstream, outcome)
-            run.fail(Failure(outcome, error=exc), Reason.FAILED)
+            run.fail(Failure(outcome, error=exc, upstream=upstream), Reason.FAILED)
             return None
         except BaseException:
             response.release()
@@ -861,11 +876,12 @@ class Proxy:
             total_s=cfg.timeout_s,
         )
 
-    def finished(self, out: Outbound, upstream: UpstreamState | None, code: str) -> None:
-        """Record one finished request (the reply's, or a refusal before any reply)."""
+    def finished(self, out: Outbound, upstream: str, code: str) -> None:
+        """Record one finished request (the reply's, or a refusal: ``upstream`` the last one
+        tried, ``""`` when none was)."""
         model = bounded(out.model or "", self.registry.configured)  # never the client's own
         cls = out.cls  # the member in the keys, its value only in a new child's labels
-        key = (model, upstream.id if upstream else "", cls, code)
+        key = (model, upstream, cls, code)
         counter = self._counted.get(key)
         if counter is None:
             child = self._metrics.requests.labels(key[0], key[1], cls.value, code)
@@ -907,10 +923,24 @@ class Proxy:
 
     def refused(self, out: Outbound, error: GpugateError) -> None:
         """Record a request that ended with one of our errors before any upstream reply."""
-        self.finished(out, None, error.code)
+        tried = error.tried
+        self.finished(out, "" if tried is None else tried.upstream, error.code)
 
     def __repr__(self) -> str:
         return f"<Proxy {self.registry!r}>"
+
+
+def _has_retry_after(headers: list[tuple[bytes, bytes]]) -> bool:
+    for k, _ in headers:  # noqa: SIM110 - like _is_event_stream
+        if k == b"retry-after":
+            return True
+    return False
+
+
+def _retry_after(endpoint: EndpointState, now: float) -> bytes:
+    """``Retry-After`` for a 429/503 relayed without one: when the gateway will send to the
+    endpoint that gave it again (its remaining load backoff), in whole seconds, at least 1."""
+    return str(max(1, math.ceil(endpoint.backoff_until - now))).encode()
 
 
 def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:

@@ -36,6 +36,8 @@ from gpugate.errors import (
     BadRequest,
     ExternalUpstreamForbidden,
     GpugateError,
+    MethodNotAllowed,
+    Tried,
     UpstreamError,
 )
 from gpugate.logs import request_id
@@ -118,6 +120,17 @@ class Handler:
         finally:
             request_id.reset(token)
 
+    async def refuse_method(self, ex: Exchange) -> None:
+        """A method an OpenAI route does not take: 405 ``METHOD_NOT_ALLOWED``, ``Allow: POST``
+        (as Starlette answers for its routes), counted like any refusal before routing."""
+        received_at = self.gateway.clock.monotonic()
+        seen = _scan(ex.headers)
+        rid = self.ids.choose(seen.request_id)
+        exc = MethodNotAllowed(f"{ex.path} takes POST only, not {ex.method}")
+        self.gateway.proxy.refused(_unrouted(ex, seen, received_at), exc)
+        headers = [*_JSON, (b"allow", b"POST"), (REQUEST_ID, rid)]
+        await ex.answer(status_of(exc), headers, error_body(exc))
+
     async def _openai(self, ex: Exchange, seen: _Seen, rid: bytes) -> None:
         gw = self.gateway
         received_at = gw.clock.monotonic()
@@ -154,14 +167,13 @@ class Handler:
                 begun = await gw.idempotency.begin(seen.idempotency_key, "POST", path, body)
                 if isinstance(begun, StoredResponse):
                     gw.metrics.idempotent_replays.inc()
-                    await _send_stored(ex, begun, rid)
+                    await _send_stored(ex, begun, rid, gw.clock.monotonic() - received_at)
                     return
                 ticket = begun
             await ex.while_connected(self._relay(out, ex, rid, ticket, keep=not stream))
         except GpugateError as exc:
             error = refused_span(span, status_of(exc), exc.code)
-            if out is not None:
-                gw.proxy.refused(out, exc)
+            gw.proxy.refused(out or _unrouted(ex, seen, received_at), exc)
             await _send_error(ex, exc, rid)
         finally:
             span.end(error)
@@ -195,8 +207,7 @@ class Handler:
             )
             await ex.while_connected(self._relay(out, ex, rid, None, keep=False))
         except GpugateError as exc:
-            if out is not None:
-                gw.proxy.refused(out, exc)
+            gw.proxy.refused(out or _unrouted(ex, seen, received_at), exc)
             await _send_error(ex, exc, rid)
 
     async def _relay(
@@ -248,8 +259,12 @@ class DataPlane:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path: str = scope["path"]
-            if path in OPENAI_ROUTES and scope["method"] == "POST":
-                await self.handler.serve(AsgiExchange(scope, receive, send), openai=True)
+            if path in OPENAI_ROUTES:
+                ex = AsgiExchange(scope, receive, send)
+                if scope["method"] == "POST":
+                    await self.handler.serve(ex, openai=True)
+                else:  # the fast path hands these on too
+                    await self.handler.refuse_method(ex)
                 return
             if path.startswith(RAW_PREFIX):
                 await self.handler.serve(AsgiExchange(scope, receive, send), openai=False)
@@ -544,6 +559,16 @@ def _head(reply: Reply, rid: bytes) -> list[tuple[bytes, bytes]]:
     return headers
 
 
+def _tried_headers(tried: Tried) -> list[tuple[bytes, bytes]]:
+    """What :func:`_head` says of a reply, for our error after upstreams were tried."""
+    attempts = tried.attempts
+    return [
+        (b"x-gateway-upstream", tried.upstream.encode()),
+        (b"x-gateway-overhead-ms", f"{tried.overhead_s * 1000:.3f}".encode()),
+        (b"x-gateway-attempts", _ATTEMPTS[attempts] if attempts < 16 else b"16+"),
+    ]
+
+
 async def _end_broken_stream(ex: Exchange, reply: Reply, exc: UpstreamError) -> None:
     content_type = next((v for k, v in reply.headers if k == b"content-type"), b"")
     if not content_type.startswith(b"text/event-stream"):
@@ -579,6 +604,16 @@ def _parse_doc(body: bytes) -> dict[str, Any]:
     return doc
 
 
+def _unrouted(ex: Exchange, seen: _Seen, received_at: float) -> Outbound:
+    """A request refused before it was routed, as its count needs it: no model and no upstream
+    (a client's strings never become label values), the class it asked for if that is one."""
+    try:
+        cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
+    except BadRequest:
+        cls = RequestClass.INTERACTIVE
+    return Outbound(ex.method, ex.path, [], None, cls, received_at)
+
+
 def _routing_fields(doc: dict[str, Any]) -> tuple[str, bool]:
     """``model`` and ``stream`` from the parsed body: all the routing needs."""
     model = doc.get("model")
@@ -594,12 +629,23 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     return None
 
 
-async def _send_stored(ex: Exchange, stored: StoredResponse, rid: bytes) -> None:
-    headers = [*stored.headers, (b"idempotent-replayed", b"true"), (REQUEST_ID, rid)]
+async def _send_stored(ex: Exchange, stored: StoredResponse, rid: bytes, spent_s: float) -> None:
+    """A replay: the stored answer (its X-Gateway-Upstream and -Model kept with it), and what
+    this request did itself: ``spent_s`` in the gateway, no upstream tried."""
+    headers = [
+        *stored.headers,
+        (b"idempotent-replayed", b"true"),
+        (b"x-gateway-overhead-ms", f"{spent_s * 1000:.3f}".encode()),
+        (b"x-gateway-attempts", _ATTEMPTS[0]),
+        (REQUEST_ID, rid),
+    ]
     await ex.answer(stored.status, headers, stored.body)
 
 
 async def _send_error(ex: Exchange, exc: GpugateError, rid: bytes) -> None:
     headers = [*_JSON, (REQUEST_ID, rid)]
     headers += [(k.encode(), v.encode()) for k, v in error_headers(exc).items()]
+    tried = exc.tried
+    if tried is not None:  # upstreams were tried: the answer says which, as a reply does
+        headers += _tried_headers(tried)
     await ex.answer(status_of(exc), headers, error_body(exc))

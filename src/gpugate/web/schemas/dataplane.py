@@ -142,7 +142,11 @@ def _openai(summary: str, body: type[BaseModel], *, streams: bool = True) -> Spe
 _RAW = Spec(
     summary="Raw pass-through to one named upstream (custom model servers)",
     description="The request goes to the upstream's endpoint under its base path, as sent; "
-    "the answer comes back as the upstream gave it, chunk by chunk.",
+    "the answer comes back as the upstream gave it, chunk by chunk. Any method: GET, HEAD, "
+    "OPTIONS and DELETE without a body (unless one is declared), POST, PUT and PATCH with "
+    "one. Passed through as is: an `Idempotency-Key` header goes to the upstream untouched "
+    "and the gateway keeps and replays nothing (the upstream's own idempotency, if any, "
+    "applies).",
     security=Security.CLIENT,
     tags=("data plane",),
     responses={},
@@ -171,6 +175,6 @@ OPERATIONS = (
         "/v1/embeddings",
         _openai("Embeddings from an upstream serving the model", EmbeddingRequest, streams=False),
     ),
-    *(Operation(m, "/u/{upstream_id}/{path}", _RAW) for m in ("get", "delete")),
+    *(Operation(m, "/u/{upstream_id}/{path}", _RAW) for m in ("get", "head", "options", "delete")),
     *(Operation(m, "/u/{upstream_id}/{path}", _RAW_WITH_BODY) for m in ("post", "put", "patch")),
 )
