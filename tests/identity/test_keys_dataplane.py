@@ -13,7 +13,7 @@ import pytest
 from keyed import ADMIN, ENVIRON, bearer, chat, create_key, keyed_config, recording_upstream
 
 from gpugate.core.classes import RequestClass
-from harness import eventually, model_servers, serving
+from harness import eventually, make_config, model_servers, serving, upstream
 
 CHAT = "/v1/chat/completions"
 
@@ -214,3 +214,26 @@ async def test_the_model_list_shows_a_key_only_its_models_and_azure_di_needs_a_k
     assert ["m"] == listed
     assert 401 == anonymous
     assert (403, "EXTERNAL_UPSTREAM_FORBIDDEN") == limited
+
+
+async def test_a_key_without_allow_external_is_not_shown_models_only_external_upstreams_serve(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    async with model_servers(("inside", ["m"]), ("outside", ["m", "cloud"])) as (inside, outside):
+        ups = [
+            upstream("inside", [inside.url], ["m"]),
+            upstream("outside", [outside.url], ["m", "cloud"], external=True),
+        ]
+        config = make_config(sqlite_dsn, ups, auth={"mode": "keys"})
+        async with serving(config, environ=ENVIRON) as gw:
+            listed = {}
+            for allowed in (False, True):
+                secret = (await create_key(http, gw.url, allow_external=allowed))["key"]
+                async with http.get(gw.url + "/v1/models", headers=bearer(secret)) as resp:
+                    listed[allowed] = [m["id"] for m in (await resp.json())["data"]]
+            async with http.post(
+                gw.url + "/v1/chat/completions", json=chat("cloud"), headers=bearer(secret)
+            ) as resp:
+                used = resp.status
+    assert {False: ["m"], True: ["cloud", "m"]} == listed
+    assert 200 == used  # the key that may go outside can use what it is shown

@@ -152,14 +152,17 @@ class Registry:
             raise NoHealthyUpstream(f"every upstream is out of rotation ({reasons})")
         return allowed
 
-    def models(self) -> list[str]:
-        """Models with at least one endpoint a request could go to now."""
+    def models(self, *, external: bool = True) -> list[str]:
+        """Models with at least one endpoint a request could go to now (``external=False``:
+        one of an upstream that is not ``external``)."""
         now = self._clock.monotonic()
         return sorted(
             model
             for model, states in self._by_model.items()
             if any(
-                self.out_of_rotation(u) is None and any(is_available(ep, now) for ep in u.endpoints)
+                (external or not u.config.external)
+                and self.out_of_rotation(u) is None
+                and any(is_available(ep, now) for ep in u.endpoints)
                 for u in states
             )
         )

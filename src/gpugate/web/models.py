@@ -19,12 +19,14 @@ from gpugate.wiring import Gateway
 )
 async def list_models(request: Request, gateway: Gateway) -> ModelList:
     """The models with at least one endpoint in rotation (healthy, not faulted, not ejected);
-    with a client key, only those it may use."""
+    with a client key, only those it may use (a key without `allow_external`: on an upstream
+    that is not `external`)."""
     created = int(gateway.started_at.timestamp())
     principal = principal_of(request)
+    external = principal is None or principal.key.allow_external
     data = [
         ModelEntry(id=model, object="model", created=created, owned_by="gpugate")
-        for model in gateway.registry.models()
+        for model in gateway.registry.models(external=external)
         if principal is None or principal.key.may_use_model(model)
     ]
     return ModelList(object="list", data=data)
