@@ -25,6 +25,7 @@ from gpugate.errors import ConfigError, ConfigProblem, GpugateError
 
 if TYPE_CHECKING:
     from gpugate.adapters.gateway_api import GatewayApi
+    from gpugate.worker import WorkerSettings
 
 DESCRIPTION = """\
 gpugate: the front door for a team's GPU work. An OpenAI-compatible gateway that routes to
@@ -159,8 +160,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from gpugate.logs import configure_logging
 
     host, port = _split_listen(args.listen)
-    configure_logging("text", args.log_level)
     workdir = Path(args.workdir)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = f"the work directory {workdir} (--workdir)"
+        raise GpugateError(f"cannot use {where}: {exc.strerror or exc}") from exc
+    configure_logging("text", args.log_level)
     clean = _run(run_demo(host, port, workdir=workdir, scenario=args.scenario, pace_s=args.pace))
     return 0 if clean else 1
 
@@ -400,10 +406,29 @@ def cmd_worker(args: argparse.Namespace) -> int:
         tls_client_ca_file=args.tls_client_ca_file,
         gateway_ca_file=args.gateway_ca_file,
     )
+    _check_worker_files(settings)
     configure_logging("text", args.log_level)  # once the arguments are known to be good
     result = _run(serve_worker(settings, host, port))
     assert isinstance(result, int)
     return result
+
+
+def _check_worker_files(settings: WorkerSettings) -> None:
+    """The worker's state directory and TLS files, usable before it listens: else one error
+    line naming the flag, not a traceback from deep in the start."""
+    from gpugate.worker.outbox import Outbox
+    from gpugate.worker.server import worker_tls
+
+    try:
+        Outbox(settings.state_dir).open()
+    except OSError as exc:
+        where = f"the state directory {settings.state_dir} (--state-dir)"
+        raise GpugateError(f"cannot use {where}: {exc.strerror or exc}") from exc
+    try:
+        worker_tls(settings)
+    except OSError as exc:  # ssl.SSLError is one too
+        flags = "--tls-cert-file, --tls-key-file, --tls-client-ca-file, --gateway-ca-file"
+        raise GpugateError(f"cannot load the TLS files ({flags}): {exc.strerror or exc}") from exc
 
 
 def _state_home() -> Path:

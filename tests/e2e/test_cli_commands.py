@@ -219,3 +219,16 @@ def test_tls_files_check_config_cannot_read_are_warnings_with_lines_and_errors_w
         captured.out.splitlines(),
         captured.err,
     )
+
+
+def test_demo_with_a_work_directory_it_cannot_make_is_one_error_line_before_it_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    workdir = tmp_path / "a-file" / "demo"
+
+    code = main(["demo", "--listen", "127.0.0.1:0", "--workdir", str(workdir)])
+
+    err = capsys.readouterr().err.splitlines()
+    assert (1, 1) == (code, len(err))
+    assert err[0].startswith(f"gpugate: error: cannot use the work directory {workdir} (--workdir)")

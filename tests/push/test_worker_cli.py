@@ -71,3 +71,34 @@ def test_a_worker_given_a_url_that_is_not_one_refuses_to_start_and_names_the_fla
 
     expected = f"gpugate: error: {flag}: not an http(s) URL: 'gw:8080': it must start with "
     assert (1, expected) == (code, capsys.readouterr().err[: len(expected)])
+
+
+WORKER = ["worker", "--listen", "127.0.0.1:0", "--runtime", "home-1", "--secret-env", "SECRET"]
+WORKER += ["--gateway", "http://127.0.0.1:9", "--upstream", "http://127.0.0.1:9"]
+
+
+def test_a_worker_whose_state_directory_cannot_be_made_refuses_to_start_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SECRET", "s3cret")
+    (tmp_path / "a-file").write_text("not a directory")
+
+    code = main([*WORKER, "--state-dir", str(tmp_path / "a-file" / "state")])
+
+    err = capsys.readouterr().err.splitlines()
+    assert (1, 1) == (code, len(err))
+    assert err[0].startswith("gpugate: error: cannot use the state directory ")
+    assert "(--state-dir)" in err[0]
+
+
+def test_a_worker_whose_tls_certificate_is_missing_refuses_to_start_naming_the_flags(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SECRET", "s3cret")
+
+    code = main([*WORKER, "--state-dir", str(tmp_path / "state"),
+                 "--tls-cert-file", str(tmp_path / "missing.pem")])  # fmt: skip
+
+    err = capsys.readouterr().err.splitlines()
+    assert (1, 1) == (code, len(err))
+    assert err[0].startswith("gpugate: error: cannot load the TLS files (--tls-cert-file, ")
