@@ -126,13 +126,57 @@ def test_after_the_last_candidate_the_job_is_exhausted_with_each_runtimes_last_e
 
 def test_every_candidate_at_capacity_defers_the_job_instead_of_failing_it() -> None:
     full = {"max_concurrency": 2, "leased": 2}
-    walk = walk_of(Job(runner="a"), ["a", "b"], view("a", **full), view("b", **full))
-    assert Defer("AT_CAPACITY", NOW + timedelta(seconds=5)) == walk.next()
+    walk = walk_of(
+        Job(runner="a"), ["a", "b", "c"], view("a", **full), view("b", **full),
+        view("c", enabled=False),
+    )  # fmt: skip
+    assert (
+        Defer(
+            "AT_CAPACITY",
+            NOW + timedelta(seconds=5),
+            {
+                "a": "AT_CAPACITY: 2 of 2 calls in flight",
+                "b": "AT_CAPACITY: 2 of 2 calls in flight",
+                "c": "disabled",
+            },
+        )
+        == walk.next()
+    )
 
 
-def test_a_runtime_at_capacity_is_passed_over_for_the_next_one_with_room() -> None:
+def test_a_runtime_at_capacity_is_passed_over_for_the_next_one_with_room_and_says_so() -> None:
     walk = walk_of(Job(runner="a"), ["a", "b"], view("a", max_concurrency=1, leased=1), view("b"))
     assert Submit("b") == walk.next()
+    assert "AT_CAPACITY: 1 of 1 calls in flight" == walk.why("a")
+
+
+def test_a_refused_slot_is_at_capacity_and_a_refused_budget_over_budget() -> None:
+    """The reservation before the submit is the atomic check: what it refuses is the reason."""
+    walk = walk_of(
+        Job(runner="a"), ["a", "b"], view("a", max_concurrency=2, leased=2), view("b"),
+        max_attempts=2,
+    )  # fmt: skip
+    walk.refused("a", over_budget=False)
+    walk.refused("b", over_budget=True)
+    assert ("AT_CAPACITY: 2 of 2 calls in flight", "over_budget") == (walk.why("a"), walk.why("b"))
+
+
+def test_each_reason_the_walk_gives_is_the_one_that_kept_the_runtime_from_the_job() -> None:
+    walk = walk_of(
+        Job(runner="a"), ["a", "b", "c", "d"],
+        view("a"), view("b", max_concurrency=1, leased=1), view("c", reachable=False),
+        view("d", over_budget=True),
+    )  # fmt: skip
+    assert Submit("a") == walk.next()
+    walk.failed("a", "RUNTIME_REJECTED: no", retryable=False)
+    end = walk.next()
+    assert isinstance(end, Defer)
+    assert {
+        "a": "RUNTIME_REJECTED: no",
+        "b": "AT_CAPACITY: 1 of 1 calls in flight",
+        "c": "unreachable",
+        "d": "over_budget",
+    } == end.why
 
 
 def test_a_busy_runtime_that_stays_busy_defers_like_one_at_capacity() -> None:
@@ -173,7 +217,9 @@ def test_a_busy_walk_waits_the_given_backoff_until_its_deadline_then_fails_busy_
 
     before = walk(NOW + timedelta(seconds=59)).next()
     after = walk(NOW + timedelta(seconds=60)).next()
-    assert Defer("RUNTIME_BUSY", NOW + timedelta(seconds=60.25)) == before
+    assert Defer("RUNTIME_BUSY", NOW + timedelta(seconds=60.25), {"a": "RUNTIME_BUSY: 429"}) == (
+        before
+    )
     assert isinstance(after, Exhausted)
     assert "BUSY_DEADLINE" == after.code
     assert "a: busy past the deadline (RUNTIME_BUSY: 429)" == after.message

@@ -114,6 +114,8 @@ async def test_a_job_dispatched_early_because_a_slot_freed_is_stamped_with_the_t
 
 
 async def test_a_runtime_at_capacity_is_passed_over_for_the_next_in_the_chain(dsn: str) -> None:
+    """The audit trail says why: the ``walked`` event names the capacity, not "not in the
+    chain" (the runtime passed over is the job's runner, first in its chain)."""
     runtimes = [{"id": "local", "kind": "upstream", "max_concurrency": 1}, push_runtime("home-1")]
     async with rig(dsn, runtimes=runtimes, chain=["local", "home-1"]) as r:
         r.servers["q0"].update(hang=True)
@@ -121,8 +123,32 @@ async def test_a_runtime_at_capacity_is_passed_over_for_the_next_in_the_chain(ds
         await r.submit("b")
         await r.dispatcher.tick()
         b = await r.job("b")
+        (walked,) = [e for e in await r.events("b") if e.status == "walked"]
         r.servers["q0"].update(hang=False)
     assert ("home-1", "home-1:home-1-call-1") == (b.runner, b.leased_by)
+    assert {"from": "local", "why": "AT_CAPACITY: 1 of 1 calls in flight"} == walked.detail
+
+
+async def test_a_deferral_says_what_kept_each_runtime_from_the_job(dsn: str) -> None:
+    runtimes = [
+        push_runtime("home-1", max_concurrency=1),
+        push_runtime("home-2"),
+        {"id": "local", "kind": "upstream"},
+    ]
+    chain = ["home-1", "home-2", "local"]
+    async with rig(dsn, runtimes=runtimes, chain=chain, default="home-1") as r:
+        r.disabled.add("home-2")
+        r.unreachable.add("local")
+        await r.submit("a")
+        await r.submit("b")
+        await r.dispatcher.tick()
+        (deferred,) = [e for e in await r.events("b") if e.status == "deferred"]
+    assert ("AT_CAPACITY", "home-1") == (deferred.error_code, deferred.runtime)
+    assert {
+        "home-1": "AT_CAPACITY: 1 of 1 calls in flight",
+        "home-2": "disabled",
+        "local": "unreachable",
+    } == deferred.detail["why"]
 
 
 async def test_a_woken_dispatcher_runs_a_new_job_at_once(dsn: str) -> None:

@@ -13,6 +13,7 @@ what :func:`claim` decides, in SQL, and the contract suite checks that both agre
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -234,11 +235,16 @@ def release(
     status: str,
     error_code: str | None,
     actor: str,
+    why: Mapping[str, str] | None = None,
 ) -> Change:
+    """Back to the queue; ``why``: each runtime's reason for not taking the job (a deferral's
+    detail, each reason cut to 200 characters as a ``walked`` event's)."""
     if status not in RELEASE_STATUSES:
         raise ValueError(f"release status must be released or deferred, got {status!r}")
     values = {"state": "queued", "not_before": not_before, "updated_at": now} | _NO_LEASE
-    detail = {} if not_before is None else {"not_before": not_before.isoformat()}
+    detail: dict[str, Any] = {} if not_before is None else {"not_before": not_before.isoformat()}
+    if why:
+        detail["why"] = {check_runtime(runtime): reason[:200] for runtime, reason in why.items()}
     return Change(values, _lease_event(job, status, actor, error_code, detail)).of(job)
 
 

@@ -154,10 +154,12 @@ class Walk:
 
 @dataclass(frozen=True, slots=True)
 class Defer:
-    """Put the job back in the queue until ``not_before``; it has not failed."""
+    """Put the job back in the queue until ``not_before``; it has not failed. ``why``: what
+    kept each candidate from taking it (:meth:`ChainWalk.why`), for the ``deferred`` event."""
 
     reason: str
     not_before: datetime
+    why: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,14 +178,25 @@ class Exhausted:
         return "; ".join(f"{runtime}: {error}" for runtime, error in self.errors.items())
 
 
-def at_capacity_until(now: datetime, backoff_s: float, reason: str = AT_CAPACITY) -> Defer:
+def at_capacity_until(
+    now: datetime,
+    backoff_s: float,
+    reason: str = AT_CAPACITY,
+    why: dict[str, str] | None = None,
+) -> Defer:
     """The deferral of a job whose every live candidate is at capacity (or refused it busy)."""
-    return Defer(reason, now + timedelta(seconds=backoff_s))
+    return Defer(reason, now + timedelta(seconds=backoff_s), why or {})
 
 
-def saturated_until(now: datetime, backoff_s: float) -> Defer:
+def saturated_until(now: datetime, backoff_s: float, why: dict[str, str] | None = None) -> Defer:
     """The deferral of a job shed because the GPUs are saturated."""
-    return Defer(GPU_SATURATED, now + timedelta(seconds=backoff_s))
+    return Defer(GPU_SATURATED, now + timedelta(seconds=backoff_s), why or {})
+
+
+def capacity_reason(view: RuntimeView) -> str:
+    """Why a runtime at capacity was passed over, as a walk's reasons read: ``AT_CAPACITY:
+    2 of 2 calls in flight``."""
+    return f"{AT_CAPACITY}: {view.leased} of {view.max_concurrency} calls in flight"
 
 
 class ChainWalk:
@@ -221,6 +234,7 @@ class ChainWalk:
         self._retried: set[str] = set()
         self.skipped: dict[str, str] = {}
         self.errors: dict[str, str] = {}
+        self.full: dict[str, str] = {}  # passed over at capacity: why (capacity_reason)
         self.busy: list[str] = []
         self.refusals: list[str] = []  # runtimes that answered busy (429) in this walk
 
@@ -237,7 +251,7 @@ class ChainWalk:
                 continue
             assert view is not None
             if view.at_capacity:
-                self.busy.append(runtime)
+                self._full(runtime, view)
                 continue
             return Submit(runtime)
         return self._end()
@@ -248,7 +262,27 @@ class ChainWalk:
         if over_budget:
             self.skipped[runtime] = OVER_BUDGET
         else:
-            self.busy.append(runtime)
+            view = self._views.get(runtime)
+            assert view is not None, "a refused runtime was submitted to: it has a view"
+            self._full(runtime, view)
+
+    def _full(self, runtime: str, view: RuntimeView) -> None:
+        self.busy.append(runtime)
+        self.full[runtime] = capacity_reason(view)
+
+    def why(self, runtime: str) -> str:
+        """Why ``runtime`` did not take the job in this walk: its last error, why it was
+        skipped, or that it was at capacity; ``not tried`` for one the walk did not reach."""
+        return (
+            self.errors.get(runtime)
+            or self.skipped.get(runtime)
+            or self.full.get(runtime)
+            or "not tried"
+        )
+
+    def reasons(self) -> dict[str, str]:
+        """:meth:`why` of every candidate the walk reached, in walk order."""
+        return {runtime: self.why(runtime) for runtime in self.order[: self._next]}
 
     def failed(
         self, runtime: str, error: str, *, retryable: bool, busy: bool = False
@@ -277,14 +311,15 @@ class ChainWalk:
     def _end(self) -> Defer | Exhausted:
         if self.busy:
             if self._busy_deadline is not None and self._now >= self._busy_deadline:
-                waited = {r: self.errors.get(r) or "at capacity" for r in self.busy}
+                waited = {r: self.why(r) for r in self.busy}
                 return Exhausted(
                     BUSY_DEADLINE,
                     {r: f"busy past the deadline ({why})" for r, why in waited.items()},
                 )
+            why = self.reasons()
             if self.refusals:
-                return at_capacity_until(self._now, self._busy_backoff_s, RUNTIME_BUSY)
-            return at_capacity_until(self._now, self._backoff_s)
+                return at_capacity_until(self._now, self._busy_backoff_s, RUNTIME_BUSY, why)
+            return at_capacity_until(self._now, self._backoff_s, why=why)
         relevant = {r: why for r, why in self.skipped.items() if why not in _IRRELEVANT}
         if (
             not self.errors

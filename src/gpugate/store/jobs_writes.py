@@ -41,7 +41,7 @@ from gpugate.core.job_states import (
 from gpugate.store.group_commit import GroupCommit
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from datetime import datetime
 
     from gpugate.clock import Clock
@@ -288,17 +288,22 @@ class JobWrites(Protocol):
         status: str = "released",
         error_code: str | None = None,
         actor: str = "dispatcher",
+        why: Mapping[str, str] | None = None,
     ) -> bool:
         """Put the job back in the queue: ``queued``, lease cleared, ``not_before`` set as given.
 
         ``status`` is ``released`` or ``deferred`` (with ``not_before`` and an ``error_code``
-        such as ``GPU_SATURATED`` or ``AT_CAPACITY``). Fenced.
+        such as ``GPU_SATURATED`` or ``AT_CAPACITY``); ``why``, for a deferral: what kept each
+        runtime from taking the job (the event's detail). Fenced.
         """
         if status not in transitions.RELEASE_STATUSES:
             raise ValueError(f"release status must be released or deferred, got {status!r}")
         check_actor(actor)
         check_aware(not_before, "not_before")
-        given = {"not_before": not_before, "status": status, "error_code": error_code}
+        given: dict[str, Any] = {"not_before": not_before, "status": status}
+        given["error_code"] = error_code
+        if why:
+            given["why"] = why
         return (
             await self._fenced(slug, token, transitions.release, actor=actor, **given) is not None
         )
