@@ -661,12 +661,13 @@ async def _jobs_engine(
     await ops.tick()
     stops = StopConditions(ops, live.get, metrics)
 
-    def views() -> dict[str, RuntimeView]:
+    def views() -> dict[str, RuntimeView]:  # what the walk skips is what /admin/runtimes shows
         return runtime_views(
             live.config,
             runtimes.keys(),
             disabled=ops.excluded(),
             over_budget=guardrails.over_budget(),
+            live_models=frozenset(parts.registry.models()),
         )
 
     dispatcher = Dispatcher(

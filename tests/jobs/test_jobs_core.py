@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gpugate.config import GatewayConfig
 from gpugate.core.jobs import (
     ChainWalk,
     Defer,
@@ -16,6 +17,7 @@ from gpugate.core.jobs import (
     Submit,
     Walk,
     candidates,
+    reaches,
     runtime_views,
     skip_reason,
 )
@@ -59,6 +61,7 @@ def test_candidates_are_the_runner_then_the_chain_each_once() -> None:
         ({"models": frozenset({"bge-m3"})}, Job(), "model_mismatch"),
         ({"implemented": False}, Job(), "no_implementation"),
         ({"reachable": False}, Job(), "unreachable"),
+        ({"unreachable_models": frozenset({"qwen"})}, Job(), "unreachable"),
         ({"over_budget": True}, Job(), "over_budget"),
         ({"kind": "modal"}, Job(allow_external=False), "external_forbidden"),
         ({"external": True}, Job(allow_external=False), "external_forbidden"),
@@ -279,8 +282,8 @@ def test_forbidden_mixed_with_another_reason_is_plain_chain_exhaustion() -> None
     assert "CHAIN_EXHAUSTED" == end.code
 
 
-def test_runtime_views_describe_each_configured_runtime() -> None:
-    config = make_config(
+def views_config() -> GatewayConfig:
+    return make_config(
         "sqlite:///unused.db",
         [
             upstream("in", ["http://127.0.0.1:9001"], ["qwen"]),
@@ -304,7 +307,12 @@ def test_runtime_views_describe_each_configured_runtime() -> None:
         ],
         fallback_chain=["local", "home", "beta"],
     )
-    views = runtime_views(config, {"local", "home"}, disabled={"home"}, over_budget={"beta"})
+
+
+def test_runtime_views_describe_each_configured_runtime() -> None:
+    views = runtime_views(
+        views_config(), {"local", "home"}, disabled={"home"}, over_budget={"beta"}
+    )
     assert frozenset({"qwen", "gpt"}) == views["local"].models
     assert frozenset({"gpt"}) == views["local"].external_models
     assert (False, 3, True) == (views["home"].enabled, views["home"].max_concurrency, True)
@@ -313,3 +321,17 @@ def test_runtime_views_describe_each_configured_runtime() -> None:
         views["beta"].implemented,
         views["beta"].over_budget,
     )
+
+
+def test_an_upstream_runtime_is_unreachable_when_none_of_its_models_is_live_and_per_model() -> None:
+    """What ``GET /admin/runtimes/{id}`` shows (:func:`reaches`) is what the walk skips; a
+    runtime that reaches some of its models is unreachable for the others only."""
+    config = views_config()
+    none_live = runtime_views(config, {"local", "home"}, live_models=frozenset())
+    gpt_live = runtime_views(config, {"local", "home"}, live_models=frozenset({"gpt"}))
+    assert (False, False) == (none_live["local"].reachable, reaches(["qwen", "gpt"], []))
+    assert (True, True) == (gpt_live["local"].reachable, reaches(["qwen", "gpt"], ["gpt"]))
+    assert frozenset({"qwen"}) == gpt_live["local"].unreachable_models
+    assert "unreachable" == skip_reason(Job(model="qwen"), "local", gpt_live["local"])
+    assert skip_reason(Job(model="gpt"), "local", gpt_live["local"]) is None
+    assert none_live["home"].reachable  # nothing probes a push runtime: not judged here

@@ -79,8 +79,10 @@ class RuntimeView:
 
     ``models`` None means any model. ``external``: every call leaves the building (serverless);
     ``external_models``: models this runtime could only send to an external upstream.
-    ``leased`` counts the runtime's calls in flight, across replicas; with ``max_concurrency``
-    None there is no limit.
+    ``reachable`` False: nothing it serves can be reached now; ``unreachable_models``: models it
+    cannot reach now although others it serves can (an ``upstream`` runtime whose model has no
+    endpoint in rotation). ``leased`` counts the runtime's calls in flight, across replicas;
+    with ``max_concurrency`` None there is no limit.
     """
 
     id: str
@@ -94,6 +96,7 @@ class RuntimeView:
     max_concurrency: int | None = None
     leased: int = 0
     external_models: frozenset[str] = field(default_factory=frozenset)
+    unreachable_models: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def at_capacity(self) -> bool:
@@ -130,7 +133,7 @@ def skip_reason(
         (MODEL_MISMATCH, view.models is not None and job.model not in view.models),
         (EXTERNAL_FORBIDDEN, not job.allow_external and view.forbids(job.model)),
         (DISABLED, not view.enabled),
-        (UNREACHABLE, not view.reachable),
+        (UNREACHABLE, not view.reachable or job.model in view.unreachable_models),
         (OVER_BUDGET, view.over_budget),
         (ATTEMPTS_SPENT, spent),
     )
@@ -406,6 +409,13 @@ class LearnedConcurrency:
         self.limit = min(max(self.limit, 1), ceiling)
 
 
+def reaches(models: Iterable[str], live: Collection[str]) -> bool:
+    """Whether an ``upstream`` runtime serving ``models`` is reachable: one of them has an
+    endpoint in rotation (``live``, :meth:`gpugate.core.registry.Registry.models`). The
+    operator's view (``GET /admin/runtimes/{id}``) and the walk both ask this."""
+    return any(model in live for model in models)
+
+
 def runtime_views(
     config: GatewayConfig,
     implemented: Collection[str],
@@ -413,12 +423,16 @@ def runtime_views(
     disabled: Collection[str] = (),
     unreachable: Collection[str] = (),
     over_budget: Collection[str] = (),
+    live_models: Collection[str] | None = None,
 ) -> dict[str, RuntimeView]:
     """Every configured runtime as the walk sees it, from the config and the live facts given.
 
     ``implemented``: the runtime ids the gateway built an implementation for. A runtime of kind
     ``modal`` is external; one of kind ``upstream`` is, for the models that only external
-    upstreams serve. ``leased`` is left at 0: the dispatcher counts calls in flight itself.
+    upstreams serve. ``live_models`` (the models with an endpoint in rotation now; None: not
+    known) makes an ``upstream`` runtime unreachable when none of its models is live
+    (:func:`reaches`), and unreachable for each model that is not; ``unreachable`` names other
+    runtimes found unreachable. ``leased`` is left at 0: the dispatcher counts calls in flight.
     """
     external_only = frozenset(
         model
@@ -428,16 +442,23 @@ def runtime_views(
     views: dict[str, RuntimeView] = {}
     for runtime in config.runtimes:
         is_upstream = runtime.kind == "upstream"
+        models = frozenset(config.runtime_models(runtime.id))
+        reachable = runtime.id not in unreachable
+        down: frozenset[str] = frozenset()
+        if is_upstream and live_models is not None:
+            reachable = reachable and reaches(models, live_models)
+            down = frozenset(model for model in models if model not in live_models)
         views[runtime.id] = RuntimeView(
             id=runtime.id,
             kind=runtime.kind,
-            models=frozenset(config.runtime_models(runtime.id)),
+            models=models,
             enabled=runtime.enabled and runtime.id not in disabled,
             implemented=runtime.id in implemented,
-            reachable=runtime.id not in unreachable,
+            reachable=reachable,
             over_budget=runtime.id in over_budget,
             external=runtime.kind == "modal",
             max_concurrency=runtime.max_concurrency,
             external_models=external_only if is_upstream else frozenset(),
+            unreachable_models=down,
         )
     return views
