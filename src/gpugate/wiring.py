@@ -693,7 +693,9 @@ async def _jobs_engine(
         if call is not None and call[0] in runtimes:
             await runtimes[call[0]].cancel(call[1])
 
-    jobs = Jobs(store, live.get, wake=dispatcher.wake, cancel_call=cancel_call)
+    jobs = Jobs(
+        store, live.get, wake=dispatcher.wake, cancel_call=cancel_call, call_ended=call_ended
+    )
     return _JobEngine(
         results=results,
         runtimes=runtimes,
