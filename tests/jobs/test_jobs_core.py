@@ -335,3 +335,20 @@ def test_an_upstream_runtime_is_unreachable_when_none_of_its_models_is_live_and_
     assert "unreachable" == skip_reason(Job(model="qwen"), "local", gpt_live["local"])
     assert skip_reason(Job(model="gpt"), "local", gpt_live["local"]) is None
     assert none_live["home"].reachable  # nothing probes a push runtime: not judged here
+
+
+def test_a_new_max_concurrency_is_the_new_ceiling_at_once_and_a_learned_limit_stays_below_it() -> (
+    None
+):
+    untaught = LearnedConcurrency(1)
+    untaught.rebase(3)  # nothing learned: the limit was the old max, it is the new one
+    taught = LearnedConcurrency(4)
+    taught.refused(in_flight=2)
+    taught.rebase(8)  # learned from a 429: it stays what the worker took
+    kept = taught.limit
+    taught.rebase(1)  # never above the ceiling
+    assert (3, 3) == (untaught.limit, untaught.ceiling)
+    assert 2 == kept
+    assert (1, 1) == (taught.limit, taught.ceiling)
+    untaught.rebase(2)  # at the ceiling, so down with it too
+    assert 2 == untaught.limit

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
-from jobs_rig import Rig, push_runtime, rig
+from jobs_rig import Rig, ScriptedRuntime, push_runtime, rig
 
 from gpugate.errors import RuntimeBusy
 from gpugate.services.gpu_monitor import GpuMonitor
@@ -307,3 +307,41 @@ async def test_a_429_teaches_the_dispatcher_the_workers_real_concurrency(dsn: st
     assert ("deferred", "home-1", "RUNTIME_BUSY") in trails["b"]
     assert ("deferred", "home-1", "AT_CAPACITY") in trails["c"]
     assert ("deferred", "home-1", "AT_CAPACITY") in trails["d"]
+
+
+async def test_after_one_429_the_learned_limit_grows_back_to_max_concurrency_on_successes(
+    dsn: str,
+) -> None:
+    """A worker refuses once (the learned limit halves to 1 of 2); the calls it then takes
+    one at a time, each at the limit, raise it by one after ``probe_after`` x limit of them:
+    eight completed jobs later two calls run at once again, with no restart."""
+    runtimes = [push_runtime("home-1", max_concurrency=2)]
+    async with rig(dsn, runtimes=runtimes, chain=["home-1"], default="home-1") as r:
+        home = r.scripted("home-1")
+        home.script = [None, RuntimeBusy("429 from the worker")]
+        await r.submit("a")
+        await r.submit("b")
+        await r.dispatcher.tick()
+        after_429 = r.dispatcher.learned_limit("home-1", 2)
+        limits = []
+        for n in range(9):
+            await finish_calls(r, home)
+            r.clock.advance(10)  # past any backoff: the next job runs at once
+            if n:
+                await r.submit(f"j{n}")
+            await r.dispatcher.tick()
+            limits.append(r.dispatcher.learned_limit("home-1", 2))
+        await finish_calls(r, home)
+        for slug in ("x", "y"):
+            await r.submit(slug)
+        both = await r.dispatcher.tick()
+    assert 1 == after_429
+    assert [1] * 7 + [2, 2] == limits
+    assert (2, 0) == (both.dispatched, both.deferred)
+
+
+async def finish_calls(r: Rig, runtime: ScriptedRuntime) -> None:
+    """Complete every call ``runtime`` holds, as its worker would report them."""
+    for slug, token in list(runtime.calls.values()):
+        await r.store.complete(slug, token, result={}, actor=f"worker:{runtime.id}")
+    runtime.calls.clear()

@@ -4,13 +4,16 @@ The audit's rig: a real gateway with its own dispatcher and reaper loops, ``loca
 push runtimes ``home-1`` (``max_concurrency`` 2) and ``home-2`` (1) in front of fake workers
 that speak the bearer protocol and hold every call they accept. Three jobs fill the slots and a
 fourth is deferred ``AT_CAPACITY`` for the dispatcher's 5 s backoff. A slot freed by a worker's
-result always woke it at once; one freed by a cancel did not (the job waited out its backoff).
+result always woke it at once; one freed by a cancel did not (the job waited out its backoff),
+and a ``max_concurrency`` raised by a config import did not take effect at all until a restart
+(the limit the dispatcher had learned kept the old value).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -147,3 +150,33 @@ async def test_a_freed_slot_runs_the_waiting_job_at_once_whatever_freed_it(
     assert x4 is not None
     assert "home-1" == x4.runner
     assert waited < AT_ONCE_S, f"x4 waited {waited:.2f} s for the slot {frees} freed"
+
+
+async def test_a_max_concurrency_raised_by_import_is_the_new_limit_at_once(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """home-2 1 → 3 by ``PUT /admin/config``: the two jobs waiting run there at once, with no
+    restart; nothing was learned from a 429, so the new max is the limit."""
+    async with full(sqlite_dsn, http) as (gw, _, two):
+        for slug in ("x4", "x5"):
+            await create(http, gw, slug)
+            await deferred_at_capacity(gw, slug)
+        async with http.get(gw.url + "/admin/config", headers=ADMIN) as resp:
+            document = await resp.json()
+        for runtime in document["runtimes"]:
+            if runtime["id"] == "home-2":
+                runtime["max_concurrency"] = 3
+        headers = {**ADMIN, "Content-Type": "application/json"}
+        async with http.put(
+            gw.url + "/admin/config", data=json.dumps(document), headers=headers
+        ) as resp:
+            assert 200 == resp.status, await resp.text()
+
+        waited = await until(
+            lambda: 3 == len(posts(two)), "x4 and x5 submitted to home-2", within_s=BACKOFF_S * 2
+        )
+        async with http.get(gw.url + "/admin/runtimes/home-2", headers=ADMIN) as resp:
+            detail = await resp.json()
+    assert ["x3", "x4", "x5"] == sorted(body["slug"] for body in posts(two))
+    assert (3, 3) == (detail["max_concurrency"], detail["in_flight"])
+    assert waited < AT_ONCE_S, f"the jobs waited {waited:.2f} s for the slots the import added"

@@ -404,9 +404,16 @@ class LearnedConcurrency:
             self._accepted = 0
 
     def rebase(self, ceiling: int) -> None:
-        """The config's ``max_concurrency`` changed to ``ceiling``."""
+        """The config's ``max_concurrency`` changed to ``ceiling``: the new ceiling at once.
+
+        A limit that sat at the old ceiling (nothing learned) moves to the new one, up or down;
+        a limit learned lower from 429s stays — it is what the worker took, and a config change
+        says nothing about the worker — but never above the new ceiling, and it grows back by
+        :meth:`accepted` as before (docs/runtimes.md).
+        """
+        learned = self.limit < self.ceiling
         self.ceiling = ceiling
-        self.limit = min(max(self.limit, 1), ceiling)
+        self.limit = min(max(self.limit, 1), ceiling) if learned else ceiling
 
 
 def reaches(models: Iterable[str], live: Collection[str]) -> bool:
