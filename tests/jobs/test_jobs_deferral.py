@@ -301,7 +301,12 @@ async def test_a_429_teaches_the_dispatcher_the_workers_real_concurrency(dsn: st
             await r.submit(slug)
         report = await r.dispatcher.tick()
         trails = {slug: await r.trail(slug) for slug in ("b", "c", "d")}
+        (deferred,) = [e for e in await r.events("c") if e.status == "deferred"]
     assert (1, 3) == (report.dispatched, report.deferred)
+    learned = (
+        "AT_CAPACITY: 1 of 1 calls in flight (a limit learned from its 429s; max_concurrency 4)"
+    )
+    assert {"home-1": learned} == deferred.detail["why"]
     assert ["a", "b"] == home.submits
     assert 1 == r.dispatcher.learned_limit("home-1", 4)
     assert ("deferred", "home-1", "RUNTIME_BUSY") in trails["b"]

@@ -82,7 +82,8 @@ class RuntimeView:
     ``reachable`` False: nothing it serves can be reached now; ``unreachable_models``: models it
     cannot reach now although others it serves can (an ``upstream`` runtime whose model has no
     endpoint in rotation). ``leased`` counts the runtime's calls in flight, across replicas;
-    with ``max_concurrency`` None there is no limit.
+    with ``max_concurrency`` None there is no limit; ``configured_max``: the config's
+    ``max_concurrency`` when the limit in effect is lower, learned from the runtime's 429s.
     """
 
     id: str
@@ -97,6 +98,7 @@ class RuntimeView:
     leased: int = 0
     external_models: frozenset[str] = field(default_factory=frozenset)
     unreachable_models: frozenset[str] = field(default_factory=frozenset)
+    configured_max: int | None = None
 
     @property
     def at_capacity(self) -> bool:
@@ -198,8 +200,12 @@ def saturated_until(now: datetime, backoff_s: float, why: dict[str, str] | None 
 
 def capacity_reason(view: RuntimeView) -> str:
     """Why a runtime at capacity was passed over, as a walk's reasons read: ``AT_CAPACITY:
-    2 of 2 calls in flight``."""
-    return f"{AT_CAPACITY}: {view.leased} of {view.max_concurrency} calls in flight"
+    2 of 2 calls in flight``, and when the limit was learned lower than ``max_concurrency``,
+    ``AT_CAPACITY: 1 of 1 calls in flight (a limit learned from its 429s; max_concurrency 2)``."""
+    why = f"{AT_CAPACITY}: {view.leased} of {view.max_concurrency} calls in flight"
+    if view.configured_max is not None and view.configured_max != view.max_concurrency:
+        why += f" (a limit learned from its 429s; max_concurrency {view.configured_max})"
+    return why
 
 
 class ChainWalk:

@@ -243,8 +243,11 @@ class Dispatcher:
                 views[runtime_id] = replace(view, implemented=False)
             elif view.max_concurrency is not None:
                 leased = await self._store.count_leased(runtime_id)
-                limit = self.learned_limit(runtime_id, view.max_concurrency)
-                views[runtime_id] = replace(view, leased=leased, max_concurrency=limit)
+                ceiling = view.max_concurrency
+                limit = self.learned_limit(runtime_id, ceiling)
+                views[runtime_id] = replace(
+                    view, leased=leased, max_concurrency=limit, configured_max=ceiling
+                )
         return views
 
     def learned_limit(self, runtime_id: str, ceiling: int) -> int:
