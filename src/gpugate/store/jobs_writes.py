@@ -300,10 +300,7 @@ class JobWrites(Protocol):
             raise ValueError(f"release status must be released or deferred, got {status!r}")
         check_actor(actor)
         check_aware(not_before, "not_before")
-        given: dict[str, Any] = {"not_before": not_before, "status": status}
-        given["error_code"] = error_code
-        if why:
-            given["why"] = why
+        given = {"not_before": not_before, "status": status, "error_code": error_code, "why": why}
         return (
             await self._fenced(slug, token, transitions.release, actor=actor, **given) is not None
         )
