@@ -122,7 +122,9 @@ class Reconfigurer:
     requests in flight finish undisturbed; a runtime new to this process gets its
     implementation, and so does a push or modal runtime whose ``push``/``modal`` block, kind or
     ``cents_per_second`` changed (its calls in flight are then answered by the new one); the
-    chain and the runtimes' views follow the live config."""
+    chain and the runtimes' views follow the live config. Then ``room_changed`` (the
+    dispatcher's ``slot_freed``): a version may raise a ``max_concurrency``, add or enable a
+    runtime, so the jobs waiting for a slot look again at once, not after their backoff."""
 
     live: LiveConfig
     environ: Mapping[str, str] = field(repr=False)  # holds secrets: never in a repr
@@ -132,6 +134,7 @@ class Reconfigurer:
     monitor: GpuMonitor | None
     engine_monitor: EngineMonitor
     runtimes: Runtimes
+    room_changed: Callable[[], None]
 
     def apply(self, config: GatewayConfig, version: int) -> None:
         before = self.live.config
@@ -150,6 +153,7 @@ class Reconfigurer:
         self.runtimes.follow(before.runtimes, config.runtimes)  # built from `before`'s settings
         self.live.config, self.live.version = config, version
         self.metrics.config_version.set(version)
+        self.room_changed()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -405,7 +409,15 @@ async def build_gateway(  # noqa: PLR0913 - the config, then keyword-only settin
             takes_over=takes_over,
         )
         reconfigurer = Reconfigurer(
-            live, environ, metrics, registry, proxy, monitor, engine_monitor, engine.runtimes
+            live,
+            environ,
+            metrics,
+            registry,
+            proxy,
+            monitor,
+            engine_monitor,
+            engine.runtimes,
+            room_changed=engine.dispatcher.slot_freed,
         )
         import_environ = importable_environ(file_config, environ)
         files = BatchFiles(store, blobs, clock)
@@ -661,12 +673,13 @@ async def _jobs_engine(
     await ops.tick()
     stops = StopConditions(ops, live.get, metrics)
 
-    def views() -> dict[str, RuntimeView]:
+    def views() -> dict[str, RuntimeView]:  # what the walk skips is what /admin/runtimes shows
         return runtime_views(
             live.config,
             runtimes.keys(),
             disabled=ops.excluded(),
             over_budget=guardrails.over_budget(),
+            live_models=frozenset(parts.registry.models()),
         )
 
     dispatcher = Dispatcher(
@@ -692,7 +705,9 @@ async def _jobs_engine(
         if call is not None and call[0] in runtimes:
             await runtimes[call[0]].cancel(call[1])
 
-    jobs = Jobs(store, live.get, wake=dispatcher.wake, cancel_call=cancel_call)
+    jobs = Jobs(
+        store, live.get, wake=dispatcher.wake, cancel_call=cancel_call, call_ended=call_ended
+    )
     return _JobEngine(
         results=results,
         runtimes=runtimes,

@@ -212,7 +212,7 @@ async def test_two_gateways_on_one_postgres_run_each_of_1000_jobs_exactly_once(
     assert sorted(slugs) == sorted(slug for slug, state, _, _ in run.rows if state == "completed")
     assert dict.fromkeys(slugs, 1) == run.executions
     assert [] == [slug for slug, _, _, submits in run.rows if submits != 1]
-    straight = ("queued", "dispatching", "submitted", "completed")
+    straight = ("queued", "dispatching", "submitted", "running", "completed")
     assert dict.fromkeys(slugs, straight) == {s: tuple(t) for s, t in run.trails.items()}
     assert dict.fromkeys(slugs[::50], straight) == run.api_trails
     assert [] == run.overlapping_claims()

@@ -56,6 +56,39 @@ async def test_reservations_raise_the_soft_cap_once_then_skip_the_runtime_over_b
     assert (1.0, 1.0) == (soft, over)
 
 
+async def test_a_call_is_admitted_while_todays_spend_is_below_twice_daily_cents(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """The audit's budget: daily_cents 1 (over budget at 2), each call reserving 1.2 cents
+    (0.02 x the default 60 s estimate). After the first call today's spend is 1.2, below 2 and
+    not over budget, so the second runs on home-1 too (its estimate carries the day to 2.4);
+    only the third, at 2.4, is skipped. Before, the second was refused (1.2 + 1.2 > 2) while
+    the runtime's detail said over_budget false."""
+    async with (
+        model_servers(("q0", ["qwen"])) as (model,),
+        FakeWorker().serving() as worker,
+    ):
+        budget = {"daily_cents": 1, "cents_per_second": 0.02}
+        config = guard_config(sqlite_dsn, model.url, worker.url, budget=budget)
+        async with serving(config, environ=ENV) as gw:
+            await create_job(http, gw.url, "first")
+            await eventually(lambda: 1 == len(worker.calls), what="first held")
+            await gw.gateway.guardrails.tick()
+            after_one = (await admin_get(http, gw.url, "/admin/runtimes/home-1"))["spend"]
+            await create_job(http, gw.url, "second")
+            await eventually(lambda: 2 == len(worker.calls), what="second held")
+            await create_job(http, gw.url, "third")
+            await until_state(gw, "third", "completed")
+            await gw.gateway.guardrails.tick()
+            after_three = (await admin_get(http, gw.url, "/admin/runtimes/home-1"))["spend"]
+            third = await gw.gateway.store.get_job("third")
+    assert (1.2, False) == (after_one["today_cents"], after_one["over_budget"])
+    assert ["first", "second"] == sorted(worker.calls.values())
+    assert third is not None
+    assert "local" == third.runner
+    assert (2.4, True) == (round(after_three["today_cents"], 6), after_three["over_budget"])
+
+
 async def test_an_operator_drain_cancels_the_calls_in_flight_and_their_jobs_walk_on(
     sqlite_dsn: str, http: aiohttp.ClientSession
 ) -> None:

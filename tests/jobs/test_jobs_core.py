@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gpugate.config import GatewayConfig
 from gpugate.core.jobs import (
     ChainWalk,
     Defer,
@@ -16,6 +17,7 @@ from gpugate.core.jobs import (
     Submit,
     Walk,
     candidates,
+    reaches,
     runtime_views,
     skip_reason,
 )
@@ -59,6 +61,7 @@ def test_candidates_are_the_runner_then_the_chain_each_once() -> None:
         ({"models": frozenset({"bge-m3"})}, Job(), "model_mismatch"),
         ({"implemented": False}, Job(), "no_implementation"),
         ({"reachable": False}, Job(), "unreachable"),
+        ({"unreachable_models": frozenset({"qwen"})}, Job(), "unreachable"),
         ({"over_budget": True}, Job(), "over_budget"),
         ({"kind": "modal"}, Job(allow_external=False), "external_forbidden"),
         ({"external": True}, Job(allow_external=False), "external_forbidden"),
@@ -126,13 +129,57 @@ def test_after_the_last_candidate_the_job_is_exhausted_with_each_runtimes_last_e
 
 def test_every_candidate_at_capacity_defers_the_job_instead_of_failing_it() -> None:
     full = {"max_concurrency": 2, "leased": 2}
-    walk = walk_of(Job(runner="a"), ["a", "b"], view("a", **full), view("b", **full))
-    assert Defer("AT_CAPACITY", NOW + timedelta(seconds=5)) == walk.next()
+    walk = walk_of(
+        Job(runner="a"), ["a", "b", "c"], view("a", **full), view("b", **full),
+        view("c", enabled=False),
+    )  # fmt: skip
+    assert (
+        Defer(
+            "AT_CAPACITY",
+            NOW + timedelta(seconds=5),
+            {
+                "a": "AT_CAPACITY: 2 of 2 calls in flight",
+                "b": "AT_CAPACITY: 2 of 2 calls in flight",
+                "c": "disabled",
+            },
+        )
+        == walk.next()
+    )
 
 
-def test_a_runtime_at_capacity_is_passed_over_for_the_next_one_with_room() -> None:
+def test_a_runtime_at_capacity_is_passed_over_for_the_next_one_with_room_and_says_so() -> None:
     walk = walk_of(Job(runner="a"), ["a", "b"], view("a", max_concurrency=1, leased=1), view("b"))
     assert Submit("b") == walk.next()
+    assert "AT_CAPACITY: 1 of 1 calls in flight" == walk.why("a")
+
+
+def test_a_refused_slot_is_at_capacity_and_a_refused_budget_over_budget() -> None:
+    """The reservation before the submit is the atomic check: what it refuses is the reason."""
+    walk = walk_of(
+        Job(runner="a"), ["a", "b"], view("a", max_concurrency=2, leased=2), view("b"),
+        max_attempts=2,
+    )  # fmt: skip
+    walk.refused("a", over_budget=False)
+    walk.refused("b", over_budget=True)
+    assert ("AT_CAPACITY: 2 of 2 calls in flight", "over_budget") == (walk.why("a"), walk.why("b"))
+
+
+def test_each_reason_the_walk_gives_is_the_one_that_kept_the_runtime_from_the_job() -> None:
+    walk = walk_of(
+        Job(runner="a"), ["a", "b", "c", "d"],
+        view("a"), view("b", max_concurrency=1, leased=1), view("c", reachable=False),
+        view("d", over_budget=True),
+    )  # fmt: skip
+    assert Submit("a") == walk.next()
+    walk.failed("a", "RUNTIME_REJECTED: no", retryable=False)
+    end = walk.next()
+    assert isinstance(end, Defer)
+    assert {
+        "a": "RUNTIME_REJECTED: no",
+        "b": "AT_CAPACITY: 1 of 1 calls in flight",
+        "c": "unreachable",
+        "d": "over_budget",
+    } == end.why
 
 
 def test_a_busy_runtime_that_stays_busy_defers_like_one_at_capacity() -> None:
@@ -173,7 +220,9 @@ def test_a_busy_walk_waits_the_given_backoff_until_its_deadline_then_fails_busy_
 
     before = walk(NOW + timedelta(seconds=59)).next()
     after = walk(NOW + timedelta(seconds=60)).next()
-    assert Defer("RUNTIME_BUSY", NOW + timedelta(seconds=60.25)) == before
+    assert Defer("RUNTIME_BUSY", NOW + timedelta(seconds=60.25), {"a": "RUNTIME_BUSY: 429"}) == (
+        before
+    )
     assert isinstance(after, Exhausted)
     assert "BUSY_DEADLINE" == after.code
     assert "a: busy past the deadline (RUNTIME_BUSY: 429)" == after.message
@@ -233,8 +282,8 @@ def test_forbidden_mixed_with_another_reason_is_plain_chain_exhaustion() -> None
     assert "CHAIN_EXHAUSTED" == end.code
 
 
-def test_runtime_views_describe_each_configured_runtime() -> None:
-    config = make_config(
+def views_config() -> GatewayConfig:
+    return make_config(
         "sqlite:///unused.db",
         [
             upstream("in", ["http://127.0.0.1:9001"], ["qwen"]),
@@ -258,7 +307,12 @@ def test_runtime_views_describe_each_configured_runtime() -> None:
         ],
         fallback_chain=["local", "home", "beta"],
     )
-    views = runtime_views(config, {"local", "home"}, disabled={"home"}, over_budget={"beta"})
+
+
+def test_runtime_views_describe_each_configured_runtime() -> None:
+    views = runtime_views(
+        views_config(), {"local", "home"}, disabled={"home"}, over_budget={"beta"}
+    )
     assert frozenset({"qwen", "gpt"}) == views["local"].models
     assert frozenset({"gpt"}) == views["local"].external_models
     assert (False, 3, True) == (views["home"].enabled, views["home"].max_concurrency, True)
@@ -267,3 +321,34 @@ def test_runtime_views_describe_each_configured_runtime() -> None:
         views["beta"].implemented,
         views["beta"].over_budget,
     )
+
+
+def test_an_upstream_runtime_is_unreachable_when_none_of_its_models_is_live_and_per_model() -> None:
+    """What ``GET /admin/runtimes/{id}`` shows (:func:`reaches`) is what the walk skips; a
+    runtime that reaches some of its models is unreachable for the others only."""
+    config = views_config()
+    none_live = runtime_views(config, {"local", "home"}, live_models=frozenset())
+    gpt_live = runtime_views(config, {"local", "home"}, live_models=frozenset({"gpt"}))
+    assert (False, False) == (none_live["local"].reachable, reaches(["qwen", "gpt"], []))
+    assert (True, True) == (gpt_live["local"].reachable, reaches(["qwen", "gpt"], ["gpt"]))
+    assert frozenset({"qwen"}) == gpt_live["local"].unreachable_models
+    assert "unreachable" == skip_reason(Job(model="qwen"), "local", gpt_live["local"])
+    assert skip_reason(Job(model="gpt"), "local", gpt_live["local"]) is None
+    assert none_live["home"].reachable  # nothing probes a push runtime: not judged here
+
+
+def test_a_new_max_concurrency_is_the_new_ceiling_at_once_and_a_learned_limit_stays_below_it() -> (
+    None
+):
+    untaught = LearnedConcurrency(1)
+    untaught.rebase(3)  # nothing learned: the limit was the old max, it is the new one
+    taught = LearnedConcurrency(4)
+    taught.refused(in_flight=2)
+    taught.rebase(8)  # learned from a 429: it stays what the worker took
+    kept = taught.limit
+    taught.rebase(1)  # never above the ceiling
+    assert (3, 3) == (untaught.limit, untaught.ceiling)
+    assert 2 == kept
+    assert (1, 1) == (taught.limit, taught.ceiling)
+    untaught.rebase(2)  # at the ceiling, so down with it too
+    assert 2 == untaught.limit

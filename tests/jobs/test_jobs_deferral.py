@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
-from jobs_rig import Rig, push_runtime, rig
+from jobs_rig import Rig, ScriptedRuntime, push_runtime, rig
 
 from gpugate.errors import RuntimeBusy
 from gpugate.services.gpu_monitor import GpuMonitor
@@ -114,6 +114,8 @@ async def test_a_job_dispatched_early_because_a_slot_freed_is_stamped_with_the_t
 
 
 async def test_a_runtime_at_capacity_is_passed_over_for_the_next_in_the_chain(dsn: str) -> None:
+    """The audit trail says why: the ``walked`` event names the capacity, not "not in the
+    chain" (the runtime passed over is the job's runner, first in its chain)."""
     runtimes = [{"id": "local", "kind": "upstream", "max_concurrency": 1}, push_runtime("home-1")]
     async with rig(dsn, runtimes=runtimes, chain=["local", "home-1"]) as r:
         r.servers["q0"].update(hang=True)
@@ -121,8 +123,32 @@ async def test_a_runtime_at_capacity_is_passed_over_for_the_next_in_the_chain(ds
         await r.submit("b")
         await r.dispatcher.tick()
         b = await r.job("b")
+        (walked,) = [e for e in await r.events("b") if e.status == "walked"]
         r.servers["q0"].update(hang=False)
     assert ("home-1", "home-1:home-1-call-1") == (b.runner, b.leased_by)
+    assert {"from": "local", "why": "AT_CAPACITY: 1 of 1 calls in flight"} == walked.detail
+
+
+async def test_a_deferral_says_what_kept_each_runtime_from_the_job(dsn: str) -> None:
+    runtimes = [
+        push_runtime("home-1", max_concurrency=1),
+        push_runtime("home-2"),
+        {"id": "local", "kind": "upstream"},
+    ]
+    chain = ["home-1", "home-2", "local"]
+    async with rig(dsn, runtimes=runtimes, chain=chain, default="home-1") as r:
+        r.disabled.add("home-2")
+        r.unreachable.add("local")
+        await r.submit("a")
+        await r.submit("b")
+        await r.dispatcher.tick()
+        (deferred,) = [e for e in await r.events("b") if e.status == "deferred"]
+    assert ("AT_CAPACITY", "home-1") == (deferred.error_code, deferred.runtime)
+    assert {
+        "home-1": "AT_CAPACITY: 1 of 1 calls in flight",
+        "home-2": "disabled",
+        "local": "unreachable",
+    } == deferred.detail["why"]
 
 
 async def test_a_woken_dispatcher_runs_a_new_job_at_once(dsn: str) -> None:
@@ -275,9 +301,52 @@ async def test_a_429_teaches_the_dispatcher_the_workers_real_concurrency(dsn: st
             await r.submit(slug)
         report = await r.dispatcher.tick()
         trails = {slug: await r.trail(slug) for slug in ("b", "c", "d")}
+        (deferred,) = [e for e in await r.events("c") if e.status == "deferred"]
     assert (1, 3) == (report.dispatched, report.deferred)
+    learned = (
+        "AT_CAPACITY: 1 of 1 calls in flight (a limit learned from its 429s; max_concurrency 4)"
+    )
+    assert {"home-1": learned} == deferred.detail["why"]
     assert ["a", "b"] == home.submits
     assert 1 == r.dispatcher.learned_limit("home-1", 4)
     assert ("deferred", "home-1", "RUNTIME_BUSY") in trails["b"]
     assert ("deferred", "home-1", "AT_CAPACITY") in trails["c"]
     assert ("deferred", "home-1", "AT_CAPACITY") in trails["d"]
+
+
+async def test_after_one_429_the_learned_limit_grows_back_to_max_concurrency_on_successes(
+    dsn: str,
+) -> None:
+    """A worker refuses once (the learned limit halves to 1 of 2); the calls it then takes
+    one at a time, each at the limit, raise it by one after ``probe_after`` x limit of them:
+    eight completed jobs later two calls run at once again, with no restart."""
+    runtimes = [push_runtime("home-1", max_concurrency=2)]
+    async with rig(dsn, runtimes=runtimes, chain=["home-1"], default="home-1") as r:
+        home = r.scripted("home-1")
+        home.script = [None, RuntimeBusy("429 from the worker")]
+        await r.submit("a")
+        await r.submit("b")
+        await r.dispatcher.tick()
+        after_429 = r.dispatcher.learned_limit("home-1", 2)
+        limits = []
+        for n in range(9):
+            await finish_calls(r, home)
+            r.clock.advance(10)  # past any backoff: the next job runs at once
+            if n:
+                await r.submit(f"j{n}")
+            await r.dispatcher.tick()
+            limits.append(r.dispatcher.learned_limit("home-1", 2))
+        await finish_calls(r, home)
+        for slug in ("x", "y"):
+            await r.submit(slug)
+        both = await r.dispatcher.tick()
+    assert 1 == after_429
+    assert [1] * 7 + [2, 2] == limits
+    assert (2, 0) == (both.dispatched, both.deferred)
+
+
+async def finish_calls(r: Rig, runtime: ScriptedRuntime) -> None:
+    """Complete every call ``runtime`` holds, as its worker would report them."""
+    for slug, token in list(runtime.calls.values()):
+        await r.store.complete(slug, token, result={}, actor=f"worker:{runtime.id}")
+    runtime.calls.clear()

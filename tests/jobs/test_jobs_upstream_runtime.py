@@ -45,6 +45,25 @@ async def test_the_operation_picks_the_route_embeddings_included(dsn: str) -> No
     assert 1 == r.servers["q0"].stats.requests["/v1/embeddings"]
 
 
+async def test_every_transition_of_a_job_on_the_upstream_runtime_has_its_event(dsn: str) -> None:
+    """The call runs from its submit: ``running`` follows ``submitted`` at once (no push
+    worker claims it), so the trail names every state the job was in."""
+    async with rig(dsn) as r:
+        await r.submit("j1")
+        await r.dispatcher.tick()
+        await r.idle()
+        trail = await r.trail("j1")
+        job = await r.job("j1")
+    assert [
+        ("queued", "local", None),
+        ("dispatching", "local", None),
+        ("submitted", "local", None),
+        ("running", "local", None),
+        ("completed", "local", None),
+    ] == trail
+    assert "completed" == job.state
+
+
 async def test_a_finished_call_is_still_answered_for_when_the_reaper_asks(dsn: str) -> None:
     async with rig(dsn) as r:
         await r.submit("j1")

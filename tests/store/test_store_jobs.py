@@ -371,6 +371,33 @@ async def test_events_record_every_transition_in_order_with_who_where_and_when(
     assert {job.slug} == {event.slug for event in events}
 
 
+async def test_a_submit_running_from_the_start_appends_submitted_then_running_at_once(
+    store: Store, clock: ManualClock
+) -> None:
+    """An upstream or serverless call runs from its submit: that transition has its own
+    ``running`` event, written with ``submitted`` (one write), as a push call's ``claimed``
+    appends one later."""
+    job = await create(store)
+    claimed = await store.claim_job(job.slug, lease_s=600)
+    assert claimed is not None
+    assert claimed.lease_token is not None
+    clock.advance(1)
+
+    assert await store.record_submit(
+        job.slug, claimed.lease_token, runtime="local", call_id="c-1", lease_s=60, running=True
+    )
+
+    events = await store.job_events(job.slug)
+    running = await store.get_job(job.slug)
+    assert running is not None
+    assert "running" == running.state
+    assert [
+        ("submitted", "dispatcher", "local", "c-1", {"submit_count": 1, "running": True}),
+        ("running", "dispatcher", "local", "c-1", {}),
+    ] == [(e.status, e.actor, e.runtime, e.call_id, e.detail) for e in events[2:]]
+    assert 1 == len({event.at for event in events[2:]})
+
+
 async def test_the_events_of_one_job_are_not_mixed_with_another(store: Store) -> None:
     first = await create(store)
     second = await create(store)

@@ -80,7 +80,8 @@ async def test_writes_of_one_job_in_flight_together_apply_in_order_and_see_each_
     assert [True, True, False, None] == answers
     assert done is not None
     assert ("completed", {"ok": 1}, 1) == (done.state, done.result, done.submit_count)
-    assert ["queued", "dispatching", "submitted", "completed"] == await statuses(store, job.slug)
+    trail = ["queued", "dispatching", "submitted", "running", "completed"]
+    assert trail == await statuses(store, job.slug)
 
 
 async def test_one_write_that_cannot_be_stored_fails_alone(store: Store) -> None:

@@ -110,16 +110,69 @@ async def test_a_slot_frees_when_the_call_ends(store: Store) -> None:
 
 
 async def test_an_over_budget_reservation_takes_no_slot(store: Store) -> None:
-    (job,) = await claimed(store, 1)
+    first, second = await claimed(store, 2)
     tiny = Cost(estimate_cents=5, limit_cents=1, cents_per_second=0.1)
+    await store.reserve_call(first.slug, token(first), "rt", max_concurrency=None, cost=tiny)
 
     assert "over_budget" == await store.reserve_call(
-        job.slug, token(job), "rt", max_concurrency=1, cost=tiny
+        second.slug, token(second), "rt", max_concurrency=2, cost=tiny
     )
 
-    held = await store.get_job(job.slug)
+    held = await store.get_job(second.slug)
     assert held is not None
-    assert f"{job.slug}-dispatcher@{store.replica}" == held.leased_by
+    assert f"{second.slug}-dispatcher@{store.replica}" == held.leased_by
+    assert [first.slug] == [entry.slug for entry in await store.ledger_entries("rt")]
+
+
+async def test_a_reservation_is_admitted_while_todays_spend_is_below_the_limit_not_its_estimate(
+    store: Store, clock: ManualClock
+) -> None:
+    """The audit's budget: daily_cents 1 (over at 2), an estimate of 1.2 cents (0.02 x 60 s).
+    Each reservation is admitted while the spend before it is below 2, so a day overshoots by
+    at most one estimate, and a runtime whose limit is below one estimate still runs."""
+    jobs = await claimed(store, 3)
+    one_call = Cost(estimate_cents=1.2, limit_cents=2.0, cents_per_second=0.02)
+
+    answers = [
+        await store.reserve_call(job.slug, token(job), "rt", max_concurrency=None, cost=one_call)
+        for job in jobs
+    ]
+
+    assert ["reserved", "reserved", "over_budget"] == answers
+    days = await store.spend_days(clock.now().date())
+    assert [2.4] == [round(d.cents, 6) for d in days["rt"]]
+
+
+async def test_fifty_concurrent_reservations_overshoot_the_limit_by_at_most_one_estimate(
+    store: Store, open_another: Callable[[], Awaitable[Store]], clock: ManualClock
+) -> None:
+    """Estimates of 5 against a limit of 12 on two stores at once: 0, 5 and 10 are below 12,
+    so exactly three are admitted (15 cents: one estimate past the limit, never more)."""
+    other = await open_another()
+    jobs = await claimed(store, 50)
+    coarse = Cost(estimate_cents=5.0, limit_cents=12.0, cents_per_second=0.1)
+
+    answers = await asyncio.gather(
+        *(
+            (store if i % 2 else other).reserve_call(
+                job.slug, token(job), "rt", max_concurrency=None, cost=coarse
+            )
+            for i, job in enumerate(jobs)
+        )
+    )
+
+    assert {"reserved": 3, "over_budget": 47} == {a: answers.count(a) for a in set(answers)}
+    days = await store.spend_days(clock.now().date())
+    assert [15.0] == [d.cents for d in days["rt"]]
+
+
+async def test_a_budget_of_zero_admits_nothing(store: Store) -> None:
+    (job,) = await claimed(store, 1)
+    nothing = Cost(estimate_cents=1.0, limit_cents=0.0, cents_per_second=0.1)
+
+    assert "over_budget" == await store.reserve_call(
+        job.slug, token(job), "rt", max_concurrency=None, cost=nothing
+    )
     assert [] == await store.ledger_entries("rt")
 
 

@@ -13,6 +13,7 @@ what :func:`claim` decides, in SQL, and the contract suite checks that both agre
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -120,10 +121,13 @@ class EventDraft:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """The fields an operation sets (all in :data:`WRITABLE_FIELDS`) and the event it appends."""
+    """The fields an operation sets (all in :data:`WRITABLE_FIELDS`) and the event it appends;
+    ``then``: a second event of the same write (a submit that makes the job ``running``
+    appends ``submitted``, then ``running``)."""
 
     values: dict[str, Any]
     event: EventDraft | None = None
+    then: EventDraft | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.values) - WRITABLE_FIELDS
@@ -131,6 +135,15 @@ class Change:
             raise ValueError(f"a job change may not set {sorted(unknown)}")
         if self.event is not None and "updated_at" not in self.values:
             raise ValueError("a job change with an event is a change: it sets updated_at")
+        if self.then is not None and self.event is None:
+            raise ValueError("a job change's second event follows a first one")
+
+    @property
+    def events(self) -> tuple[EventDraft, ...]:
+        """The events this change appends, in order."""
+        if self.event is None:
+            return ()
+        return (self.event,) if self.then is None else (self.event, self.then)
 
     def of(self, job: JobRecord) -> Change:
         """This change, checked to be a move :data:`TRANSITIONS` allows from ``job``'s state."""
@@ -190,7 +203,12 @@ def submit(
         "updated_at": now,
     }
     detail = {"submit_count": submit_count, "running": running}
-    return Change(values, EventDraft("submitted", actor, runtime, call_id, detail=detail)).of(job)
+    submitted = EventDraft("submitted", actor, runtime, call_id, detail=detail)
+    # running from submit (upstream, serverless): the transition's own event, as a push call's
+    # ``claimed`` appends one (DESIGN §5: every transition appends an event with its status)
+    starts = running and job.state != "running"
+    started = EventDraft("running", actor, runtime, call_id) if starts else None
+    return Change(values, submitted, started).of(job)
 
 
 def attempt_failure(
@@ -217,11 +235,16 @@ def release(
     status: str,
     error_code: str | None,
     actor: str,
+    why: Mapping[str, str] | None = None,
 ) -> Change:
+    """Back to the queue; ``why``: each runtime's reason for not taking the job (a deferral's
+    detail, each reason cut to 200 characters as a ``walked`` event's)."""
     if status not in RELEASE_STATUSES:
         raise ValueError(f"release status must be released or deferred, got {status!r}")
     values = {"state": "queued", "not_before": not_before, "updated_at": now} | _NO_LEASE
-    detail = {} if not_before is None else {"not_before": not_before.isoformat()}
+    detail: dict[str, Any] = {} if not_before is None else {"not_before": not_before.isoformat()}
+    if why:
+        detail["why"] = {check_runtime(runtime): reason[:200] for runtime, reason in why.items()}
     return Change(values, _lease_event(job, status, actor, error_code, detail)).of(job)
 
 

@@ -79,8 +79,11 @@ class RuntimeView:
 
     ``models`` None means any model. ``external``: every call leaves the building (serverless);
     ``external_models``: models this runtime could only send to an external upstream.
-    ``leased`` counts the runtime's calls in flight, across replicas; with ``max_concurrency``
-    None there is no limit.
+    ``reachable`` False: nothing it serves can be reached now; ``unreachable_models``: models it
+    cannot reach now although others it serves can (an ``upstream`` runtime whose model has no
+    endpoint in rotation). ``leased`` counts the runtime's calls in flight, across replicas;
+    with ``max_concurrency`` None there is no limit; ``configured_max``: the config's
+    ``max_concurrency`` when the limit in effect is lower, learned from the runtime's 429s.
     """
 
     id: str
@@ -94,6 +97,8 @@ class RuntimeView:
     max_concurrency: int | None = None
     leased: int = 0
     external_models: frozenset[str] = field(default_factory=frozenset)
+    unreachable_models: frozenset[str] = field(default_factory=frozenset)
+    configured_max: int | None = None
 
     @property
     def at_capacity(self) -> bool:
@@ -130,7 +135,7 @@ def skip_reason(
         (MODEL_MISMATCH, view.models is not None and job.model not in view.models),
         (EXTERNAL_FORBIDDEN, not job.allow_external and view.forbids(job.model)),
         (DISABLED, not view.enabled),
-        (UNREACHABLE, not view.reachable),
+        (UNREACHABLE, not view.reachable or job.model in view.unreachable_models),
         (OVER_BUDGET, view.over_budget),
         (ATTEMPTS_SPENT, spent),
     )
@@ -154,10 +159,12 @@ class Walk:
 
 @dataclass(frozen=True, slots=True)
 class Defer:
-    """Put the job back in the queue until ``not_before``; it has not failed."""
+    """Put the job back in the queue until ``not_before``; it has not failed. ``why``: what
+    kept each candidate from taking it (:meth:`ChainWalk.why`), for the ``deferred`` event."""
 
     reason: str
     not_before: datetime
+    why: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,14 +183,29 @@ class Exhausted:
         return "; ".join(f"{runtime}: {error}" for runtime, error in self.errors.items())
 
 
-def at_capacity_until(now: datetime, backoff_s: float, reason: str = AT_CAPACITY) -> Defer:
+def at_capacity_until(
+    now: datetime,
+    backoff_s: float,
+    reason: str = AT_CAPACITY,
+    why: dict[str, str] | None = None,
+) -> Defer:
     """The deferral of a job whose every live candidate is at capacity (or refused it busy)."""
-    return Defer(reason, now + timedelta(seconds=backoff_s))
+    return Defer(reason, now + timedelta(seconds=backoff_s), why or {})
 
 
-def saturated_until(now: datetime, backoff_s: float) -> Defer:
+def saturated_until(now: datetime, backoff_s: float, why: dict[str, str] | None = None) -> Defer:
     """The deferral of a job shed because the GPUs are saturated."""
-    return Defer(GPU_SATURATED, now + timedelta(seconds=backoff_s))
+    return Defer(GPU_SATURATED, now + timedelta(seconds=backoff_s), why or {})
+
+
+def capacity_reason(view: RuntimeView) -> str:
+    """Why a runtime at capacity was passed over, as a walk's reasons read: ``AT_CAPACITY:
+    2 of 2 calls in flight``, and when the limit was learned lower than ``max_concurrency``,
+    ``AT_CAPACITY: 1 of 1 calls in flight (a limit learned from its 429s; max_concurrency 2)``."""
+    why = f"{AT_CAPACITY}: {view.leased} of {view.max_concurrency} calls in flight"
+    if view.configured_max is not None and view.configured_max != view.max_concurrency:
+        why += f" (a limit learned from its 429s; max_concurrency {view.configured_max})"
+    return why
 
 
 class ChainWalk:
@@ -221,6 +243,7 @@ class ChainWalk:
         self._retried: set[str] = set()
         self.skipped: dict[str, str] = {}
         self.errors: dict[str, str] = {}
+        self.full: dict[str, str] = {}  # passed over at capacity: why (capacity_reason)
         self.busy: list[str] = []
         self.refusals: list[str] = []  # runtimes that answered busy (429) in this walk
 
@@ -237,7 +260,7 @@ class ChainWalk:
                 continue
             assert view is not None
             if view.at_capacity:
-                self.busy.append(runtime)
+                self._full(runtime, view)
                 continue
             return Submit(runtime)
         return self._end()
@@ -248,7 +271,27 @@ class ChainWalk:
         if over_budget:
             self.skipped[runtime] = OVER_BUDGET
         else:
-            self.busy.append(runtime)
+            view = self._views.get(runtime)
+            assert view is not None, "a refused runtime was submitted to: it has a view"
+            self._full(runtime, view)
+
+    def _full(self, runtime: str, view: RuntimeView) -> None:
+        self.busy.append(runtime)
+        self.full[runtime] = capacity_reason(view)
+
+    def why(self, runtime: str) -> str:
+        """Why ``runtime`` did not take the job in this walk: its last error, why it was
+        skipped, or that it was at capacity; ``not tried`` for one the walk did not reach."""
+        return (
+            self.errors.get(runtime)
+            or self.skipped.get(runtime)
+            or self.full.get(runtime)
+            or "not tried"
+        )
+
+    def reasons(self) -> dict[str, str]:
+        """:meth:`why` of every candidate the walk reached, in walk order."""
+        return {runtime: self.why(runtime) for runtime in self.order[: self._next]}
 
     def failed(
         self, runtime: str, error: str, *, retryable: bool, busy: bool = False
@@ -277,14 +320,15 @@ class ChainWalk:
     def _end(self) -> Defer | Exhausted:
         if self.busy:
             if self._busy_deadline is not None and self._now >= self._busy_deadline:
-                waited = {r: self.errors.get(r) or "at capacity" for r in self.busy}
+                waited = {r: self.why(r) for r in self.busy}
                 return Exhausted(
                     BUSY_DEADLINE,
                     {r: f"busy past the deadline ({why})" for r, why in waited.items()},
                 )
+            why = self.reasons()
             if self.refusals:
-                return at_capacity_until(self._now, self._busy_backoff_s, RUNTIME_BUSY)
-            return at_capacity_until(self._now, self._backoff_s)
+                return at_capacity_until(self._now, self._busy_backoff_s, RUNTIME_BUSY, why)
+            return at_capacity_until(self._now, self._backoff_s, why=why)
         relevant = {r: why for r, why in self.skipped.items() if why not in _IRRELEVANT}
         if (
             not self.errors
@@ -366,9 +410,23 @@ class LearnedConcurrency:
             self._accepted = 0
 
     def rebase(self, ceiling: int) -> None:
-        """The config's ``max_concurrency`` changed to ``ceiling``."""
+        """The config's ``max_concurrency`` changed to ``ceiling``: the new ceiling at once.
+
+        A limit that sat at the old ceiling (nothing learned) moves to the new one, up or down;
+        a limit learned lower from 429s stays — it is what the worker took, and a config change
+        says nothing about the worker — but never above the new ceiling, and it grows back by
+        :meth:`accepted` as before (docs/runtimes.md).
+        """
+        learned = self.limit < self.ceiling
         self.ceiling = ceiling
-        self.limit = min(max(self.limit, 1), ceiling)
+        self.limit = min(max(self.limit, 1), ceiling) if learned else ceiling
+
+
+def reaches(models: Iterable[str], live: Collection[str]) -> bool:
+    """Whether an ``upstream`` runtime serving ``models`` is reachable: one of them has an
+    endpoint in rotation (``live``, :meth:`gpugate.core.registry.Registry.models`). The
+    operator's view (``GET /admin/runtimes/{id}``) and the walk both ask this."""
+    return any(model in live for model in models)
 
 
 def runtime_views(
@@ -378,12 +436,16 @@ def runtime_views(
     disabled: Collection[str] = (),
     unreachable: Collection[str] = (),
     over_budget: Collection[str] = (),
+    live_models: Collection[str] | None = None,
 ) -> dict[str, RuntimeView]:
     """Every configured runtime as the walk sees it, from the config and the live facts given.
 
     ``implemented``: the runtime ids the gateway built an implementation for. A runtime of kind
     ``modal`` is external; one of kind ``upstream`` is, for the models that only external
-    upstreams serve. ``leased`` is left at 0: the dispatcher counts calls in flight itself.
+    upstreams serve. ``live_models`` (the models with an endpoint in rotation now; None: not
+    known) makes an ``upstream`` runtime unreachable when none of its models is live
+    (:func:`reaches`), and unreachable for each model that is not; ``unreachable`` names other
+    runtimes found unreachable. ``leased`` is left at 0: the dispatcher counts calls in flight.
     """
     external_only = frozenset(
         model
@@ -393,16 +455,23 @@ def runtime_views(
     views: dict[str, RuntimeView] = {}
     for runtime in config.runtimes:
         is_upstream = runtime.kind == "upstream"
+        models = frozenset(config.runtime_models(runtime.id))
+        reachable = runtime.id not in unreachable
+        down: frozenset[str] = frozenset()
+        if is_upstream and live_models is not None:
+            reachable = reachable and reaches(models, live_models)
+            down = frozenset(model for model in models if model not in live_models)
         views[runtime.id] = RuntimeView(
             id=runtime.id,
             kind=runtime.kind,
-            models=frozenset(config.runtime_models(runtime.id)),
+            models=models,
             enabled=runtime.enabled and runtime.id not in disabled,
             implemented=runtime.id in implemented,
-            reachable=runtime.id not in unreachable,
+            reachable=reachable,
             over_budget=runtime.id in over_budget,
             external=runtime.kind == "modal",
             max_concurrency=runtime.max_concurrency,
             external_models=external_only if is_upstream else frozenset(),
+            unreachable_models=down,
         )
     return views

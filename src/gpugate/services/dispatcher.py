@@ -243,8 +243,11 @@ class Dispatcher:
                 views[runtime_id] = replace(view, implemented=False)
             elif view.max_concurrency is not None:
                 leased = await self._store.count_leased(runtime_id)
-                limit = self.learned_limit(runtime_id, view.max_concurrency)
-                views[runtime_id] = replace(view, leased=leased, max_concurrency=limit)
+                ceiling = view.max_concurrency
+                limit = self.learned_limit(runtime_id, ceiling)
+                views[runtime_id] = replace(
+                    view, leased=leased, max_concurrency=limit, configured_max=ceiling
+                )
         return views
 
     def learned_limit(self, runtime_id: str, ceiling: int) -> int:
@@ -326,8 +329,7 @@ class Dispatcher:
         self, job: JobRecord, token: str, left: str, to: str, walk: ChainWalk
     ) -> Awaitable[bool]:
         """The job moves on from ``left`` to ``to``; its ``walked`` event says why."""
-        why = walk.errors.get(left) or walk.skipped.get(left) or "not in the chain"
-        return self._store.promote_runner(job.slug, token, to, why=why)
+        return self._store.promote_runner(job.slug, token, to, why=walk.why(left))
 
     async def _dispatch(
         self, job: JobRecord, views: dict[str, RuntimeView], tally: _Tally, span: Span = NO_SPAN
@@ -368,7 +370,8 @@ class Dispatcher:
             except GpuSaturated as exc:
                 await self._unreserve(job, token, name, views)
                 backoff = exc.retry_after_s or self._shed_backoff_s
-                await self._defer(job, token, saturated_until(now, backoff))
+                why = walk.reasons() | {name: f"{exc.code}: {exc.message}"}
+                await self._defer(job, token, saturated_until(now, backoff, why))
                 return "deferred", name
             except RuntimeBusy as exc:  # not a failed attempt: walk on, or wait for room
                 await self._unreserve(job, token, name, views)
@@ -517,6 +520,7 @@ class Dispatcher:
                 status="deferred",
                 error_code=defer.reason,
                 actor=ACTOR,
+                why=defer.why,
             )
         )
         self._remember_due(defer.not_before)

@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from gpugate.clock import sleep_or_wake
-from gpugate.core.budget import BUDGET_FACTOR
+from gpugate.core.budget import BUDGET_FACTOR, over_budget
 from gpugate.errors import GpugateError
 from gpugate.store.ledger import LedgerEntry, SpendDay
 
@@ -178,5 +178,6 @@ class Guardrails:
 
 
 def _over(spent: float, budget: BudgetConfig) -> bool:
-    """Whether ``spent`` cents in a day is over ``budget`` (``BUDGET_FACTOR x daily_cents``)."""
-    return spent >= BUDGET_FACTOR * budget.daily_cents
+    """Whether ``spent`` cents in a day is over ``budget`` (the rule of :mod:`gpugate.core.budget`,
+    which the store's reservation applies too)."""
+    return over_budget(spent, budget.daily_cents)

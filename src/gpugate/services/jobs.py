@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from gpugate.config import GatewayConfig
 from gpugate.core.classes import RequestClass
+from gpugate.core.job_states import LEASED_STATES
 from gpugate.core.job_transitions import new_slug
 from gpugate.errors import BadRequest, IdempotencyKeyReused, JobNotFound, UnknownModel
 from gpugate.store import JOB_STATES, JobEvent, JobPage, JobRecord, JobStore, NewJob
@@ -57,11 +58,17 @@ class Jobs:
         *,
         wake: Callable[[str], None] | None = None,
         cancel_call: Callable[[JobRecord], Any] | None = None,
+        call_ended: Callable[[], None] | None = None,
     ) -> None:
+        """``wake(slug)``: a job to dispatch now; ``cancel_call(job)``: stop the runtime's call
+        of a job being cancelled; ``call_ended()``: a cancel ended a call, so its slot is free
+        (the dispatcher's ``slot_freed``, as when a call finishes: a job waiting for the slot
+        runs at once, not after its backoff)."""
         self._store = store
         self._config = config
         self._wake = wake
         self._cancel_call = cancel_call
+        self._call_ended = call_ended
 
     async def create(
         self, request: JobRequest, *, idempotency_key: str | None
@@ -167,13 +174,17 @@ class Jobs:
         )
 
     async def cancel(self, slug: str, *, actor: str, tenant: str | None = None) -> JobRecord:
-        """Queued → cancelled; running → the runtime's cancel first, then cancelled."""
+        """Queued → cancelled; running → the runtime's cancel first, then cancelled (and the
+        call's slot is free: ``call_ended``)."""
         job = await self.get(slug, tenant=tenant)
-        if job.state in ("running", "dispatching") and self._cancel_call is not None:
+        leased = job.state in LEASED_STATES
+        if leased and self._cancel_call is not None:
             await self._cancel_call(job)
         cancelled = await self._store.cancel_job(slug, actor=actor)
         if cancelled is None:
             raise JobNotFound(f"no job {slug!r}")
+        if leased and cancelled.state == "cancelled" and self._call_ended is not None:
+            self._call_ended()
         return cancelled
 
     async def retry(self, slug: str, *, actor: str, tenant: str | None = None) -> JobRecord:

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from gpugate.core.jobs import reaches
 from gpugate.errors import GpugateError, UnknownRuntime
 from gpugate.store import JobStore
 from gpugate.store.runtime_state import (
@@ -187,11 +188,11 @@ class RuntimeOps:
         )
 
     def _reachable(self, cfg: RuntimeConfig) -> bool | None:
-        """An upstream runtime is reachable when a model it serves has an endpoint in rotation."""
+        """An upstream runtime is reachable when a model it serves has an endpoint in rotation
+        (:func:`~gpugate.core.jobs.reaches`: the walk skips it when it is not)."""
         if cfg.kind != "upstream":
             return None
-        live = set(self._registry.models())
-        return any(model in live for model in self._config().runtime_models(cfg.id))
+        return reaches(self._config().runtime_models(cfg.id), set(self._registry.models()))
 
     def __repr__(self) -> str:
         return f"<RuntimeOps states={len(self.states)} excluded={sorted(self.excluded())}>"

@@ -341,6 +341,7 @@ def _change_many(c: Codec, writes: Sequence[LeasedWrite]) -> Tx[list[JobRecord |
         try:
             change = write.decide(job)
             event = None if change.event is None else _event_row(c, job.id, write.now, change.event)
+            then = None if change.then is None else _event_row(c, job.id, write.now, change.then)
         except Exception as exc:  # noqa: BLE001 - this write's own failure is its answer
             outcomes.append(exc)
             continue
@@ -350,6 +351,8 @@ def _change_many(c: Codec, writes: Sequence[LeasedWrite]) -> Tx[list[JobRecord |
             changed[write.slug] = job, names | set(change.values)
         if event is not None:
             events.append(event)
+            if then is not None:
+                events.append(then)
         outcomes.append(job)
     yield from _write(c, changed, events)
     return outcomes
@@ -364,7 +367,7 @@ def _change_one(c: Codec, slug: str, now: datetime, decide: Decide) -> Tx[JobRec
     if not change.values:
         return job
     done = written(job, change)
-    events = [] if change.event is None else [_event_row(c, job.id, now, change.event)]
+    events = [_event_row(c, job.id, now, event) for event in change.events]
     yield from _write(c, {slug: (done, set(change.values))}, events)
     return done
 

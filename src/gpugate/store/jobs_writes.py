@@ -41,7 +41,7 @@ from gpugate.core.job_states import (
 from gpugate.store.group_commit import GroupCommit
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from datetime import datetime
 
     from gpugate.clock import Clock
@@ -59,33 +59,39 @@ class _Noted:
     """A ``decide`` that remembers the event it made, so the transition is logged once the
     write has committed (one INFO line per job transition, issue #19)."""
 
-    __slots__ = ("decide", "event")
+    __slots__ = ("decide", "event", "then")
 
     def __init__(self, decide: Decide) -> None:
         self.decide = decide
         self.event: transitions.EventDraft | None = None
+        self.then: transitions.EventDraft | None = None
 
     def __call__(self, job: JobRecord) -> transitions.Change:
         change = self.decide(job)
-        self.event = change.event
+        self.event, self.then = change.event, change.then
         return change
 
     def log(self, slug: str) -> None:
-        event = self.event
-        if event is None:
-            return
-        level = logging.DEBUG if event.status in _QUIET_EVENTS else logging.INFO
-        if not log.isEnabledFor(level):
-            return
-        where = f" on {event.runtime}" if event.runtime else ""
-        why = f" {event.error_code}" if event.error_code else ""
-        log.log(
-            level,
-            "job %s %s%s%s by %s",
-            slug, event.status, where, why, event.actor,
-            extra={"job": slug, "event": event.status, "runtime": event.runtime,
-                   "error_code": event.error_code, "actor": event.actor},
-        )  # fmt: skip
+        if self.event is not None:
+            _log_event(slug, self.event)
+            if self.then is not None:
+                _log_event(slug, self.then)
+
+
+def _log_event(slug: str, event: transitions.EventDraft) -> None:
+    """One INFO line for one transition of a job (DEBUG for a progress report)."""
+    level = logging.DEBUG if event.status in _QUIET_EVENTS else logging.INFO
+    if not log.isEnabledFor(level):
+        return
+    where = f" on {event.runtime}" if event.runtime else ""
+    why = f" {event.error_code}" if event.error_code else ""
+    log.log(
+        level,
+        "job %s %s%s%s by %s",
+        slug, event.status, where, why, event.actor,
+        extra={"job": slug, "event": event.status, "runtime": event.runtime,
+               "error_code": event.error_code, "actor": event.actor},
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,9 +243,10 @@ class JobWrites(Protocol):
         """Record that ``runtime`` accepted the job as ``call_id``. Fenced; keeps the token.
 
         ``leased_by = "<runtime>:<call_id>"``, ``submit_count + 1``, ``attempts[runtime] + 1``,
-        ``lease_expires_at = now + lease_s``, event ``submitted``. ``running`` (a serverless
-        call runs from submit) makes the job ``running``; otherwise its state stays as it is (a
-        fast push worker may have marked it running already). False when the job finished or
+        ``lease_expires_at = now + lease_s``, event ``submitted``. ``running`` (an upstream or
+        serverless call runs from submit) makes the job ``running``, with its event ``running``
+        after ``submitted`` in the same write; otherwise its state stays as it is (a fast push
+        worker may have marked it running already). False when the job finished or
         lost its lease meanwhile: nothing more to do for this lease.
         """
         check_runtime(runtime)
@@ -281,17 +288,19 @@ class JobWrites(Protocol):
         status: str = "released",
         error_code: str | None = None,
         actor: str = "dispatcher",
+        why: Mapping[str, str] | None = None,
     ) -> bool:
         """Put the job back in the queue: ``queued``, lease cleared, ``not_before`` set as given.
 
         ``status`` is ``released`` or ``deferred`` (with ``not_before`` and an ``error_code``
-        such as ``GPU_SATURATED`` or ``AT_CAPACITY``). Fenced.
+        such as ``GPU_SATURATED`` or ``AT_CAPACITY``); ``why``, for a deferral: what kept each
+        runtime from taking the job (the event's detail). Fenced.
         """
         if status not in transitions.RELEASE_STATUSES:
             raise ValueError(f"release status must be released or deferred, got {status!r}")
         check_actor(actor)
         check_aware(not_before, "not_before")
-        given = {"not_before": not_before, "status": status, "error_code": error_code}
+        given = {"not_before": not_before, "status": status, "error_code": error_code, "why": why}
         return (
             await self._fenced(slug, token, transitions.release, actor=actor, **given) is not None
         )

@@ -10,9 +10,10 @@ methods, once for both backends.
     advisory transaction lock; SQLite: the single writer), so two replicas can never both
     take the last slot. The slot is held by the job row itself: it frees when the job's call
     ends, however it ends, with nothing to release.
-  - the budget: today's spend row (``spend_days``) grows by the estimate only when the new
-    total stays within the limit (``2 x daily_cents``) — one conditional upsert that serialises
-    on the row — and the ledger entry (``reserved``, ``estimated``) is written with it.
+  - the budget: today's spend row (``spend_days``) grows by the estimate only while the total
+    before it is below the limit (``2 x daily_cents``; :meth:`~gpugate.core.budget.Cost.admits`:
+    the call that crosses it is the day's last) — one conditional upsert that serialises on
+    the row — and the ledger entry (``reserved``, ``estimated``) is written with it.
 
 * **Settlement** (:meth:`LedgerStore.settle_ledger`): an entry whose job no longer holds the
   lease token it was reserved under belongs to a call that ended. It is settled at the cost the
@@ -92,11 +93,13 @@ _MARK_SLOT = sql("""
 UPDATE jobs SET leased_by = :marker, lease_kind = 'reservation', lease_runtime = :runtime
 WHERE slug = :slug AND lease_token = :token AND state IN ('dispatching', 'running')
 RETURNING id""")
+# Admitted while the spend BEFORE it is below the limit (core.budget: Cost.admits); the
+# first reservation of a day finds no row, a spend of 0.
 _ADD_SPEND = sql("""
 INSERT INTO spend_days AS s (runtime, day, cents)
-SELECT :runtime, :day, :cents WHERE :cents <= :limit
+SELECT :runtime, :day, :cents WHERE 0 < :refuse_at
 ON CONFLICT (runtime, day) DO UPDATE SET cents = s.cents + excluded.cents
-WHERE s.cents + excluded.cents <= :limit
+WHERE s.cents < :refuse_at
 RETURNING cents""")
 _INSERT_ENTRY = sql("""
 INSERT INTO ledger (runtime, day, slug, lease_token, cents, estimated_cents, cents_per_second,
@@ -244,7 +247,7 @@ class LedgerStore(Driven, Protocol):
         params |= {"lock": f"gpugate.slots:{runtime}", "day": now.date(), "now": now}
         if cost is not None:
             params |= {"cents": cost.estimate_cents, "rate": cost.cents_per_second}
-            params["limit"] = cost.ceiling_cents
+            params["refuse_at"] = cost.refuse_at_cents
         return await self._transact(_reserve(params, max_concurrency, cost))
 
     async def release_call(self, slug: str, token: str, runtime: str) -> None:

@@ -33,10 +33,10 @@ CREATE INDEX ledger_runtime ON ledger (runtime, id);
 CREATE INDEX ledger_slug ON ledger (slug, runtime, id);
 
 -- Each runtime's spend per UTC day: reservations plus settled costs. The reservation is one
--- conditional upsert of this row (INSERT ... ON CONFLICT DO UPDATE ... WHERE cents + estimate
--- <= limit): concurrent reservations, from any replica, serialise on the row's lock (on SQLite,
--- on its single writer) and each re-checks the limit against the committed total, so there is
--- no check-then-act window.
+-- conditional upsert of this row (INSERT ... ON CONFLICT DO UPDATE ... WHERE cents < limit):
+-- concurrent reservations, from any replica, serialise on the row's lock (on SQLite, on its
+-- single writer) and each re-checks the limit against the committed total, so there is no
+-- check-then-act window.
 -- soft_cap_at: when this day's spend first reached daily_cents (the soft-cap alert, once a day).
 CREATE TABLE spend_days (
     runtime     text   NOT NULL,
