@@ -170,9 +170,9 @@ def test_fractional_values_stay_numbers() -> None:
 
 def live(steps: list[tuple[float, GpuReading]], now: float, **limits: float) -> dict[str, object]:
     """The live entry at ``now`` of a state fed ``steps``, for its newest reading."""
-    state = fed(steps, thresholds(**limits))
-    assert state.latest is not None
-    return live_entry(state, state.latest, now, TABLE, thresholds(**limits))
+    found = live_entry(fed(steps, thresholds(**limits)), now, TABLE, thresholds(**limits))
+    assert found is not None
+    return found
 
 
 def without_live(found: dict[str, object]) -> dict[str, object]:

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from gpugate.config.fields import ConfigModel, EnvName
 from gpugate.config.paths import Finding, KeyPath
-from gpugate.config.validation import to_problems
+from gpugate.config.validation import located
 
 if TYPE_CHECKING:
     from gpugate.config.schema import GatewayConfig
@@ -49,8 +49,7 @@ class ImportEnvConfig(ConfigModel):
 
 def env_problems(config: GatewayConfig, environ: Mapping[str, str]) -> list[ConfigProblem]:
     """Each required variable that ``environ`` lacks or holds empty, at its key and line."""
-    document = config.model_dump()
-    return to_problems(env_findings(document, environ), config.source_map, document)
+    return located(config, lambda document: env_findings(document, environ))
 
 
 def env_findings(document: Mapping[str, Any], environ: Mapping[str, str]) -> list[Finding]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpugate.config.paths import Finding, KeyPath
-from gpugate.config.validation import to_problems
+from gpugate.config.validation import located
 
 if TYPE_CHECKING:
     from gpugate.config.schema import GatewayConfig
@@ -27,8 +27,7 @@ _TLS_FILES = ("cert_file", "key_file", "client_ca_file")
 
 def file_problems(config: GatewayConfig) -> list[ConfigProblem]:
     """Each file ``config`` names that cannot be read here, at its key and line."""
-    document = config.model_dump()
-    return to_problems(file_findings(document), config.source_map, document)
+    return located(config, file_findings)
 
 
 def file_findings(document: Mapping[str, Any]) -> list[Finding]:

@@ -7,7 +7,7 @@ and raised together as one :class:`~gpugate.errors.ConfigError`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -61,8 +61,15 @@ def validate_document(
 def fallback_warnings(config: GatewayConfig) -> list[ConfigProblem]:
     """The fallbacks no upstream serves (:func:`~gpugate.config.rules.unserved_fallbacks`), at
     their lines: warned about, not refused."""
+    return located(config, unserved_fallbacks)
+
+
+def located(
+    config: GatewayConfig, find: Callable[[Mapping[str, Any]], Iterable[Finding]]
+) -> list[ConfigProblem]:
+    """What ``find`` finds in a loaded config's document, as problems at their lines."""
     document = config.model_dump()
-    return to_problems(unserved_fallbacks(document), config.source_map, document)
+    return to_problems(find(document), config.source_map, document)
 
 
 def to_problems(

@@ -198,9 +198,9 @@ class GpuMonitor:
         entries = []
         for key in sorted(self.fleet.states, key=lambda k: k.sort_key):
             state = self.fleet.states[key]
-            if state.latest is None:  # a row starts with a reading; none is without one
+            found = report.live_entry(state, now, self.table, self.fleet.thresholds)
+            if found is None:  # a row starts with a reading; none is without one
                 continue
-            found = report.live_entry(state, state.latest, now, self.table, self.fleet.thresholds)
             since = found["faulted_since"]
             if since is not None:
                 found["faulted_since"] = (wall_now - timedelta(seconds=now - since)).isoformat()

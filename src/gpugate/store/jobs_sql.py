@@ -340,8 +340,7 @@ def _change_many(c: Codec, writes: Sequence[LeasedWrite]) -> Tx[list[JobRecord |
             continue
         try:
             change = write.decide(job)
-            event = None if change.event is None else _event_row(c, job.id, write.now, change.event)
-            then = None if change.then is None else _event_row(c, job.id, write.now, change.then)
+            appended = [_event_row(c, job.id, write.now, event) for event in change.events]
         except Exception as exc:  # noqa: BLE001 - this write's own failure is its answer
             outcomes.append(exc)
             continue
@@ -349,10 +348,7 @@ def _change_many(c: Codec, writes: Sequence[LeasedWrite]) -> Tx[list[JobRecord |
             job = jobs[write.slug] = written(job, change)
             names = changed[write.slug][1] if write.slug in changed else set()
             changed[write.slug] = job, names | set(change.values)
-        if event is not None:
-            events.append(event)
-            if then is not None:
-                events.append(then)
+        events += appended
         outcomes.append(job)
     yield from _write(c, changed, events)
     return outcomes

@@ -59,23 +59,20 @@ class _Noted:
     """A ``decide`` that remembers the event it made, so the transition is logged once the
     write has committed (one INFO line per job transition, issue #19)."""
 
-    __slots__ = ("decide", "event", "then")
+    __slots__ = ("decide", "events")
 
     def __init__(self, decide: Decide) -> None:
         self.decide = decide
-        self.event: transitions.EventDraft | None = None
-        self.then: transitions.EventDraft | None = None
+        self.events: tuple[transitions.EventDraft, ...] = ()
 
     def __call__(self, job: JobRecord) -> transitions.Change:
         change = self.decide(job)
-        self.event, self.then = change.event, change.then
+        self.events = change.events
         return change
 
     def log(self, slug: str) -> None:
-        if self.event is not None:
-            _log_event(slug, self.event)
-            if self.then is not None:
-                _log_event(slug, self.then)
+        for event in self.events:
+            _log_event(slug, event)
 
 
 def _log_event(slug: str, event: transitions.EventDraft) -> None:

@@ -37,7 +37,6 @@ from gpugate.errors import (
     ExternalUpstreamForbidden,
     GpugateError,
     MethodNotAllowed,
-    Tried,
     UpstreamError,
 )
 from gpugate.logs import request_id
@@ -549,9 +548,7 @@ def _head(reply: Reply, rid: bytes) -> list[tuple[bytes, bytes]]:
     """The relayed response's headers: the upstream's and gpugate's own."""
     headers = [
         *reply.headers,
-        (b"x-gateway-upstream", reply.upstream.id.encode()),
-        (b"x-gateway-overhead-ms", f"{reply.overhead_s * 1000:.3f}".encode()),
-        (b"x-gateway-attempts", _ATTEMPTS[reply.attempts] if reply.attempts < 16 else b"16+"),
+        *_tried_headers(reply.upstream.id, reply.overhead_s, reply.attempts),
         (REQUEST_ID, rid),
     ]
     if reply.model is not None:
@@ -559,12 +556,12 @@ def _head(reply: Reply, rid: bytes) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def _tried_headers(tried: Tried) -> list[tuple[bytes, bytes]]:
-    """What :func:`_head` says of a reply, for our error after upstreams were tried."""
-    attempts = tried.attempts
+def _tried_headers(upstream: str, overhead_s: float, attempts: int) -> list[tuple[bytes, bytes]]:
+    """gpugate's own headers of an answer after upstreams were tried, relayed or our error:
+    the upstream that answered (or was tried last), the time in the gateway, the tries."""
     return [
-        (b"x-gateway-upstream", tried.upstream.encode()),
-        (b"x-gateway-overhead-ms", f"{tried.overhead_s * 1000:.3f}".encode()),
+        (b"x-gateway-upstream", upstream.encode()),
+        (b"x-gateway-overhead-ms", f"{overhead_s * 1000:.3f}".encode()),
         (b"x-gateway-attempts", _ATTEMPTS[attempts] if attempts < 16 else b"16+"),
     ]
 
@@ -647,5 +644,5 @@ async def _send_error(ex: Exchange, exc: GpugateError, rid: bytes) -> None:
     headers += [(k.encode(), v.encode()) for k, v in error_headers(exc).items()]
     tried = exc.tried
     if tried is not None:  # upstreams were tried: the answer says which, as a reply does
-        headers += _tried_headers(tried)
+        headers += _tried_headers(tried.upstream, tried.overhead_s, tried.attempts)
     await ex.answer(status_of(exc), headers, error_body(exc))

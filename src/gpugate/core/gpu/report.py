@@ -54,14 +54,18 @@ def entry(
 
 
 def live_entry(
-    state: GpuState, reading: GpuReading, now: float, table: XidTable, thresholds: Thresholds
-) -> dict[str, Any]:
-    """:func:`entry` for ``reading`` (``state``'s newest), judged by what ``state`` holds at
-    ``now``, plus ``stale``, ``saturated``, ``fault_reason`` and ``faulted_since`` (monotonic).
+    state: GpuState, now: float, table: XidTable, thresholds: Thresholds
+) -> dict[str, Any] | None:
+    """:func:`entry` for ``state``'s newest reading (None before its first), judged by what
+    ``state`` holds at ``now``, plus ``stale``, ``saturated``, ``fault_reason`` and
+    ``faulted_since`` (monotonic).
 
     A fault ``state`` holds is ``faulted`` even when ``reading`` alone would not be; one it no
     longer holds (cleared, or its hold ran out) is not, even when ``reading`` alone would be.
     """
+    reading = state.latest
+    if reading is None:
+        return None
     verdict = assess(state, now, thresholds)
     found = entry(reading, table, thresholds, verdict.fault_reasons if verdict.faulted else None)
     found["reasons"] += [why for why in verdict.reasons if why not in verdict.fault_reasons]
