@@ -120,9 +120,11 @@ def phase_bursts(setup: Setup, report: Report) -> None:
         flush=True,
     )
     for target in setup.targets:
-        url = setup.url(target, "json", CHAT)
+        url, pid = setup.url(target, "json", CHAT), setup.pid(target)
+        cpu = cpu_s(pid)
         b = uvloop.run(paced_bursts(url, BODIES["chat"], BURST, RATE, duration))
         report.bursts[target] = b
+        report.bursts_cpu_us[target] = (cpu_s(pid) - cpu) / max(b.sent, 1) * 1e6
         if b.errors:
             report.problems.append(f"bursts via {target}: {b.errors} failed requests")
         if pct(b.late_ms, 99) > 5:

@@ -198,6 +198,7 @@ class Bursts:
     bursts: int = 0
     busy: int = 0  # connections still busy with the previous burst's answer (none sent)
     errors: int = 0
+    sent: int = 0  # requests written, the warm-up's included (for the CPU per request)
 
 
 class _BurstConn(asyncio.Protocol):
@@ -275,6 +276,7 @@ async def paced_bursts(url: str, body: bytes, conns: int, rate: float, duration:
                 else:
                     client.sent_at, client.counted = began, counted
                     client.transport.write(request)
+                    result.sent += 1
         deadline = time.perf_counter() + 10
         while any(c.sent_at is not None for c in clients) and time.perf_counter() < deadline:
             await asyncio.sleep(0.005)

@@ -33,6 +33,8 @@ class Report:
     latency: dict[str, OpenLoop] = field(default_factory=dict)
     ttfb: dict[str, Streams] = field(default_factory=dict)
     ttfb_cpu: dict[str, float] = field(default_factory=dict)  # target -> CPU % during TTFB
+    #: target -> CPU µs per request during the bursts (a burst's last answer waits ~64 of them)
+    bursts_cpu_us: dict[str, float] = field(default_factory=dict)
     rss: dict[str, dict[str, float]] = field(default_factory=dict)  # target -> moment -> MB
     held: dict[str, Held] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -113,10 +115,17 @@ def bursts_table(r: Report) -> str:
         rows.append(
             [target, str(len(b.latency_ms)), str(b.bursts), fmt(pct(b.late_ms, 99), 2)]
             + [fmt(pct(b.latency_ms, q), 2) for q in (50, 99, 100)]
-            + [*added, str(b.busy), str(b.errors)]
+            + [*added, _burst_cpu(r, target), str(b.busy), str(b.errors)]
         )
     headers = ["target", "n", "bursts", "late p99", "p50 ms", "p99 ms", "max ms", "+p50", "+p99"]
-    return table([*headers, "busy", "errors"], rows)
+    return table([*headers, "CPU µs/req", "busy", "errors"], rows)
+
+
+def _burst_cpu(r: Report, target: str) -> str:
+    """The target's CPU per request during its bursts, ``—`` for the fake upstream itself."""
+    return (
+        "—" if target == "direct" or target not in r.bursts_cpu_us else fmt(r.bursts_cpu_us[target])
+    )
 
 
 def latency_table(r: Report) -> str:
