@@ -1,0 +1,75 @@
+"""Client identity read back through a real ``gpugate serve`` (DESIGN §2a, §3 wave 2, §7;
+docs/keys.md), where the running program said something other than the contract or its docs.
+
+Each test starts ``gpugate serve`` as a process in ``auth.mode: keys`` in front of a fake model
+server on loopback and talks to it as a client, an operator or the CLI would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from keyed import ADMIN, ENVIRON, TOKEN, bearer, chat, create_key
+
+from gpugate.config import GatewayConfig
+from harness import make_config, model_servers, upstream
+from workers.processes import serve_process, write_config
+
+CHAT = "/v1/chat/completions"
+SECRET = "gk-audit-bootstrap-" + "s" * 32
+
+
+@contextlib.asynccontextmanager
+async def gateway(
+    config: GatewayConfig, environ: Mapping[str, str] | None = None
+) -> AsyncIterator[tuple[str, Path]]:
+    """``gpugate serve`` of ``config`` until the block ends: its URL and its log file."""
+    async with serve_process(config, workers=None, environ={**ENVIRON, **(environ or {})}) as (
+        url,
+        _,
+        log,
+    ):
+        yield url, log
+
+
+def keyed(dsn: str, ups: list[dict[str, Any]], **auth: Any) -> GatewayConfig:
+    return make_config(dsn, ups, auth={"mode": "keys", **auth})
+
+
+# -- GET /v1/models lists only what the key can use ---------------------------------------------
+
+
+async def test_the_model_list_of_a_key_without_allow_external_holds_only_models_it_can_use(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """A model an external upstream serves is 403 EXTERNAL_UPSTREAM_FORBIDDEN for such a key
+    (docs/keys.md), an inside upstream serving it too or not; the list showed it."""
+    async with model_servers(("inside", ["m", "own"]), ("outside", ["m", "cloud"])) as servers:
+        inside, outside = servers
+        ups = [
+            upstream("inside", [inside.url], ["m", "own"]),
+            upstream("outside", [outside.url], ["m", "cloud"], external=True),
+        ]
+        async with gateway(keyed(sqlite_dsn, ups)) as (url, _):
+            secret = (await create_key(http, url))["key"]
+            async with http.get(url + "/v1/models", headers=bearer(secret)) as resp:
+                listed = [m["id"] for m in (await resp.json())["data"]]
+            answers = {}
+            for model in ("m", "own", "cloud"):
+                async with http.post(url + CHAT, json=chat(model), headers=bearer(secret)) as r:
+                    answers[model] = (r.status, (await r.json()).get("error", {}).get("code"))
+    assert ["own"] == listed
+    assert (200, None) == answers["own"]
+    assert (403, "EXTERNAL_UPSTREAM_FORBIDDEN") == answers["m"]
+    assert (403, "EXTERNAL_UPSTREAM_FORBIDDEN") == answers["cloud"]
