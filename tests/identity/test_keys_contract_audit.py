@@ -73,3 +73,30 @@ async def test_the_model_list_of_a_key_without_allow_external_holds_only_models_
     assert (200, None) == answers["own"]
     assert (403, "EXTERNAL_UPSTREAM_FORBIDDEN") == answers["m"]
     assert (403, "EXTERNAL_UPSTREAM_FORBIDDEN") == answers["cloud"]
+
+
+# -- POST/PATCH /admin/keys: expires_at is an RFC 3339 time --------------------------------------
+
+
+@pytest.mark.parametrize("value", [4102444800, "4102444800", "2100-01-01", "2100-01-01T00:00Z"])
+async def test_expires_at_that_is_not_an_rfc3339_time_is_400_naming_it(
+    sqlite_dsn: str, http: aiohttp.ClientSession, value: object
+) -> None:
+    """Unix seconds (as a number or a string) were taken as a moment."""
+    config = keyed(sqlite_dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])])
+    async with gateway(config) as (url, _):
+        body = {"name": "a", "tenant": "t", "expires_at": value}
+        async with http.post(url + "/admin/keys", json=body, headers=ADMIN) as resp:
+            created = (resp.status, await resp.json())
+        key = await create_key(http, url)
+        async with http.patch(
+            url + f"/admin/keys/{key['id']}", json={"expires_at": value}, headers=ADMIN
+        ) as resp:
+            patched = (resp.status, await resp.json())
+        fine = {"name": "b", "tenant": "t", "expires_at": "2100-01-01T00:00:00Z"}
+        async with http.post(url + "/admin/keys", json=fine, headers=ADMIN) as resp:
+            accepted = (resp.status, (await resp.json()).get("expires_at"))
+    for status, answer in (created, patched):
+        assert (400, "BAD_REQUEST") == (status, answer["error"]["code"])
+        assert "expires_at" in answer["error"]["message"]
+    assert (201, "2100-01-01T00:00:00+00:00") == accepted
