@@ -100,3 +100,71 @@ async def test_expires_at_that_is_not_an_rfc3339_time_is_400_naming_it(
         assert (400, "BAD_REQUEST") == (status, answer["error"]["code"])
         assert "expires_at" in answer["error"]["message"]
     assert (201, "2100-01-01T00:00:00+00:00") == accepted
+
+
+# -- bootstrap keys: the fields of POST /admin/keys, checked as it checks them -----------------
+
+
+def _boot(entries: list[dict[str, Any]]) -> dict[str, str]:
+    return {"BOOT_KEYS": json.dumps(entries)}
+
+
+async def test_a_bootstrap_key_s_expires_at_is_kept(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """The entry's `expires_at` was dropped: the key never expired."""
+    past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
+    entries = [{"name": "old", "tenant": "ops", "key": SECRET, "expires_at": past}]
+    async with model_servers(("u", ["m"])) as (server,):
+        config = keyed(
+            sqlite_dsn, [upstream("u", [server.url], ["m"])], bootstrap_keys_env="BOOT_KEYS"
+        )
+        async with gateway(config, _boot(entries)) as (url, _):
+            async with http.post(url + CHAT, json=chat(), headers=bearer(SECRET)) as r:
+                expired = (r.status, (await r.json())["error"]["message"])
+            async with http.get(url + "/admin/keys/boot-old", headers=ADMIN) as r:
+                shown = (await r.json())["expires_at"]
+    assert 401 == expired[0]
+    assert "expired" in expired[1]
+    assert datetime.fromisoformat(past) == datetime.fromisoformat(shown)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "where"),
+    [
+        ("limit", {"requests_per_min": 1}, "BOOT_KEYS[0].limit"),
+        ("models", "m", "BOOT_KEYS[0].models"),
+        ("allow_external", "yes", "BOOT_KEYS[0].allow_external"),
+        ("limits", {"requests_per_min": -5}, "BOOT_KEYS[0].limits.requests_per_min"),
+        ("limits", {"rpm": 5}, "BOOT_KEYS[0].limits.rpm"),
+        ("expires_at", "tomorrow", "BOOT_KEYS[0].expires_at"),
+        ("expires_at", 4102444800, "BOOT_KEYS[0].expires_at"),
+    ],
+)
+def test_gpugate_serve_refuses_a_bootstrap_entry_post_admin_keys_would_refuse(
+    sqlite_dsn: str, tmp_path: Path, field: str, value: object, where: str
+) -> None:
+    """`models: "m"` became the models ("m",); `"yes"` became false; a negative or misspelled
+    limit, an unknown field, a bad `expires_at` were taken without a word."""
+    entry = {"name": "ci", "tenant": "ops", "key": SECRET, field: value}
+    config = keyed(
+        sqlite_dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])], bootstrap_keys_env="BOOT_KEYS"
+    )
+    path = write_config(config, tmp_path)
+    env = {**os.environ, **ENVIRON, **_boot([entry])}
+    command = [sys.executable, "-m", "gpugate", "serve", "--config", str(path)]
+    try:
+        done = subprocess.run(
+            [*command, "--listen", "127.0.0.1:0"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"gpugate serve started with the bootstrap entry {entry}")
+    assert 1 == done.returncode, done.stderr[-2000:]
+    assert where in done.stderr
+    assert "Traceback" not in done.stderr
+    assert SECRET not in done.stderr + done.stdout
