@@ -168,3 +168,31 @@ def test_gpugate_serve_refuses_a_bootstrap_entry_post_admin_keys_would_refuse(
     assert where in done.stderr
     assert "Traceback" not in done.stderr
     assert SECRET not in done.stderr + done.stdout
+
+
+# -- bootstrap keys: a revocation survives a restart ------------------------------------------
+
+
+async def test_a_revoked_bootstrap_key_stays_revoked_after_a_restart_until_its_secret_changes(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """Every start stored the entry again un-revoked: an operator's revocation of a leaked
+    bootstrap key ended with the next start of any replica."""
+    entries = [{"name": "ci", "tenant": "ops", "key": SECRET}]
+    async with model_servers(("u", ["m"])) as (server,):
+        config = keyed(
+            sqlite_dsn, [upstream("u", [server.url], ["m"])], bootstrap_keys_env="BOOT_KEYS"
+        )
+        async with gateway(config, _boot(entries)) as (url, _):
+            async with http.delete(url + "/admin/keys/boot-ci", headers=ADMIN) as r:
+                assert 200 == r.status
+        async with gateway(config, _boot(entries)) as (url, _):
+            async with http.post(url + CHAT, json=chat(), headers=bearer(SECRET)) as r:
+                after_restart = (r.status, (await r.json())["error"]["message"])
+        entries[0]["key"] = SECRET + "new"  # a new secret in the environment: a fresh key
+        async with gateway(config, _boot(entries)) as (url, _):
+            async with http.post(url + CHAT, json=chat(), headers=bearer(SECRET + "new")) as r:
+                new_secret = r.status
+    assert 401 == after_restart[0]
+    assert "revoked" in after_restart[1]
+    assert 200 == new_secret
