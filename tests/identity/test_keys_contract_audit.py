@@ -196,3 +196,39 @@ async def test_a_revoked_bootstrap_key_stays_revoked_after_a_restart_until_its_s
     assert 401 == after_restart[0]
     assert "revoked" in after_restart[1]
     assert 200 == new_secret
+
+
+# -- PATCH /admin/keys/{id}: a null that cannot clear its field is refused ------------------------
+
+
+async def test_patch_refuses_a_null_that_cannot_clear_its_field_and_clears_those_that_can(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """`{"name": null}` (or tenant, max_class, allow_external) was a 200 that changed nothing."""
+    config = keyed(sqlite_dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])])
+    async with gateway(config) as (url, _):
+        key = await create_key(
+            http,
+            url,
+            models=["m"],
+            limits={"requests_per_min": 5},
+            expires_at="2100-01-01T00:00:00+00:00",
+            allow_external=True,
+        )
+        where = url + f"/admin/keys/{key['id']}"
+        refused = {}
+        for name in ("name", "tenant", "max_class", "allow_external"):
+            async with http.patch(where, json={name: None}, headers=ADMIN) as resp:
+                refused[name] = (resp.status, await resp.json())
+        async with http.get(where, headers=ADMIN) as resp:
+            unchanged = await resp.json()
+        cleared = {"models": None, "limits": None, "expires_at": None}
+        async with http.patch(where, json=cleared, headers=ADMIN) as resp:
+            after = (resp.status, await resp.json())
+    for name, (status, answer) in refused.items():
+        assert (400, "BAD_REQUEST") == (status, answer["error"]["code"]), name
+        assert f"{name}: " in answer["error"]["message"]
+    assert {k: v for k, v in key.items() if k != "key"} == unchanged
+    assert 200 == after[0]
+    assert (None, None) == (after[1]["models"], after[1]["expires_at"])
+    assert all(limit is None for limit in after[1]["limits"].values())
