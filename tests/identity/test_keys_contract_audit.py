@@ -232,3 +232,37 @@ async def test_patch_refuses_a_null_that_cannot_clear_its_field_and_clears_those
     assert 200 == after[0]
     assert (None, None) == (after[1]["models"], after[1]["expires_at"])
     assert all(limit is None for limit in after[1]["limits"].values())
+
+
+# -- gpugate keys: an expired key is not listed as active; update can end an expiry -----------
+
+
+async def _cli(*argv: str) -> tuple[int, str, str]:
+    env = {**os.environ, "GPUGATE_ADMIN_TOKEN": TOKEN}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpugate", *argv,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_keys_list_says_expired_for_an_expired_key_and_update_can_end_its_expiry(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    config = keyed(sqlite_dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])])
+    past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
+    async with gateway(config) as (url, _):
+        old = await create_key(http, url, name="old", expires_at=past)
+        live = await create_key(http, url, name="live")
+        listed = await _cli("keys", "list", "--gateway", url)
+        updated = await _cli("keys", "update", old["id"], "--expires-at", "never", "--gateway", url)
+        relisted = await _cli("keys", "list", "--gateway", url)
+    lines = {line.split()[0]: line.split()[-1] for line in listed[1].splitlines()}
+    assert 0 == listed[0]
+    assert {old["id"]: "expired", live["id"]: "active"} == lines
+    assert 0 == updated[0], updated[2]
+    assert json.loads(updated[1])["expires_at"] is None
+    assert f"{old['id']}" in relisted[1]
+    assert all(line.endswith("active") for line in relisted[1].splitlines())
