@@ -234,6 +234,21 @@ async def test_patch_refuses_a_null_that_cannot_clear_its_field_and_clears_those
     assert all(limit is None for limit in after[1]["limits"].values())
 
 
+async def test_post_takes_limits_null_as_no_limits_as_patch_does(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """`"limits": null` was a 400 on create ("expected a mapping") and no limits on PATCH."""
+    config = keyed(sqlite_dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])])
+    async with gateway(config) as (url, _):
+        body = {"name": "a", "tenant": "t", "limits": None}
+        async with http.post(url + "/admin/keys", json=body, headers=ADMIN) as resp:
+            created = (resp.status, await resp.json())
+    assert 201 == created[0], created[1]
+    assert {"requests_per_min", "tokens_per_min", "concurrency", "daily_tokens", "daily_cents"} == {
+        name for name, limit in created[1]["limits"].items() if limit is None
+    }
+
+
 # -- gpugate keys: an expired key is not listed as active; update can end an expiry -----------
 
 

@@ -66,7 +66,7 @@ async def create_key(gateway: Gateway, headers: AdminHeaders, body: KeyCreate) -
         max_class=RequestClass(body.max_class),
         runners=_tuple(body.runners),
         allow_external=body.allow_external,
-        limits=Limits(**body.limits.model_dump()),
+        limits=Limits() if body.limits is None else Limits(**body.limits.model_dump()),
         expires_at=body.expires_at,
     )
     issued = await _keys(gateway).create(spec, actor=headers.actor)

@@ -54,7 +54,7 @@ class KeyCreate(RequestBody):
         None, max_length=MAX_LIST, description="the runtimes its jobs may name; null: every one"
     )
     allow_external: bool = False
-    limits: LimitsBody = LimitsBody()
+    limits: LimitsBody | None = Field(None, description="null or absent: no limits")
     expires_at: Rfc3339 | None = None
 
 
