@@ -249,6 +249,40 @@ async def test_post_takes_limits_null_as_no_limits_as_patch_does(
     }
 
 
+# -- a request no window of a limit can hold says so -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("limits", "code", "name"),
+    [
+        ({"tokens_per_min": 100}, "TOKEN_LIMITED", "tokens_per_min"),
+        ({"daily_tokens": 100}, "BUDGET_EXCEEDED", "daily_tokens"),
+    ],
+)
+async def test_a_request_whose_estimate_is_more_than_the_whole_limit_is_told_so(
+    sqlite_dsn: str, http: aiohttp.ClientSession, limits: dict[str, int], code: str, name: str
+) -> None:
+    """A key with 100 tokens a minute was told it "is over its limit" with a Retry-After for a
+    request without max_tokens (estimated at 256 + its prompt), although it had used nothing
+    and no retry could ever succeed."""
+    async with model_servers(("u", ["m"])) as (server,):
+        config = keyed(sqlite_dsn, [upstream("u", [server.url], ["m"])])
+        async with gateway(config) as (url, _):
+            secret = (await create_key(http, url, limits=limits))["key"]
+            async with http.post(url + CHAT, json=chat(), headers=bearer(secret)) as resp:
+                refused = (resp.status, resp.headers.get("Retry-After"), await resp.json())
+            small = chat(max_tokens=10)
+            async with http.post(url + CHAT, json=small, headers=bearer(secret)) as resp:
+                served = resp.status
+    status, retry_after, body = refused
+    assert (429, code) == (status, body["error"]["code"])
+    assert retry_after is not None
+    assert int(retry_after) >= 1
+    assert f"whole {name} (100)" in body["error"]["message"]
+    assert "max_tokens" in body["error"]["message"]
+    assert 200 == served
+
+
 # -- gpugate keys: an expired key is not listed as active; update can end an expiry -----------
 
 

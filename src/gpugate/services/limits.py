@@ -49,6 +49,7 @@ from gpugate.core.limits import (
     estimate,
     estimated_tokens,
     minute_of,
+    never_fits,
     seconds_to_next_day,
     seconds_to_next_minute,
     windows,
@@ -322,9 +323,15 @@ class Quota:
             wait = seconds_to_next_day(now)
         else:
             wait = 1.0
-        raise LIMIT_ERRORS[code](
-            f"client key {key.prefix}… is over its limit ({code})", retry_after_s=math.ceil(wait)
-        )
+        message = f"client key {key.prefix}… is over its limit ({code})"
+        never = never_fits(key.limits, est, code)
+        if never is not None:  # no retry can succeed: say so, and what to change
+            message = (
+                f"client key {key.prefix}… cannot take this request ({code}): {never}, so no "
+                "window can hold it; send a lower max_tokens (the estimate is prompt bytes / 4 "
+                "plus max_tokens, 256 without one)"
+            )
+        raise LIMIT_ERRORS[code](message, retry_after_s=math.ceil(wait))
 
     async def _lease(
         self, key_id: str, limits: Limits, est: Estimate, spans: Windows
