@@ -234,6 +234,33 @@ async def test_patch_refuses_a_null_that_cannot_clear_its_field_and_clears_those
     assert all(limit is None for limit in after[1]["limits"].values())
 
 
+async def test_a_patch_takes_effect_at_once_on_the_replica_that_made_it(
+    sqlite_dsn: str, http: aiohttp.ClientSession
+) -> None:
+    """docs/keys.md: the replica that revokes, rotates or changes a key drops its cache at once.
+    A change through PATCH did not: the key's cached view served on until `key_cache_s` ran
+    out (an hour here, so the old behaviour cannot pass by being slow)."""
+    async with model_servers(("u", ["m", "m2"])) as (server,):
+        ups = [upstream("u", [server.url], ["m", "m2"])]
+        async with gateway(keyed(sqlite_dsn, ups, key_cache_s=3600)) as (url, _):
+            key = await create_key(http, url)
+            where, headers = url + f"/admin/keys/{key['id']}", bearer(key["key"])
+            async with http.post(url + CHAT, json=chat("m2"), headers=headers) as resp:
+                before = resp.status  # the key is in this replica's cache now
+            async with http.patch(where, json={"models": ["m"]}, headers=ADMIN) as resp:
+                assert 200 == resp.status
+            async with http.post(url + CHAT, json=chat("m2"), headers=headers) as resp:
+                narrowed = (resp.status, (await resp.json())["error"]["code"])
+            past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
+            async with http.patch(where, json={"expires_at": past}, headers=ADMIN) as resp:
+                assert 200 == resp.status
+            async with http.post(url + CHAT, json=chat("m"), headers=headers) as resp:
+                expired = resp.status
+    assert 200 == before
+    assert (403, "MODEL_NOT_ALLOWED") == narrowed
+    assert 401 == expired
+
+
 async def test_post_takes_limits_null_as_no_limits_as_patch_does(
     sqlite_dsn: str, http: aiohttp.ClientSession
 ) -> None:

@@ -218,12 +218,14 @@ class Keys:
         return await self._store.list_keys(tenant=tenant)
 
     async def update(self, key_id: str, changes: Mapping[str, Any], *, actor: str) -> ClientKey:
-        """Change the named fields of a key (``limits`` replaced whole); audited."""
+        """Change the named fields of a key (``limits`` replaced whole); audited. Like a
+        rotation or a revocation it takes effect on this replica at once."""
         key = await self._existing(key_id)
         fields = dict(changes.items())
         if "limits" in fields and not isinstance(fields["limits"], Limits):
             fields["limits"] = Limits.of(fields["limits"])
         saved = await self._store.save_key(replace(key, **fields), actor=actor, action=KEY_UPDATED)
+        self._forget()  # this replica: at once
         return _found(saved, key_id)
 
     async def rotate(self, key_id: str, *, actor: str) -> Issued:
@@ -237,8 +239,7 @@ class Keys:
         saved = await self._store.save_key(
             rotated, actor=actor, action=KEY_ROTATED, digest=digest(secret)
         )
-        self._cache = KeyCache(self._cache.ttl_s, self._cache.size)  # this replica: at once
-        self._lookups = {}  # a lookup begun before it is not waited for after it
+        self._forget()  # this replica: at once
         return Issued(_found(saved, key_id), secret)
 
     async def revoke(self, key_id: str, *, actor: str) -> ClientKey:
@@ -247,9 +248,14 @@ class Keys:
             return key
         revoked = replace(key, revoked_at=self._clock.now())
         saved = await self._store.save_key(revoked, actor=actor, action=KEY_REVOKED)
-        self._cache = KeyCache(self._cache.ttl_s, self._cache.size)  # this replica: at once
-        self._lookups = {}  # a lookup begun before it is not waited for after it
+        self._forget()  # this replica: at once
         return _found(saved, key_id)
+
+    def _forget(self) -> None:
+        """Drop every key this replica trusts (after a change to one here: it takes effect at
+        once on this replica, within ``auth.key_cache_s`` on the others)."""
+        self._cache = KeyCache(self._cache.ttl_s, self._cache.size)
+        self._lookups = {}  # a lookup begun before it is not waited for after it
 
     async def _existing(self, key_id: str) -> ClientKey:
         return _found(await self._store.get_key(key_id), key_id)
