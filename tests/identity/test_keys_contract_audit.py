@@ -261,6 +261,40 @@ async def test_a_patch_takes_effect_at_once_on_the_replica_that_made_it(
     assert 401 == expired
 
 
+@pytest.mark.parametrize(
+    ("before", "after", "code"),
+    [
+        ({"requests_per_min": 200}, {"requests_per_min": 1}, "RATE_LIMITED"),
+        ({"daily_tokens": 100000}, {"daily_tokens": 10}, "BUDGET_EXCEEDED"),
+    ],
+)
+async def test_a_lowered_limit_is_not_passed_by_what_was_leased_under_the_old_one(
+    sqlite_dsn: str,
+    http: aiohttp.ClientSession,
+    before: dict[str, int],
+    after: dict[str, int],
+    code: str,
+) -> None:
+    """A replica leases a slice of a limit (1/20 of a minute's, 1/100 of a day's) and served it
+    out after the limit was lowered: 200 requests a minute cut to 1 let 9 more through that
+    minute, 100,000 tokens a day cut to 10 let 1,000 more through that day."""
+    async with model_servers(("u", ["m"])) as (server,):
+        async with gateway(keyed(sqlite_dsn, [upstream("u", [server.url], ["m"])])) as (url, _):
+            key = await create_key(http, url, limits=before)
+            headers, small = bearer(key["key"]), chat(max_tokens=5)
+            async with http.post(url + CHAT, json=small, headers=headers) as resp:
+                first = resp.status  # a slice of the old limit leased here
+            where = url + f"/admin/keys/{key['id']}"
+            async with http.patch(where, json={"limits": after}, headers=ADMIN) as resp:
+                assert 200 == resp.status
+            answers = []
+            for _ in range(3):
+                async with http.post(url + CHAT, json=small, headers=headers) as resp:
+                    answers.append((resp.status, (await resp.json()).get("error", {}).get("code")))
+    assert 200 == first
+    assert [(429, code)] * 3 == answers
+
+
 async def test_post_takes_limits_null_as_no_limits_as_patch_does(
     sqlite_dsn: str, http: aiohttp.ClientSession
 ) -> None:

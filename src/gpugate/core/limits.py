@@ -131,6 +131,7 @@ class Slice:
 def never_fits(limits: Limits, est: Estimate, code: str) -> str | None:
     """Why a request refused with ``code`` would be refused in every window (its estimate is
     more than the limit itself, not only than what is left of it), or None."""
+    over: list[tuple[str, float, float | None]]
     if code == "TOKEN_LIMITED" and limits.tokens_per_min is not None:
         over = [("tokens_per_min", est.tokens, limits.tokens_per_min)]
     elif code == "BUDGET_EXCEEDED":

@@ -131,6 +131,8 @@ class Keys:
         self._unknown = KeyCache(auth.key_cache_s, auth.max_keys_cached)  # secrets no key has
         #: cache key → its store lookup running now (bounded by the requests in flight)
         self._lookups: dict[str, asyncio.Task[object]] = {}
+        #: told each key a lookup found (its limits may have changed: the quota's leases)
+        self.looked_up: Callable[[ClientKey], None] | None = None
 
     @property
     def enforced(self) -> bool:
@@ -186,6 +188,8 @@ class Keys:
         ``_UNKNOWN``."""
         stored = await self._store.key_by_digest(digest(secret))
         found = _UNKNOWN if stored is None else Principal(stored)
+        if stored is not None and self.looked_up is not None:
+            self.looked_up(stored)
         cache = self._unknown if stored is None else self._cache
         cache.put(cached, found, self._clock.monotonic())
         return found
