@@ -47,6 +47,17 @@ def keyed(dsn: str, ups: list[dict[str, Any]], **auth: Any) -> GatewayConfig:
     return make_config(dsn, ups, auth={"mode": "keys", **auth})
 
 
+def idle(dsn: str, **auth: Any) -> GatewayConfig:
+    """A keyed config whose one upstream nothing answers (for the admin API alone)."""
+    return keyed(dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])], **auth)
+
+
+async def post_key(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """``POST /admin/keys`` of ``body``: its status and JSON answer."""
+    async with http.post(url + "/admin/keys", json=body, headers=ADMIN) as resp:
+        return resp.status, await resp.json()
+
+
 # -- GET /v1/models lists only what the key can use ---------------------------------------------
 
 
@@ -83,19 +94,16 @@ async def test_expires_at_that_is_not_an_rfc3339_time_is_400_naming_it(
     sqlite_dsn: str, http: aiohttp.ClientSession, value: object
 ) -> None:
     """Unix seconds (as a number or a string) were taken as a moment."""
-    config = keyed(sqlite_dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])])
-    async with gateway(config) as (url, _):
-        body = {"name": "a", "tenant": "t", "expires_at": value}
-        async with http.post(url + "/admin/keys", json=body, headers=ADMIN) as resp:
-            created = (resp.status, await resp.json())
+    async with gateway(idle(sqlite_dsn)) as (url, _):
+        created = await post_key(http, url, {"name": "a", "tenant": "t", "expires_at": value})
         key = await create_key(http, url)
         async with http.patch(
             url + f"/admin/keys/{key['id']}", json={"expires_at": value}, headers=ADMIN
         ) as resp:
             patched = (resp.status, await resp.json())
         fine = {"name": "b", "tenant": "t", "expires_at": "2100-01-01T00:00:00Z"}
-        async with http.post(url + "/admin/keys", json=fine, headers=ADMIN) as resp:
-            accepted = (resp.status, (await resp.json()).get("expires_at"))
+        status, answer = await post_key(http, url, fine)
+        accepted = (status, answer.get("expires_at"))
     for status, answer in (created, patched):
         assert (400, "BAD_REQUEST") == (status, answer["error"]["code"])
         assert "expires_at" in answer["error"]["message"]
@@ -147,10 +155,7 @@ def test_gpugate_serve_refuses_a_bootstrap_entry_post_admin_keys_would_refuse(
     """`models: "m"` became the models ("m",); `"yes"` became false; a negative or misspelled
     limit, an unknown field, a bad `expires_at` were taken without a word."""
     entry = {"name": "ci", "tenant": "ops", "key": SECRET, field: value}
-    config = keyed(
-        sqlite_dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])], bootstrap_keys_env="BOOT_KEYS"
-    )
-    path = write_config(config, tmp_path)
+    path = write_config(idle(sqlite_dsn, bootstrap_keys_env="BOOT_KEYS"), tmp_path)
     env = {**os.environ, **ENVIRON, **_boot([entry])}
     command = [sys.executable, "-m", "gpugate", "serve", "--config", str(path)]
     try:
@@ -205,8 +210,7 @@ async def test_patch_refuses_a_null_that_cannot_clear_its_field_and_clears_those
     sqlite_dsn: str, http: aiohttp.ClientSession
 ) -> None:
     """`{"name": null}` (or tenant, max_class, allow_external) was a 200 that changed nothing."""
-    config = keyed(sqlite_dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])])
-    async with gateway(config) as (url, _):
+    async with gateway(idle(sqlite_dsn)) as (url, _):
         key = await create_key(
             http,
             url,
@@ -299,11 +303,8 @@ async def test_post_takes_limits_null_as_no_limits_as_patch_does(
     sqlite_dsn: str, http: aiohttp.ClientSession
 ) -> None:
     """`"limits": null` was a 400 on create ("expected a mapping") and no limits on PATCH."""
-    config = keyed(sqlite_dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])])
-    async with gateway(config) as (url, _):
-        body = {"name": "a", "tenant": "t", "limits": None}
-        async with http.post(url + "/admin/keys", json=body, headers=ADMIN) as resp:
-            created = (resp.status, await resp.json())
+    async with gateway(idle(sqlite_dsn)) as (url, _):
+        created = await post_key(http, url, {"name": "a", "tenant": "t", "limits": None})
     assert 201 == created[0], created[1]
     assert {"requests_per_min", "tokens_per_min", "concurrency", "daily_tokens", "daily_cents"} == {
         name for name, limit in created[1]["limits"].items() if limit is None
@@ -361,9 +362,8 @@ async def _cli(*argv: str) -> tuple[int, str, str]:
 async def test_keys_list_says_expired_for_an_expired_key_and_update_can_end_its_expiry(
     sqlite_dsn: str, http: aiohttp.ClientSession
 ) -> None:
-    config = keyed(sqlite_dsn, [upstream("u", ["http://127.0.0.1:9"], ["m"])])
     past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
-    async with gateway(config) as (url, _):
+    async with gateway(idle(sqlite_dsn)) as (url, _):
         old = await create_key(http, url, name="old", expires_at=past)
         live = await create_key(http, url, name="live")
         listed = await _cli("keys", "list", "--gateway", url)
