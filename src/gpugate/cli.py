@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote
@@ -761,6 +762,8 @@ def _key_body(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("name", "tenant", "max_class", "expires_at"):
         if getattr(args, name, None) is not None:
             body[name] = getattr(args, name)
+    if body.get("expires_at") == "never":
+        body["expires_at"] = None
     for name in ("models", "runners"):
         value = getattr(args, name, None)
         if value is not None:
@@ -776,8 +779,19 @@ def _key_body(args: argparse.Namespace) -> dict[str, Any]:
 _LIMIT_FLAGS = ("requests_per_min", "tokens_per_min", "concurrency", "daily_tokens", "daily_cents")
 
 
+def _key_state(key: dict[str, Any]) -> str:
+    """``revoked``, ``expired`` (its ``expires_at`` has passed: the gateway answers 401) or
+    ``active``."""
+    if key.get("revoked_at"):
+        return "revoked"
+    expires = key.get("expires_at")
+    if expires and datetime.fromisoformat(expires) <= datetime.now(UTC):
+        return "expired"
+    return "active"
+
+
 def _print_key(key: dict[str, Any]) -> None:
-    state = "revoked" if key.get("revoked_at") else "active"
+    state = _key_state(key)
     models = ",".join(key["models"]) if key["models"] is not None else "*"
     print(
         f"{key['id']:<22} {key['prefix']}…  {key['tenant']:<14} {key['name']:<16} "
@@ -848,7 +862,10 @@ def _key_fields_parent(*, creating: bool) -> argparse.ArgumentParser:
     for flag in _LIMIT_FLAGS:
         kind = float if flag == "daily_cents" else int
         parent.add_argument(f"--{flag.replace('_', '-')}", type=kind, help="a limit (default none)")
-    parent.add_argument("--expires-at", help="RFC 3339 time it stops working (default never)")
+    parent.add_argument(
+        "--expires-at",
+        help="RFC 3339 time it stops working, or never (the default)",
+    )
     return parent
 
 

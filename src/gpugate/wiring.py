@@ -400,6 +400,8 @@ async def build_gateway(  # noqa: PLR0913 - the config, then keyword-only settin
         stack.push_async_callback(blobs.close)
         keys = Keys(store, live.get, clock)
         prices = prices_of(live.get)  # one table for the quota and the usage meter
+        quota = Quota(store, clock, metrics, prices)
+        keys.looked_up = quota.limits_seen  # a key's changed limits end its leases here
         await keys.load_bootstrap(environ)
         push_keys = PushKeys()
         engine = await _jobs_engine(
@@ -453,7 +455,7 @@ async def build_gateway(  # noqa: PLR0913 - the config, then keyword-only settin
             login_throttle=FailureThrottle(),
             push_keys=push_keys,
             keys=keys,
-            quota=Quota(store, clock, metrics, prices),
+            quota=quota,
             usage=UsageMeter(store, clock, metrics, live.get, prices),
             azure_di=AzureDocumentIntelligence(proxy, live.get, clock),
             results=engine.results,

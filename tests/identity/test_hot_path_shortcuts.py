@@ -27,7 +27,7 @@ from gpugate.services.limits import Quota, prices_of
 from gpugate.store import Store
 from gpugate.store.factory import open_store
 from gpugate.store.keys import KEY_REVOKED
-from gpugate.web.auth import _served_externally
+from gpugate.web.auth import served_externally
 from gpugate.web.bodies import json_document, parsed_body
 
 
@@ -110,8 +110,8 @@ def test_prices_are_read_once_per_config_version_and_follow_a_new_one() -> None:
 
 
 def test_the_models_of_external_upstreams_are_the_ones_a_key_without_allow_external_loses() -> None:
-    assert _served_externally(_config(external=True)) == {"m", "n"}
-    assert _served_externally(_config(external=False)) == frozenset()
+    assert served_externally(_config(external=True)) == {"m", "n"}
+    assert served_externally(_config(external=False)) == frozenset()
 
 
 @pytest.mark.parametrize("highest", list(RequestClass))

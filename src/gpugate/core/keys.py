@@ -26,6 +26,15 @@ SECRET_PREFIX = "gk-"  # noqa: S105 - how a secret starts, not a secret
 PREFIX_LENGTH = 11
 TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")  # no ':': a tenant prefixes its idempotency keys
 LIMIT_NAMES = ("requests_per_min", "tokens_per_min", "concurrency", "daily_tokens", "daily_cents")
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})")
+
+
+def parse_rfc3339(value: object) -> datetime:
+    """``value`` as a moment, when it is an RFC 3339 time with its offset (what a key's
+    ``expires_at`` is); :class:`ValueError` for anything else (a number, a date, no offset)."""
+    if not isinstance(value, str) or _RFC3339.fullmatch(value) is None:
+        raise ValueError("expected an RFC 3339 time with its offset: 2026-01-01T00:00:00+00:00")
+    return datetime.fromisoformat(value.upper().replace(" ", "T"))
 
 
 def new_secret() -> str:

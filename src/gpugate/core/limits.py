@@ -128,6 +128,23 @@ class Slice:
     slots: int | None = None
 
 
+def never_fits(limits: Limits, est: Estimate, code: str) -> str | None:
+    """Why a request refused with ``code`` would be refused in every window (its estimate is
+    more than the limit itself, not only than what is left of it), or None."""
+    over: list[tuple[str, float, float | None]]
+    if code == "TOKEN_LIMITED" and limits.tokens_per_min is not None:
+        over = [("tokens_per_min", est.tokens, limits.tokens_per_min)]
+    elif code == "BUDGET_EXCEEDED":
+        over = [("daily_tokens", est.tokens, limits.daily_tokens)]
+        over.append(("daily_cents", est.cents, limits.daily_cents))
+    else:
+        return None
+    for name, wanted, limit in over:
+        if limit is not None and wanted > limit:
+            return f"its estimate ({wanted:g}) is more than the key's whole {name} ({limit:g})"
+    return None
+
+
 def grant(limits: Limits, counts: Counts, want: Slice) -> Slice:
     """What the store can give of ``want`` now: each part capped at what is left of its limit
     (never below 0), so the sum of every replica's slices never passes a limit."""

@@ -34,6 +34,7 @@ from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
 from gpugate.core.classes import RequestClass
 from gpugate.core.keys import (
+    LIMIT_NAMES,
     PREFIX_LENGTH,
     SECRET_PREFIX,
     TENANT_NAME,
@@ -43,6 +44,7 @@ from gpugate.core.keys import (
     digest,
     new_key_id,
     new_secret,
+    parse_rfc3339,
     prefix_of,
 )
 from gpugate.errors import ConfigError, ConfigProblem, KeyNotFound, KeyRevoked, Unauthorized
@@ -129,6 +131,8 @@ class Keys:
         self._unknown = KeyCache(auth.key_cache_s, auth.max_keys_cached)  # secrets no key has
         #: cache key → its store lookup running now (bounded by the requests in flight)
         self._lookups: dict[str, asyncio.Task[object]] = {}
+        #: told each key a lookup found (its limits may have changed: the quota's leases)
+        self.looked_up: Callable[[ClientKey], None] | None = None
 
     @property
     def enforced(self) -> bool:
@@ -184,6 +188,8 @@ class Keys:
         ``_UNKNOWN``."""
         stored = await self._store.key_by_digest(digest(secret))
         found = _UNKNOWN if stored is None else Principal(stored)
+        if stored is not None and self.looked_up is not None:
+            self.looked_up(stored)
         cache = self._unknown if stored is None else self._cache
         cache.put(cached, found, self._clock.monotonic())
         return found
@@ -216,12 +222,14 @@ class Keys:
         return await self._store.list_keys(tenant=tenant)
 
     async def update(self, key_id: str, changes: Mapping[str, Any], *, actor: str) -> ClientKey:
-        """Change the named fields of a key (``limits`` replaced whole); audited."""
+        """Change the named fields of a key (``limits`` replaced whole); audited. Like a
+        rotation or a revocation it takes effect on this replica at once."""
         key = await self._existing(key_id)
         fields = dict(changes.items())
         if "limits" in fields and not isinstance(fields["limits"], Limits):
             fields["limits"] = Limits.of(fields["limits"])
         saved = await self._store.save_key(replace(key, **fields), actor=actor, action=KEY_UPDATED)
+        self._forget()  # this replica: at once
         return _found(saved, key_id)
 
     async def rotate(self, key_id: str, *, actor: str) -> Issued:
@@ -235,8 +243,7 @@ class Keys:
         saved = await self._store.save_key(
             rotated, actor=actor, action=KEY_ROTATED, digest=digest(secret)
         )
-        self._cache = KeyCache(self._cache.ttl_s, self._cache.size)  # this replica: at once
-        self._lookups = {}  # a lookup begun before it is not waited for after it
+        self._forget()  # this replica: at once
         return Issued(_found(saved, key_id), secret)
 
     async def revoke(self, key_id: str, *, actor: str) -> ClientKey:
@@ -245,9 +252,14 @@ class Keys:
             return key
         revoked = replace(key, revoked_at=self._clock.now())
         saved = await self._store.save_key(revoked, actor=actor, action=KEY_REVOKED)
-        self._cache = KeyCache(self._cache.ttl_s, self._cache.size)  # this replica: at once
-        self._lookups = {}  # a lookup begun before it is not waited for after it
+        self._forget()  # this replica: at once
         return _found(saved, key_id)
+
+    def _forget(self) -> None:
+        """Drop every key this replica trusts (after a change to one here: it takes effect at
+        once on this replica, within ``auth.key_cache_s`` on the others)."""
+        self._cache = KeyCache(self._cache.ttl_s, self._cache.size)
+        self._lookups = {}  # a lookup begun before it is not waited for after it
 
     async def _existing(self, key_id: str) -> ClientKey:
         return _found(await self._store.get_key(key_id), key_id)
@@ -300,46 +312,96 @@ def _key_of(spec: KeySpec, key_id: str, prefix: str) -> ClientKey:
     )
 
 
+#: The fields of a bootstrap entry: those of ``POST /admin/keys`` and ``key``, the secret.
+BOOTSTRAP_FIELDS = (
+    "name", "tenant", "key", "models", "max_class", "runners", "allow_external", "limits",
+    "expires_at",
+)  # fmt: skip
+
+
 def parse_bootstrap(raw: str, env: str) -> list[tuple[KeySpec, str]]:
     """The bootstrap keys in ``raw`` (a JSON list); :class:`ConfigError` naming the variable
-    and the entry, never the secret."""
-
-    def problem(where: str, message: str) -> ConfigError:
-        return ConfigError([ConfigProblem(f"{env}{where}", message)], source="environment")
-
+    and the entry, never the secret. Each entry is checked as ``POST /admin/keys`` checks its
+    body: unknown fields, types and values are refused, naming the field."""
     try:
         entries = json.loads(raw)
     except ValueError as exc:
-        raise problem("", "is not JSON (expected a list of key objects)") from exc
+        raise _problem(env, "is not JSON (expected a list of key objects)") from exc
     if not isinstance(entries, list):
-        raise problem("", "expected a JSON list of key objects")
-    found = []
-    for index, entry in enumerate(entries):
-        where = f"[{index}]"
-        if not isinstance(entry, dict):
-            raise problem(where, "expected an object")
-        secret, name, tenant = entry.get("key"), entry.get("name"), entry.get("tenant")
-        if not isinstance(secret, str) or not secret.startswith(SECRET_PREFIX):
-            raise problem(f"{where}.key", f"expected a secret starting with {SECRET_PREFIX}")
-        if len(secret) < PREFIX_LENGTH + 16:
-            raise problem(f"{where}.key", f"too short: at least {PREFIX_LENGTH + 16} characters")
-        if not isinstance(name, str) or not name or not isinstance(tenant, str) or not tenant:
-            raise problem(where, "needs a `name` and a `tenant` (non-empty strings)")
-        if TENANT_NAME.fullmatch(tenant) is None:
-            raise problem(f"{where}.tenant", "expected 1-64 letters, digits, '.', '_' or '-'")
-        try:
-            cls = RequestClass(entry.get("max_class", "interactive"))
-        except ValueError as exc:
-            raise problem(f"{where}.max_class", "expected system, interactive or batch") from exc
-        models, runners = entry.get("models"), entry.get("runners")
-        spec = KeySpec(
-            name=name,
-            tenant=tenant,
-            models=None if models is None else tuple(models),
-            max_class=cls,
-            runners=None if runners is None else tuple(runners),
-            allow_external=entry.get("allow_external") is True,
-            limits=Limits.of(entry.get("limits")),
+        raise _problem(env, "expected a JSON list of key objects")
+    return [_bootstrap_entry(entry, f"{env}[{index}]") for index, entry in enumerate(entries)]
+
+
+def _problem(where: str, message: str) -> ConfigError:
+    return ConfigError([ConfigProblem(where, message)], source="environment")
+
+
+def _bootstrap_entry(entry: object, where: str) -> tuple[KeySpec, str]:
+    """One bootstrap entry (``where``: its place, ``VAR[0]``) as a key and its secret."""
+    if not isinstance(entry, dict):
+        raise _problem(where, "expected an object")
+    for unknown in (name for name in entry if name not in BOOTSTRAP_FIELDS):
+        raise _problem(
+            f"{where}.{unknown}", f"unknown key (allowed: {', '.join(BOOTSTRAP_FIELDS)})"
         )
-        found.append((spec, secret))
-    return found
+    secret, name, tenant = entry.get("key"), entry.get("name"), entry.get("tenant")
+    if not isinstance(secret, str) or not secret.startswith(SECRET_PREFIX):
+        raise _problem(f"{where}.key", f"expected a secret starting with {SECRET_PREFIX}")
+    if len(secret) < PREFIX_LENGTH + 16:
+        raise _problem(f"{where}.key", f"too short: at least {PREFIX_LENGTH + 16} characters")
+    if not isinstance(name, str) or not name or not isinstance(tenant, str) or not tenant:
+        raise _problem(where, "needs a `name` and a `tenant` (non-empty strings)")
+    if TENANT_NAME.fullmatch(tenant) is None:
+        raise _problem(f"{where}.tenant", "expected 1-64 letters, digits, '.', '_' or '-'")
+    try:
+        cls = RequestClass(entry.get("max_class", "interactive"))
+    except ValueError as exc:
+        raise _problem(f"{where}.max_class", "expected system, interactive or batch") from exc
+    allow_external = entry.get("allow_external", False)
+    if not isinstance(allow_external, bool):
+        raise _problem(f"{where}.allow_external", "expected true or false")
+    try:
+        expires_at = entry.get("expires_at")
+        expires = None if expires_at is None else parse_rfc3339(expires_at)
+    except ValueError as exc:
+        raise _problem(f"{where}.expires_at", str(exc)) from exc
+    spec = KeySpec(
+        name=name,
+        tenant=tenant,
+        models=_names(entry.get("models"), f"{where}.models"),
+        max_class=cls,
+        runners=_names(entry.get("runners"), f"{where}.runners"),
+        allow_external=allow_external,
+        limits=_limits(entry.get("limits"), f"{where}.limits"),
+        expires_at=expires,
+    )
+    return spec, secret
+
+
+def _names(value: object, where: str) -> tuple[str, ...] | None:
+    """A bootstrap entry's ``models`` or ``runners``: a list of names, or null (every one)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _problem(where, "expected a list of names, or null")
+    return tuple(value)
+
+
+def _limits(value: object, where: str) -> Limits:
+    """A bootstrap entry's ``limits`` as ``POST /admin/keys`` takes them: each a whole number
+    of at least 1 (``daily_cents``: a number of at least 0), or null."""
+    if value is None:
+        return Limits()
+    if not isinstance(value, dict):
+        raise _problem(where, "expected an object of limits, or null")
+    for name, limit in value.items():
+        if name not in LIMIT_NAMES:
+            raise _problem(f"{where}.{name}", f"unknown key (allowed: {', '.join(LIMIT_NAMES)})")
+        cents = name == "daily_cents"
+        kinds = (int, float) if cents else (int,)
+        if limit is None:
+            continue
+        if isinstance(limit, bool) or not isinstance(limit, kinds) or limit < (0 if cents else 1):
+            what = "a number of at least 0" if cents else "a whole number of at least 1"
+            raise _problem(f"{where}.{name}", f"expected {what}, or null (unlimited)")
+    return Limits.of(value)

@@ -40,7 +40,7 @@ from typing import Any
 
 from gpugate.clock import Clock
 from gpugate.config import GatewayConfig
-from gpugate.core.keys import Limits, Principal
+from gpugate.core.keys import ClientKey, Limits, Principal
 from gpugate.core.limits import (
     Estimate,
     Price,
@@ -49,6 +49,7 @@ from gpugate.core.limits import (
     estimate,
     estimated_tokens,
     minute_of,
+    never_fits,
     seconds_to_next_day,
     seconds_to_next_minute,
     windows,
@@ -123,6 +124,8 @@ class _Lease:
     #: free slots kept once its last request here ended (until the next sweep) and, while it
     #: is busy, at each sweep; 0 below a limit of 20: every free slot back at a request's end
     keep: int = 0
+    #: the limits it was leased under (:meth:`Quota.limits_seen`: other limits, a new lease)
+    limits: Limits | None = None
     refill: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def short(self, limits: Limits, est: Estimate) -> str | None:
@@ -234,6 +237,7 @@ def _empty_lease(limits: Limits, spans: Windows, old: _Lease | None) -> _Lease:
         inflight=old.inflight if old else 0,
         concurrent=concurrent,
         keep=0 if concurrency is None else concurrency // MINUTE_SLICE,
+        limits=limits,
     )
 
 
@@ -273,6 +277,21 @@ class Quota:
         self._leases: dict[str, _Lease] = {}  # bounded by the keys that sent this minute
         self._minute: tuple[tuple[object, ...], Windows | None] = ((), None)
         self._minute_ends = -math.inf  # when _minute's windows stop being now (monotonic)
+
+    def limits_seen(self, key: ClientKey) -> None:
+        """A lookup of ``key`` found it (every ``auth.key_cache_s`` per replica, at once on the
+        replica that changed it): if its limits are not those its lease here was made under,
+        the lease starts again from the store under the new ones, so a lowered limit is not
+        passed by what was leased under the old one (what that lease held unused is lost to
+        its window, as at a window's end). Its concurrency slots stay held."""
+        lease = self._leases.get(key.id)
+        limits = key.limits
+        if lease is None or lease.limits == limits:
+            return
+        fresh = _empty_lease(limits, lease.windows, lease)
+        fresh.day_tokens = UNLIMITED if limits.daily_tokens is None else 0
+        fresh.day_cents = math.inf if limits.daily_cents is None else 0.0
+        self._leases[key.id] = fresh
 
     def reserve_now(
         self, principal: Principal, model: str | None, doc: dict[str, Any] | None, body_size: int
@@ -322,9 +341,15 @@ class Quota:
             wait = seconds_to_next_day(now)
         else:
             wait = 1.0
-        raise LIMIT_ERRORS[code](
-            f"client key {key.prefix}… is over its limit ({code})", retry_after_s=math.ceil(wait)
-        )
+        message = f"client key {key.prefix}… is over its limit ({code})"
+        never = never_fits(key.limits, est, code)
+        if never is not None:  # no retry can succeed: say so, and what to change
+            message = (
+                f"client key {key.prefix}… cannot take this request ({code}): {never}, so no "
+                "window can hold it; send a lower max_tokens (the estimate is prompt bytes / 4 "
+                "plus max_tokens, 256 without one)"
+            )
+        raise LIMIT_ERRORS[code](message, retry_after_s=math.ceil(wait))
 
     async def _lease(
         self, key_id: str, limits: Limits, est: Estimate, spans: Windows

@@ -106,8 +106,9 @@ ON CONFLICT (id) DO UPDATE SET name = excluded.name, tenant = excluded.tenant,
     prefix = excluded.prefix, digest = excluded.digest, models = excluded.models,
     max_class = excluded.max_class, runners = excluded.runners,
     allow_external = excluded.allow_external, limits = excluded.limits,
-    expires_at = excluded.expires_at, updated_at = excluded.updated_at, revoked_at = NULL"""
-)
+    expires_at = excluded.expires_at, updated_at = excluded.updated_at,
+    revoked_at = CASE WHEN held.digest = excluded.digest THEN held.revoked_at END"""
+)  # a revoked bootstrap key stays revoked until the environment gives it another secret
 _UPDATE = sql("""
 UPDATE client_keys SET name = :name, tenant = :tenant, models = :models,
     max_class = :max_class, runners = :runners, allow_external = :allow_external,
@@ -273,7 +274,8 @@ class KeyStore(Driven, Protocol):
         return await self._transact(_save(self._codec, params, event))
 
     async def put_bootstrap_key(self, key: ClientKey, digest: str) -> ClientKey:
-        """Create or replace a key from the environment (by id), not audited per start."""
+        """Create or replace a key from the environment (by id), not audited per start; a
+        revocation holds as long as the environment offers the same secret."""
         params = _params(key) | {"digest": digest, "now": self._clock.now()}
         return await self._transact(_bootstrap(self._codec, params))
 

@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from gpugate.core.classes import RequestClass
 from gpugate.core.keys import Limits
-from gpugate.errors import KeyNotFound
+from gpugate.errors import BadRequest, KeyNotFound
 from gpugate.services.keys import KeySpec
 from gpugate.web.api import operation, route
 from gpugate.web.schemas.admin import AdminHeaders
@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 TAGS = ("admin",)
 admin = partial(operation, Security.ADMIN, tags=TAGS)
 NOT_FOUND = {404: "KEY_NOT_FOUND"}
+#: ``PATCH`` fields a null cannot clear (``models``, ``runners``: all; ``limits``: none; no
+#: ``expires_at``: never)
+NOT_NULL = frozenset({"name", "tenant", "max_class", "allow_external"})
 
 
 def _keys(gateway: Gateway) -> Keys:
@@ -63,7 +66,7 @@ async def create_key(gateway: Gateway, headers: AdminHeaders, body: KeyCreate) -
         max_class=RequestClass(body.max_class),
         runners=_tuple(body.runners),
         allow_external=body.allow_external,
-        limits=Limits(**body.limits.model_dump()),
+        limits=Limits() if body.limits is None else Limits(**body.limits.model_dump()),
         expires_at=body.expires_at,
     )
     issued = await _keys(gateway).create(spec, actor=headers.actor)
@@ -94,18 +97,24 @@ async def update_key(
     """Change a key's fields (absent ones stay; `limits` is replaced whole); audited.
 
     Every replica follows within `auth.key_cache_s`. To make `models` or `runners` unlimited
-    again, send them as null explicitly.
+    again, send them as null explicitly (`limits`: null is no limits; `expires_at`: null is
+    never); a null `name`, `tenant`, `max_class` or `allow_external` is a 400.
     """
     changes: dict[str, Any] = {}
+    cleared = sorted(n for n in body.model_fields_set & NOT_NULL if getattr(body, n) is None)
+    if cleared:  # these have no "none" to be: a null would be ignored, so it is refused
+        raise BadRequest(
+            "; ".join(f"{n}: may not be null (leave it out to keep it)" for n in cleared)
+        )
     for name in body.model_fields_set:
         value = getattr(body, name)
         if name in ("models", "runners"):
             changes[name] = _tuple(value)
-        elif name == "max_class" and value is not None:
+        elif name == "max_class":
             changes[name] = RequestClass(value)
         elif name == "limits":
             changes[name] = Limits() if value is None else Limits(**value.model_dump())
-        elif value is not None or name == "expires_at":
+        else:
             changes[name] = value
     key = await _keys(gateway).update(path.id, changes, actor=headers.actor)
     return KeyView.of_key(key)

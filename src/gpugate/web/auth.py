@@ -259,7 +259,7 @@ class ClientKeys:
         if not key.allow_external:
             external = self._external
             if external[0] is not config:  # the models found once per config version
-                external = self._external = (config, _served_externally(config))
+                external = self._external = (config, served_externally(config))
             if model in external[1]:
                 raise ExternalUpstreamForbidden(
                     f"client key {key.prefix}… may not use an external upstream, and one "
@@ -597,7 +597,7 @@ def _upstream_of(headers: list[tuple[bytes, bytes]]) -> str:
     return ""
 
 
-def _served_externally(config: GatewayConfig) -> frozenset[str]:
+def served_externally(config: GatewayConfig) -> frozenset[str]:
     """What ``any(u.external for u in config.upstreams_serving(model))`` says, for every model."""
     return frozenset(
         model for u in config.upstreams if u.kind == "openai" and u.external for model in u.models

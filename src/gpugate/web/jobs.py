@@ -52,7 +52,8 @@ def _job(view: JobView, status: int = 200, headers: dict[str, str] | None = None
         403: "MODEL_NOT_ALLOWED, RUNNER_NOT_ALLOWED: the client key may not use it",
         404: "UNKNOWN_MODEL: no runtime serves the model",
         422: "IDEMPOTENCY_KEY_REUSED: the same Idempotency-Key made a job of another body",
-        429: "RATE_LIMITED, TOKEN_LIMITED, BUDGET_EXCEEDED: the client key is over a limit "
+        429: "RATE_LIMITED, TOKEN_LIMITED, CONCURRENCY_LIMITED, BUDGET_EXCEEDED: the client key "
+        "is over a limit "
         "(a job is charged its estimate when it is made); GPU_SATURATED: with `wait`, a batch "
         "job whose every upstream is saturated",
     },

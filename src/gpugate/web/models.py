@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 
 from gpugate.web.api import operation, route
-from gpugate.web.auth import principal_of
+from gpugate.web.auth import principal_of, served_externally
 from gpugate.web.schemas.operation import Answer, Security
 from gpugate.web.schemas.ops import ModelEntry, ModelList
 from gpugate.wiring import Gateway
@@ -19,15 +19,17 @@ from gpugate.wiring import Gateway
 )
 async def list_models(request: Request, gateway: Gateway) -> ModelList:
     """The models with at least one endpoint in rotation (healthy, not faulted, not ejected);
-    with a client key, only those it may use (a key without `allow_external`: on an upstream
-    that is not `external`)."""
+    with a client key, only those it may use (a key without `allow_external`: none that an
+    `external` upstream serves)."""
     created = int(gateway.started_at.timestamp())
     principal = principal_of(request)
     external = principal is None or principal.key.allow_external
+    # such a key is refused a model any external upstream serves (ClientKeys.allowed)
+    refused = frozenset() if external else served_externally(gateway.config)
     data = [
         ModelEntry(id=model, object="model", created=created, owned_by="gpugate")
         for model in gateway.registry.models(external=external)
-        if principal is None or principal.key.may_use_model(model)
+        if (principal is None or principal.key.may_use_model(model)) and model not in refused
     ]
     return ModelList(object="list", data=data)
 

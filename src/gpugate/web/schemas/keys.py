@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import date
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, Field
+from pydantic import AfterValidator, AwareDatetime, BeforeValidator, Field
 
-from gpugate.core.keys import TENANT_NAME, ClientKey
+from gpugate.core.keys import TENANT_NAME, ClientKey, parse_rfc3339
 from gpugate.web.schemas.common import Day, Key, Query, RequestBody, Timestamp, View
 
 _TENANT = TENANT_NAME
@@ -27,6 +27,7 @@ ClassName = Literal["system", "interactive", "batch"]
 Rfc3339 = Annotated[
     AwareDatetime,
     Field(strict=False, description="RFC 3339 with its offset: 2026-01-01T00:00:00+00:00"),
+    BeforeValidator(parse_rfc3339),  # text only: no Unix seconds, no date alone
 ]
 
 
@@ -53,7 +54,7 @@ class KeyCreate(RequestBody):
         None, max_length=MAX_LIST, description="the runtimes its jobs may name; null: every one"
     )
     allow_external: bool = False
-    limits: LimitsBody = LimitsBody()
+    limits: LimitsBody | None = Field(None, description="null or absent: no limits")
     expires_at: Rfc3339 | None = None
 
 
