@@ -233,8 +233,10 @@ MEANING: dict[str, str] = {
     "upstreams[].health_path": "the path the active health probe GETs every 5 s",
     "upstreams[].api_key_env": "the variable holding a bearer key sent to this upstream",
     "upstreams[].raw": "the opt-in for `/u/{id}/...` on an `azure-di`, `external` or keyed "
-    "upstream (without it such an upstream answers 403 `RAW_FORBIDDEN` there); null: `/u/` "
-    "reaches only internal upstreams without a key (docs/security.md)",
+    "upstream (without it such an upstream answers 403 `RAW_FORBIDDEN` there); any upstream "
+    "that has it, internal ones too, gets only its methods and path prefixes through `/u/` "
+    "(the rest: 403 `RAW_FORBIDDEN`); null: `/u/` reaches only internal upstreams without a "
+    "key, with every method and path (docs/security.md)",
     "upstreams[].raw.methods": "the HTTP methods `/u/` may forward to it",
     "upstreams[].raw.path_prefixes": "the raw paths (below the upstream's base URL) `/u/` may "
     "forward, by prefix",
