@@ -162,6 +162,58 @@ async def test_a_job_posted_to_a_draining_replica_is_run_at_once_by_the_other_vi
     assert 0 == await a.wait(within_s=20)
 
 
+async def runtime_state(http: aiohttp.ClientSession, url: str) -> str:
+    async with http.get(url + "/admin/runtimes/local", headers=ADMIN) as resp:
+        return str((await resp.json())["health"]["state"])
+
+
+async def set_runtime(
+    http: aiohttp.ClientSession, verb: str, a: GatewayProcess, b: GatewayProcess
+) -> None:
+    """``verb`` the runtime ``local`` on A, and wait until both replicas have it in effect."""
+    async with http.post(f"{a.url}/admin/runtimes/local/{verb}", headers=ADMIN) as resp:
+        assert 200 == resp.status
+
+    async def both() -> bool:
+        return {await runtime_state(http, a.url), await runtime_state(http, b.url)} == {f"{verb}d"}
+
+    await poll(both, within_s=5, what=f"both replicas see local {verb}d")
+
+
+@pytest.mark.postgres
+async def test_a_job_retried_on_a_draining_replica_is_run_at_once_by_the_other(
+    replicas: tuple[GatewayProcess, GatewayProcess], http: aiohttp.ClientSession
+) -> None:
+    """``POST /v1/jobs/{slug}/retry`` re-queues a failed job and wakes every replica, as a new
+    job does: before, it woke only the replica it was sent to, so sent to a draining one the
+    job waited for another's sweep (60 s here)."""
+    a, b = replicas
+    await set_runtime(http, "disable", a, b)
+    async with http.post(a.url + "/v1/jobs", json={"model": "qwen", "input": CHAT}) as resp:
+        slug = (await resp.json())["slug"]
+
+    async def failed() -> bool:
+        return await job_state(http, a.url, slug) == "failed"
+
+    await poll(failed, within_s=5, what="the job failed: its only runtime disabled")
+    await set_runtime(http, "enable", a, b)
+    a.terminate()
+
+    async def a_draining() -> bool:
+        async with http.get(a.url + "/readyz") as resp:
+            return resp.status == 503
+
+    await poll(a_draining, within_s=5, what="A's /readyz 503 after SIGTERM")
+    async with http.post(f"{a.url}/v1/jobs/{slug}/retry") as resp:
+        assert (200, "queued") == (resp.status, (await resp.json())["state"])
+
+    async def completed() -> bool:
+        return await job_state(http, b.url, slug) == "completed"
+
+    await poll(completed, within_s=8, what="the retried job completed")
+    assert 1 == await job_requests_served(http, b.url)
+
+
 @pytest.mark.postgres
 async def test_a_sync_idempotency_key_used_on_one_replica_is_replayed_by_the_other(
     replicas: tuple[GatewayProcess, GatewayProcess], http: aiohttp.ClientSession, fake: ModelServer

@@ -119,4 +119,9 @@ class ReplicaStore(Driven, Protocol):
         claims = await self._query(rows(_CLAIMS, {"replica": replica_id}))
         done = await asyncio.gather(*(self.release(slug, token) for slug, token in claims))
         released = sorted(slug for (slug, _), ok in zip(claims, done, strict=True) if ok)
-        return await self._transact(_wake(released), single=True)
+        return await self.wake_replicas(released)
+
+    async def wake_replicas(self, slugs: list[str]) -> list[str]:
+        """Wake every replica's dispatcher for these queued jobs, as a new job does
+        (PostgreSQL: ``NOTIFY``; SQLite: nothing, its one process wakes its own); ``slugs``."""
+        return await self._transact(_wake(slugs), single=True)
