@@ -15,10 +15,23 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from gpugate.clock import ManualClock
-    from gpugate.store import Store
+    from gpugate.store import JobRecord, Store
 
 CLAIM_S = 600
 CALL_S = 60
+
+
+async def submitted(store: Store, job: JobRecord, runtime: str, *, in_process: bool) -> None:
+    """Record ``runtime``'s acceptance of the claimed ``job`` (an upstream call: in process)."""
+    assert await store.record_submit(
+        job.slug,
+        str(job.lease_token),
+        runtime=runtime,
+        call_id=f"call-{job.slug}",
+        lease_s=CALL_S,
+        running=in_process,
+        in_process=in_process,
+    )
 
 
 async def test_a_silent_replicas_reserved_slots_and_in_process_calls_are_taken_back(
@@ -28,28 +41,10 @@ async def test_a_silent_replicas_reserved_slots_and_in_process_calls_are_taken_b
     for slug in ("in-process", "reserved", "pushed"):
         await store.create_job(NewJob(model="m", input={}, runner="local", slug=slug))
     held = {job.slug: job for job in await store.claim_jobs(limit=3, lease_s=CLAIM_S)}
-    tokens = {slug: job.lease_token for slug, job in held.items()}
-    assert None not in tokens.values()
-    assert await store.record_submit(
-        "in-process",
-        str(tokens["in-process"]),
-        runtime="local",
-        call_id="c1",
-        lease_s=CALL_S,
-        running=True,
-        in_process=True,
-    )
-    await store.reserve_call(
-        "reserved", str(tokens["reserved"]), "local", max_concurrency=8, cost=None
-    )
-    assert await store.record_submit(
-        "pushed",
-        str(tokens["pushed"]),
-        runtime="home-1",
-        call_id="p1",
-        lease_s=CALL_S,
-        running=False,
-    )
+    await submitted(store, held["in-process"], "local", in_process=True)
+    token = str(held["reserved"].lease_token)
+    await store.reserve_call("reserved", token, "local", max_concurrency=8, cost=None)
+    await submitted(store, held["pushed"], "home-1", in_process=False)
     await store.heartbeat()
     await survivor.heartbeat()
     clock.advance(40)  # the replica died 40 s ago; no lease of its own has run out yet
@@ -69,16 +64,8 @@ async def test_a_call_recorded_in_process_names_the_replica_and_another_does_not
     for slug in ("in-process", "pushed"):
         await store.create_job(NewJob(model="m", input={}, runner="local", slug=slug))
     held = {job.slug: job for job in await store.claim_jobs(limit=2, lease_s=CLAIM_S)}
-    for slug, runtime, in_process in (("in-process", "local", True), ("pushed", "home-1", False)):
-        assert await store.record_submit(
-            slug,
-            str(held[slug].lease_token),
-            runtime=runtime,
-            call_id=f"call-{slug}",
-            lease_s=CALL_S,
-            running=in_process,
-            in_process=in_process,
-        )
+    await submitted(store, held["in-process"], "local", in_process=True)
+    await submitted(store, held["pushed"], "home-1", in_process=False)
     recorded = {slug: await store.get_job(slug) for slug in held}
 
     assert {"in-process": store.replica, "pushed": None} == {
