@@ -292,6 +292,56 @@ async def test_admin_actions_through_the_cli_on_one_replica_hold_on_the_other(
     assert "gateway config version 3 = version 1" == rolled.out.strip(), rolled
 
 
+async def in_effect(http: aiohttp.ClientSession, url: str) -> list[tuple[int, str]]:
+    """The versions a replica lists, newest first, and the one in effect there marked ``*``."""
+    async with http.get(url + "/admin/config/versions", headers=ADMIN) as resp:
+        versions = (await resp.json())["versions"]
+    return [(v["version"], ("*" if v["current"] else "") + v["actor"]) for v in versions]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("source", ["file", "store"])
+async def test_config_source_decides_what_an_edited_file_does_at_a_replicas_restart(
+    tmp_path: Path,
+    jobs_schema: str,
+    fake: ModelServer,
+    admin_token: str,
+    http: aiohttp.ClientSession,
+    source: str,
+) -> None:
+    """§2a: with ``file`` the edited file of the restarted replica becomes the next version,
+    which the other replica follows; with ``store`` the store's version stays in effect."""
+    del admin_token
+    extra = f"config_source: {source}\nserver: {{config_poll_s: 0.5}}\n"
+    a = gateway(tmp_path, "a", jobs_schema, fake.url, extra)
+    b = gateway(tmp_path, "b", jobs_schema, fake.url, extra)
+    await a.start(http)
+    await b.start(http)
+    try:
+        await b.stop()
+        edited = b.config.read_text().replace(
+            "models: [qwen]\n", "models: [qwen]\n    max_inflight: 7\n"
+        )
+        b.config.write_text(edited)
+        await b.start(http)
+        expected = [(2, "*file"), (1, "config-file")] if source == "file" else [(1, "*config-file")]
+
+        async def a_follows() -> bool:
+            return await in_effect(http, a.url) == expected
+
+        await poll(a_follows, within_s=5, what=f"A has {expected} in effect")
+        on_b = await in_effect(http, b.url)
+        async with http.get(a.url + "/admin/upstreams", headers=ADMIN) as resp:
+            text = await resp.text()
+    finally:
+        await a.stop()
+        await b.stop()
+    assert expected == on_b
+    assert ('"max_inflight":7' in text.replace(" ", "")) is (source == "file")
+    if source == "store":
+        assert "the store's version is in effect (config_source: store)" in b.log.read_text()
+
+
 async def test_the_operator_commands_without_the_admin_token_are_one_line_and_exit_1(
     tmp_path: Path,
     sqlite_dsn: str,
