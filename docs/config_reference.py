@@ -233,8 +233,10 @@ MEANING: dict[str, str] = {
     "upstreams[].health_path": "the path the active health probe GETs every 5 s",
     "upstreams[].api_key_env": "the variable holding a bearer key sent to this upstream",
     "upstreams[].raw": "the opt-in for `/u/{id}/...` on an `azure-di`, `external` or keyed "
-    "upstream (without it such an upstream answers 403 `RAW_FORBIDDEN` there); null: `/u/` "
-    "reaches only internal upstreams without a key (docs/security.md)",
+    "upstream (without it such an upstream answers 403 `RAW_FORBIDDEN` there); any upstream "
+    "that has it, internal ones too, gets only its methods and path prefixes through `/u/` "
+    "(the rest: 403 `RAW_FORBIDDEN`); null: `/u/` reaches only internal upstreams without a "
+    "key, with every method and path (docs/security.md)",
     "upstreams[].raw.methods": "the HTTP methods `/u/` may forward to it",
     "upstreams[].raw.path_prefixes": "the raw paths (below the upstream's base URL) `/u/` may "
     "forward, by prefix",
@@ -367,7 +369,9 @@ MEANING: dict[str, str] = {
     "server.console_history_s": "how far back the console's charts reach: a ring of "
     "`console_history_s / console_sample_s` samples (at most 17 280), in memory, per replica",
     "retention": "how long finished rows are kept; a purge loop on every replica deletes "
-    "older ones in small batches (docs/security.md)",
+    "older ones in small batches (docs/security.md). Absent (or a key left out): the defaults; "
+    "every time must be more than 0 — `0` is refused at load, and nothing means 'keep "
+    "forever': give a long time instead",
     "retention.jobs_s": "finished (completed, failed, cancelled) jobs, with their events and "
     "blobs, and settled ledger entries are deleted this long after they finished",
     "retention.audit_s": "audit events are deleted this long after they were written",
@@ -423,7 +427,9 @@ MEANING: dict[str, str] = {
     "tls.client_ca_file": "a CA bundle (PEM): every client must present a certificate it signed "
     "(mTLS); null: no client certificate is asked for",
     "admin_listen": "`HOST:PORT` (another port than `listen`): `/admin` and `/console` are "
-    "served there only, and answer 404 on `listen`; null: everything on `listen`",
+    "served there only, and answer 404 `NOT_FOUND` on `listen`; everything else — the data "
+    "plane, jobs, `/healthz`, `/readyz`, `/metrics` — is served on `listen` only and answers "
+    "404 there (probe and scrape `listen`); null: everything on `listen`",
     "config_source": "`file`: at start, a config file whose gateway keys (◆) differ from the "
     "version the file last stored becomes the new active version (audited, actor `file`), so "
     "editing the file and restarting is how a single node is run, while changes made through the "

@@ -305,7 +305,21 @@ def cmd_jobs_cancel(args: argparse.Namespace) -> int:
 
 
 def _admin_api(args: argparse.Namespace) -> GatewayApi:
-    return _api(args, token=os.environ.get(args.token_env) or None)
+    """A client of the admin API with the token from ``--token-env``; when that variable is
+    unset (or empty) the gateway's 401 says so (:func:`_no_token_hint`)."""
+    token = os.environ.get(args.token_env) or None
+    if token is None:
+        args.unset_token_env = args.token_env
+    return _api(args, token=token)
+
+
+def _no_token_hint(args: argparse.Namespace, exc: GpugateError) -> str:
+    """The error line: a 401 answered to a command sent without a token names the variable
+    it looked in (else the gateway's "missing or wrong admin token" leaves the user guessing)."""
+    unset = getattr(args, "unset_token_env", None)
+    if unset is None or getattr(exc, "status", None) != 401:
+        return exc.message
+    return f"{exc.message} (no token was sent: {unset}, see --token-env, is not set)"
 
 
 def cmd_runtimes_list(args: argparse.Namespace) -> int:
@@ -1002,7 +1016,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     except GpugateError as exc:
-        print(f"gpugate: error: {exc.message}", file=sys.stderr)
+        print(f"gpugate: error: {_no_token_hint(args, exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

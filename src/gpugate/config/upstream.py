@@ -29,7 +29,8 @@ def _get_and_post() -> list[RawMethod]:
 
 class RawConfig(ConfigModel):
     """``upstreams[].raw``: what ``/u/{upstream}/{path}`` may forward to an ``azure-di``,
-    ``external`` or keyed upstream (none of them is reachable through ``/u/`` without it)."""
+    ``external`` or keyed upstream (none of them is reachable through ``/u/`` without it), and
+    to any other upstream that has the block (without it: every method and path)."""
 
     methods: list[RawMethod] = Field(default_factory=_get_and_post, min_length=1)
     path_prefixes: list[UrlPath] = Field(default_factory=lambda: ["/v1/"], min_length=1)

@@ -182,7 +182,7 @@ def promote(job: JobRecord, *, now: datetime, runtime: str, actor: str, why: str
     return Change({"runner": check_runtime(runtime), "updated_at": now}, event)
 
 
-def submit(
+def submit(  # noqa: PLR0913 - the job, then what the runtime's acceptance records
     job: JobRecord,
     *,
     now: datetime,
@@ -191,9 +191,10 @@ def submit(
     lease_s: float,
     running: bool,
     actor: str,
+    replica: str | None = None,
 ) -> Change:
     submit_count = job.submit_count + 1
-    lease = Lease.of_call(check_runtime(runtime), call_id)
+    lease = Lease.of_call(check_runtime(runtime), call_id, replica)
     values = lease.columns() | {
         "leased_by": lease.text(job.slug),
         "submit_count": submit_count,

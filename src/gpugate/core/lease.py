@@ -49,8 +49,11 @@ class Lease:
         return cls(LeaseKind.RESERVATION, runtime=runtime, replica=replica)
 
     @classmethod
-    def of_call(cls, runtime: str, call_id: str) -> Lease:
-        return cls(LeaseKind.CALL, runtime=runtime, call_id=call_id)
+    def of_call(cls, runtime: str, call_id: str, replica: str | None = None) -> Lease:
+        """``replica``: the process the call runs in, when it runs in one (an ``upstream``
+        runtime's call lives and dies with its replica); None for a call a worker or a
+        serverless platform runs, which any replica can ask about."""
+        return cls(LeaseKind.CALL, runtime=runtime, call_id=call_id, replica=replica)
 
     @property
     def call(self) -> tuple[str, str] | None:

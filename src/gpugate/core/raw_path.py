@@ -15,9 +15,10 @@ As Envoy's ``normalize_path`` + ``path_with_escaped_slashes_action: REJECT_REQUE
 ``merge_slashes``/no-decode ``proxy_pass``: the gateway never rewrites a path it forwards, it
 only refuses the ones whose meaning depends on who decodes them.
 
-Who may be reached: an internal, keyless ``openai`` upstream as before (any method, any path). An
-``azure-di``, ``external`` or keyed upstream only when its config opts in with ``raw:`` (methods
-and path prefixes); and the upstream's key is added only with ``raw.send_key: true``.
+Who may be reached: an internal, keyless ``openai`` upstream as before (any method, any path),
+unless its config has a ``raw:`` block, which then holds it to its methods and path prefixes. An
+``azure-di``, ``external`` or keyed upstream only when its config opts in with ``raw:``; and the
+upstream's key is added only with ``raw.send_key: true``.
 """
 
 from __future__ import annotations
@@ -73,11 +74,13 @@ def needs_opt_in(upstream: UpstreamConfig) -> bool:
 
 def check_allowed(upstream: UpstreamConfig, method: str, path: str) -> None:
     """Refuse (403 ``RAW_FORBIDDEN``) what the upstream's ``raw:`` does not allow; ``path`` is
-    :func:`check_path`'s result (its query, if any, is not part of the prefix match)."""
-    if not needs_opt_in(upstream):
-        return
+    :func:`check_path`'s result (its query, if any, is not part of the prefix match). An
+    upstream with a ``raw:`` block is held to it, whatever its kind; one without it is reached
+    only when it needs no opt-in (:func:`needs_opt_in`)."""
     raw = upstream.raw
     if raw is None:
+        if not needs_opt_in(upstream):
+            return
         why = (
             "an azure-di upstream"
             if upstream.kind != "openai"
@@ -91,7 +94,8 @@ def check_allowed(upstream: UpstreamConfig, method: str, path: str) -> None:
         )
     if method not in raw.methods:
         raise RawForbidden(f"/u/{upstream.id}/ does not allow {method} (raw.methods)")
-    if not any(path.startswith(prefix) for prefix in raw.path_prefixes):
+    below = path.partition("?")[0]
+    if not any(below.startswith(prefix) for prefix in raw.path_prefixes):
         raise RawForbidden(f"/u/{upstream.id}/ does not serve this path (raw.path_prefixes)")
 
 

@@ -501,6 +501,7 @@ class Dispatcher:
                 lease_s=runtime.call_lease_s or cfg.jobs.quiet_s,
                 running=submission.running,
                 actor=ACTOR,
+                in_process=runtime.kind == "upstream",  # the call lives in this process
             )
         except BaseException:
             await runtime.cancel(submission.call_id)

@@ -20,6 +20,7 @@ from gpugate.core.job_transitions import new_slug
 from gpugate.errors import BadRequest, IdempotencyKeyReused, JobNotFound, UnknownModel
 from gpugate.store import JOB_STATES, JobEvent, JobPage, JobRecord, JobStore, NewJob
 from gpugate.store.keys import KeyStore
+from gpugate.store.replicas import ReplicaStore
 
 log = logging.getLogger("gpugate.jobs")
 
@@ -43,7 +44,7 @@ class JobRequest:
     tenant: str | None = None  # auth.mode: keys: the tenant that creates (and owns) the job
 
 
-class JobsStore(JobStore, KeyStore, Protocol):
+class JobsStore(JobStore, KeyStore, ReplicaStore, Protocol):
     """The slice of the store the jobs API uses: the jobs, and who owns each (a client key's
     tenant)."""
 
@@ -194,8 +195,10 @@ class Jobs:
         job = await self._store.retry_job(slug, actor=actor)
         if job is None:
             raise JobNotFound(f"no job {slug!r}")
-        if job.state == "queued" and self._wake is not None:
-            self._wake(job.slug)
+        if job.state == "queued":  # every replica is woken, as for a new job (DESIGN §6)
+            if self._wake is not None:
+                self._wake(job.slug)
+            await self._store.wake_replicas([job.slug])
         return job
 
     def __repr__(self) -> str:

@@ -1,6 +1,7 @@
 """Replica liveness (DESIGN §5.3): this process heartbeats into the shared store, and takes
-back the dispatcher claims of any replica gone silent, so the reaper re-queues those jobs within
-a minute of that replica's death instead of after the 600 s dispatcher lease."""
+back the leases of any replica gone silent (its dispatcher claims, their slot reservations, the
+calls it ran itself), so the reaper re-queues those jobs within a minute of that replica's death
+instead of after the 600 s dispatcher lease or a call's ``jobs.quiet_s``."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class ReplicaHeartbeat:
         silent = await self._store.reclaim_silent(self._silent_s)
         if silent:
             log.warning(
-                "replicas silent for over %.0f s: %s; their dispatcher claims are taken back",
+                "replicas silent for over %.0f s: %s; their leases are taken back",
                 self._silent_s,
                 ", ".join(silent),
             )

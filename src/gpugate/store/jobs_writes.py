@@ -151,6 +151,7 @@ class JobWrites(Protocol):
     """The writes of :class:`gpugate.store.jobs_sql.JobStore`, batched by group commit."""
 
     _clock: Clock
+    _replica: str
     _leased_group: GroupCommit[LeasedWrite, JobRecord | None] | None = None
     _create_group: GroupCommit[Creation, Created] | None = None
     _leased_overlap: int = 1
@@ -226,7 +227,7 @@ class JobWrites(Protocol):
         )
         return done is not None
 
-    async def record_submit(
+    async def record_submit(  # noqa: PLR0913 - the fence, then what the acceptance records
         self,
         slug: str,
         token: str,
@@ -236,6 +237,7 @@ class JobWrites(Protocol):
         lease_s: float,
         running: bool,
         actor: str = "dispatcher",
+        in_process: bool = False,
     ) -> bool:
         """Record that ``runtime`` accepted the job as ``call_id``. Fenced; keeps the token.
 
@@ -243,8 +245,10 @@ class JobWrites(Protocol):
         ``lease_expires_at = now + lease_s``, event ``submitted``. ``running`` (an upstream or
         serverless call runs from submit) makes the job ``running``, with its event ``running``
         after ``submitted`` in the same write; otherwise its state stays as it is (a fast push
-        worker may have marked it running already). False when the job finished or
-        lost its lease meanwhile: nothing more to do for this lease.
+        worker may have marked it running already). ``in_process``: the call runs in this
+        replica (an ``upstream`` runtime's), so the lease names the replica and dies with it
+        (:meth:`ReplicaStore.reclaim_silent`). False when the job finished or lost its lease
+        meanwhile: nothing more to do for this lease.
         """
         check_runtime(runtime)
         transitions.check_lease_s(lease_s)
@@ -252,6 +256,7 @@ class JobWrites(Protocol):
         if not call_id:
             raise ValueError("a submit needs the runtime's call id")
         given = {"runtime": runtime, "call_id": call_id, "lease_s": lease_s, "running": running}
+        given["replica"] = self._replica if in_process else None
         return await self._fenced(slug, token, transitions.submit, actor=actor, **given) is not None
 
     async def record_attempt_failure(

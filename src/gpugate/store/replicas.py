@@ -3,11 +3,13 @@ for both backends.
 
 Every gateway process names itself (:func:`replica_id`) and heartbeats (:meth:`heartbeat`). On
 PostgreSQL a dispatcher claim carries its replica's name (``leased_by =
-'<slug>-dispatcher@<replica>'``), so :meth:`reclaim_silent` can end, at once, the claims of a
-replica silent for longer than ``silent_s`` — the reaper then takes those jobs back at its next
-pass, within a minute of the replica's death rather than the 600 s of the dispatcher lease
-(DESIGN §5.3). A SQLite store has one process: its claims name no replica and are taken back at
-start-up instead, so there :meth:`reclaim_silent` finds nothing.
+'<slug>-dispatcher@<replica>'``), and so do the call slot it reserves and a call that runs in
+its process (an ``upstream`` runtime's), so :meth:`reclaim_silent` can end, at once, the leases
+of a replica silent for longer than ``silent_s`` — the reaper then takes those jobs back at its
+next pass, within a minute of the replica's death rather than the 600 s of the dispatcher lease
+or the ``jobs.quiet_s`` of a call (DESIGN §5.3). A SQLite store has one process: its claims
+name no replica and are taken back at start-up instead, so there :meth:`reclaim_silent` finds
+nothing.
 """
 
 from __future__ import annotations
@@ -49,9 +51,12 @@ class Replica:
 _HEARTBEAT = sql("""
 INSERT INTO gateway_replicas (id, started_at, last_seen) VALUES (:id, :now, :now)
 ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen""")
+# Every lease that names a replica: a dispatcher's claim, the slot it reserved before its
+# submit (the claim's replica stays on the row), a call that runs in its process (upstream).
 _RECLAIM = sql("""
 UPDATE jobs SET lease_expires_at = :now
-WHERE state = 'dispatching' AND lease_expires_at > :now AND lease_kind = 'claim'
+WHERE state IN ('dispatching', 'running') AND lease_expires_at > :now
+  AND lease_kind IN ('claim', 'reservation', 'call')
   AND lease_replica IN (SELECT id FROM gateway_replicas WHERE last_seen < :cutoff AND id <> :id)
 RETURNING lease_replica""")
 _REPLICAS = sql("SELECT id, started_at, last_seen FROM gateway_replicas ORDER BY last_seen DESC")
@@ -92,8 +97,9 @@ class ReplicaStore(Driven, Protocol):
         await self._transact(rows(_HEARTBEAT, params), single=True)
 
     async def reclaim_silent(self, silent_s: float) -> list[str]:
-        """End now the dispatcher claims of every replica not heard of for ``silent_s``;
-        the replicas whose claims were ended (each once)."""
+        """End now the leases of every replica not heard of for ``silent_s`` (its dispatcher
+        claims, their slot reservations, its in-process calls); the replicas whose leases were
+        ended (each once)."""
         now = self._clock.now()
         params: dict[str, object] = {"now": now, "cutoff": now - timedelta(seconds=silent_s)}
         params["id"] = self._replica
@@ -113,4 +119,9 @@ class ReplicaStore(Driven, Protocol):
         claims = await self._query(rows(_CLAIMS, {"replica": replica_id}))
         done = await asyncio.gather(*(self.release(slug, token) for slug, token in claims))
         released = sorted(slug for (slug, _), ok in zip(claims, done, strict=True) if ok)
-        return await self._transact(_wake(released), single=True)
+        return await self.wake_replicas(released)
+
+    async def wake_replicas(self, slugs: list[str]) -> list[str]:
+        """Wake every replica's dispatcher for these queued jobs, as a new job does
+        (PostgreSQL: ``NOTIFY``; SQLite: nothing, its one process wakes its own); ``slugs``."""
+        return await self._transact(_wake(slugs), single=True)
