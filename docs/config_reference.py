@@ -212,7 +212,9 @@ MEANING: dict[str, str] = {
     "requests over 10 s (at least 10)",
     "upstreams[].retry.backoff_s": "the first retry's backoff ceiling (full jitter: uniform in "
     "[0, ceiling], doubling per retry)",
-    "upstreams[].retry.max_backoff_s": "the largest backoff ceiling",
+    "upstreams[].retry.max_backoff_s": "the largest backoff ceiling: no retry waits longer "
+    "unless the upstream's own `Retry-After` asked it to (a 429/503 without one is retried "
+    "within it too)",
     "upstreams[].retry.retry_after_max_s": "the longest `Retry-After` waited for; a longer one "
     "goes to the next candidate (or back to the client) at once",
     "upstreams[].continuation": "how a stream broken mid-way may be continued on this upstream: "

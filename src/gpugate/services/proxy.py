@@ -474,8 +474,10 @@ class Proxy:
                     return None
                 if not out.rescue and (chosen.url in tried or picking.is_backed_off(chosen, now)):
                     return None  # the caller retries itself: only a fresh peer, at once
-                wait = self._wait(chosen, tried, tries, now, upstream)
-                if wait > retry.retry_after_max_s or not self._budget_allows(run, upstream, now):
+                wait, asked = self._wait(chosen, tried, tries, now, upstream)
+                if asked and wait > retry.retry_after_max_s:
+                    return None  # asked to wait longer than we may: the next model, or the client
+                if not self._budget_allows(run, upstream, now):
                     return None
                 if wait > 0:
                     await self.clock.sleep(wait)
@@ -525,15 +527,19 @@ class Proxy:
         tries: int,
         now: float,
         upstream: UpstreamState,
-    ) -> float:
-        """How long to wait before the next try on ``chosen``: none for a fresh endpoint, its
-        ``Retry-After``/load backoff if it asked for one, else a full-jitter backoff."""
-        if chosen.backoff_until > now:
-            return chosen.backoff_until - now
-        if chosen.url not in tried:
-            return 0.0
+    ) -> tuple[float, bool]:
+        """How long to wait before the next try on ``chosen``, and whether the endpoint asked
+        for it: its own ``Retry-After`` while that runs; none for a fresh calm endpoint; else a
+        full-jitter backoff within ``max_backoff_s`` (the gateway's own load backoff of a 429 or
+        503 without ``Retry-After`` steers the picks, it never stretches a retry's wait)."""
+        if chosen.asked_until > now:
+            return chosen.asked_until - now, True
+        fresh = chosen.url not in tried
+        if fresh and chosen.backoff_until <= now:
+            return 0.0, False
         retry = upstream.config.retry
-        return Backoff(retry.backoff_s, retry.max_backoff_s, self._rng).delay(tries)
+        delay = Backoff(retry.backoff_s, retry.max_backoff_s, self._rng).delay(tries)
+        return (min(delay, chosen.backoff_until - now) if fresh else delay), False
 
     def _route(self, out: Outbound, endpoints: Sequence[EndpointState]) -> Route | None:
         """The request's routing facts (prompt hashed once), when a router routes models and
@@ -724,6 +730,9 @@ class Proxy:
             if retry_after is not None:
                 endpoint.backoff_until = now + min(retry_after, MAX_ENDPOINT_BACKOFF_S)
             outcome = Outcome.SERVER_ERROR
+        # what the endpoint asked for in this answer (nothing: 0): a retry there waits it
+        asked = 0.0 if retry_after is None else now + min(retry_after, MAX_ENDPOINT_BACKOFF_S)
+        endpoint.asked_until = asked
         self._count(upstream, outcome)
         try:
             body = await _read_kept(response)

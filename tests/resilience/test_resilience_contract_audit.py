@@ -1,0 +1,122 @@
+"""The data plane's resilience and idempotency contract (DESIGN §2a, §3; docs/dataplane.md),
+read back through a running gateway the way an acceptance check would: the real ``openai``
+client (which never retries here) or plain HTTP, real loopback upstreams that fail as real
+providers do, and what the upstreams saw as the evidence.
+
+Each test pins a place where the gateway once did something other than the contract says
+(session 15's audit), or a part of the contract no other test pinned.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from multidict import CIMultiDict
+
+from harness import make_config, serving, upstream
+from scripted_upstream import OK, WORDS, Step, answer_text, scripted
+
+pytestmark = pytest.mark.timeout(120)
+
+CHAT = [{"role": "user", "content": "hi"}]
+BODY = {"model": "m", "messages": CHAT}
+QUICK = {"attempts": 3, "backoff_s": 0.05, "max_backoff_s": 0.1, "retry_after_max_s": 5}
+
+
+def dead_url() -> str:
+    """A loopback URL where nothing listens (connection refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def post(
+    http: aiohttp.ClientSession,
+    v1: str,
+    body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, CIMultiDict[str], bytes]:
+    async with http.post(v1 + "/chat/completions", json=body or BODY, headers=headers) as resp:
+        return resp.status, CIMultiDict(resp.headers), await resp.read()
+
+
+def gaps(seen: list[Any]) -> list[float]:
+    """The seconds between the tries an upstream saw."""
+    return [b.at - a.at for a, b in itertools.pairwise(seen)]
+
+
+# --- retries: the waits are the retry policy's ---------------------------------------------
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_a_load_signal_without_retry_after_is_retried_within_max_backoff_s(
+    sqlite_dsn: str, status: int
+) -> None:
+    """`retry.max_backoff_s` caps the wait before a retry (docs/configuration.md: "the largest
+    backoff ceiling"; dataplane.md: "else full-jitter exponential backoff ... capped at
+    max_backoff_s"). A 429/503 that asked for nothing used to be retried after the gateway's
+    own load backoff of the endpoint instead — 1 s, then 2 s — ten and twenty times the cap."""
+    async with scripted(Step(status=status), Step(status=status), OK) as server:
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"], retry=QUICK)])
+        async with (
+            serving(config) as gw,
+            openai.AsyncOpenAI(base_url=gw.v1, api_key="unused", max_retries=0) as client,
+        ):
+            raw = await client.chat.completions.with_raw_response.create(
+                model="m",
+                messages=CHAT,  # type: ignore[arg-type]
+            )
+    assert answer_text(WORDS) == raw.parse().choices[0].message.content
+    assert "3" == raw.headers["x-gateway-attempts"]
+    assert 3 == server.count
+    assert all(gap < 0.1 + 0.4 for gap in gaps(server.seen)), gaps(server.seen)
+
+
+async def test_a_retry_after_the_endpoint_sent_is_still_waited_for(sqlite_dsn: str) -> None:
+    """The other half of the rule: the endpoint's own `Retry-After` (within
+    `retry_after_max_s`) is what a retry there waits, not the short backoff."""
+    async with scripted(Step(status=503, headers=(("Retry-After", "1"),)), OK) as server:
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"], retry=QUICK)])
+        async with serving(config) as gw, aiohttp.ClientSession() as http:
+            status, headers, _ = await post(http, gw.v1)
+    assert (200, "2") == (status, headers["X-Gateway-Attempts"])
+    assert gaps(server.seen)[0] >= 0.95
+
+
+# --- fallbacks -----------------------------------------------------------------------------
+
+
+async def test_a_retry_after_over_retry_after_max_s_walks_on_to_the_fallback_at_once(
+    sqlite_dsn: str,
+) -> None:
+    """dataplane.md §2: a `Retry-After` longer than `retry_after_max_s` gives the model up at
+    once — with a fallback, the fallback answers without waiting, and names itself."""
+    async with (
+        scripted(Step(status=429, headers=(("Retry-After", "30"),)), name="p") as primary,
+        scripted(OK, name="f") as fallback,
+    ):
+        upstreams = [
+            upstream("p", [primary.url], ["m"], retry=QUICK),
+            upstream("f", [fallback.url], ["fb"], retry=QUICK),
+        ]
+        config = make_config(sqlite_dsn, upstreams, models=[{"name": "m", "fallbacks": ["fb"]}])
+        async with (
+            serving(config) as gw,
+            openai.AsyncOpenAI(base_url=gw.v1, api_key="unused", max_retries=0) as client,
+        ):
+            started = time.monotonic()
+            raw = await client.chat.completions.with_raw_response.create(
+                model="m",
+                messages=CHAT,  # type: ignore[arg-type]
+            )
+            elapsed = time.monotonic() - started
+    assert ("fb", "2") == (raw.headers["x-gateway-model"], raw.headers["x-gateway-attempts"])
+    assert "fb" == raw.parse().model  # the fallback's own answer, relayed
+    assert (1, 1) == (primary.count, fallback.count)
+    assert elapsed < 2.0
