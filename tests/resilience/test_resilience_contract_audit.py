@@ -10,6 +10,7 @@ Each test pins a place where the gateway once did something other than the contr
 from __future__ import annotations
 
 import itertools
+import json
 import socket
 import time
 from typing import Any
@@ -87,6 +88,28 @@ async def test_a_retry_after_the_endpoint_sent_is_still_waited_for(sqlite_dsn: s
             status, headers, _ = await post(http, gw.v1)
     assert (200, "2") == (status, headers["X-Gateway-Attempts"])
     assert gaps(server.seen)[0] >= 0.95
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_an_endpoint_that_timed_out_is_not_tried_again_after_an_earlier_answer(
+    sqlite_dsn: str, stream: bool
+) -> None:
+    """dataplane.md §2: a missed deadline is retried "on an endpoint *not tried yet* only", so
+    a silent provider holds a client one deadline per endpoint. A 503 first, then silence on
+    the one endpoint: the gateway used to wait out a second deadline there (3 tries); it gives
+    up after the timeout and relays the 503 it kept (2 tries)."""
+    silent = Step(hang_s=5.0)
+    async with scripted(Step(status=503, error="busy"), silent, silent) as server:
+        deadlines = {"first_byte_timeout_s": 0.5, "first_token_timeout_s": 0.5}
+        entry = upstream("u", [server.url], ["m"], retry=QUICK, **deadlines)
+        async with serving(make_config(sqlite_dsn, [entry])) as gw, aiohttp.ClientSession() as http:
+            started = time.monotonic()
+            status, headers, body = await post(http, gw.v1, {**BODY, "stream": stream})
+            elapsed = time.monotonic() - started
+    assert (503, "busy") == (status, json.loads(body)["error"]["message"])
+    assert "2" == headers["X-Gateway-Attempts"]
+    assert 2 == server.count
+    assert elapsed < 0.5 + 0.9  # one deadline, not two
 
 
 # --- fallbacks -----------------------------------------------------------------------------

@@ -450,14 +450,17 @@ class Proxy:
             try:
                 chosen, reason = self._pick(route, endpoints, tried)
             except NoHealthyUpstream as exc:
-                again = tries and run.last is not None and run.last.outcome is not Outcome.TIMEOUT
+                silent = run.silent or ()  # a timeout is retried on an endpoint not tried only
+                again = (
+                    tries and run.last is not None and any(ep.url not in silent for ep in endpoints)
+                )
                 if not again:  # nothing (left) to try: out of rotation, or every one timed out
                     if tries == 0 and last and not hop and run.last is None:
                         raise
                     run.fail(Failure(Outcome.BUSY_ENDPOINT, error=exc), Reason.OUT_OF_ROTATION)
                     return None
-                try:
-                    chosen = picking.pick(endpoints, self._rng, now)  # the same one, again
+                try:  # one tried already, again (never one that timed out)
+                    chosen = picking.pick(endpoints, self._rng, now, exclude=silent)
                 except NoHealthyUpstream as again_exc:
                     run.fail(Failure(Outcome.BUSY_ENDPOINT, error=again_exc), Reason.FAILED)
                     return None
@@ -635,7 +638,8 @@ class Proxy:
                 else Outcome.DROPPED
             )
             self._count(upstream, outcome)
-            run.fail(Failure(outcome, error=exc, upstream=upstream), Reason.FAILED)
+            failure = Failure(outcome, error=exc, upstream=upstream, endpoint=endpoint)
+            run.fail(failure, Reason.FAILED)
             return None
         except GatewayOverloaded:
             picking.release(endpoint, probe=probe)
@@ -683,7 +687,8 @@ class Proxy:
             slot.release()
             outcome = Outcome.TIMEOUT if isinstance(exc, UpstreamTimeout) else Outcome.BAD_START
             self._count(upstream, outcome)
-            run.fail(Failure(outcome, error=exc, upstream=upstream), Reason.FAILED)
+            failure = Failure(outcome, error=exc, upstream=upstream, endpoint=endpoint)
+            run.fail(failure, Reason.FAILED)
             return None
         except BaseException:
             response.release()
@@ -987,12 +992,18 @@ class _Run:
     #: The span the next tries are children of: the request's, or a fallback hop's.
     parent: Span = NO_SPAN
     outcome: str = ""  # how the latest failed try ended (its span's status)
+    #: The endpoints that timed out for this request (None until one does): never again.
+    silent: set[str] | None = None
 
     def __post_init__(self) -> None:
         self.parent = self.out.span
 
     def fail(self, failure: Failure, reason: Reason) -> None:
         self.outcome = failure.outcome.value
+        if failure.outcome is Outcome.TIMEOUT and failure.endpoint is not None:
+            if self.silent is None:
+                self.silent = set()
+            self.silent.add(failure.endpoint.url)
         if failure.outcome is Outcome.BUSY_ENDPOINT and self.last is not None:
             self.reason = reason  # "nothing left to try" adds nothing to a real failure
             return
