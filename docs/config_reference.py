@@ -208,8 +208,9 @@ MEANING: dict[str, str] = {
     "upstreams[].retry": "how the sync path tries again on 429, 500/502/503/504, a connection "
     "that died before any response byte, or a missed deadline (docs/dataplane.md)",
     "upstreams[].retry.attempts": "tries of one request on this upstream's model, the first "
-    "included (1 = no retry); retries also stay within a budget of 20 % of the upstream's "
-    "requests over 10 s (at least 10)",
+    "included (1 = no retry, but for the one try on another endpoint a refused connect always "
+    "gets); retries also stay within a budget of 20 % of the upstream's requests over 10 s "
+    "(at least 10)",
     "upstreams[].retry.backoff_s": "the first retry's backoff ceiling (full jitter: uniform in "
     "[0, ceiling], doubling per retry)",
     "upstreams[].retry.max_backoff_s": "the largest backoff ceiling: no retry waits longer "

@@ -112,6 +112,26 @@ async def test_an_endpoint_that_timed_out_is_not_tried_again_after_an_earlier_an
     assert elapsed < 0.5 + 0.9  # one deadline, not two
 
 
+async def test_a_refused_connect_is_retried_once_on_another_endpoint_even_with_one_attempt(
+    sqlite_dsn: str,
+) -> None:
+    """DESIGN §3 [contract]: "A request refused at connect is retried once on another
+    endpoint." With `retry: {attempts: 1}` the gateway used to give the client a 502 whenever
+    it picked the refusing endpoint first; the upstream never saw that request, so the one
+    try owed is made on the other endpoint."""
+    async with scripted(OK) as server:
+        entry = upstream("u", [dead_url(), server.url], ["m"], retry={"attempts": 1})
+        async with serving(make_config(sqlite_dsn, [entry])) as gw, aiohttp.ClientSession() as http:
+            replies = [await post(http, gw.v1) for _ in range(12)]
+            async with http.get(gw.url + "/metrics") as resp:
+                metrics = await resp.text()
+    refused = 'gateway_upstream_attempts_total{outcome="connect_error",upstream="u"}'
+    assert refused in metrics  # the refusing endpoint was picked first at least once
+    assert [200] * 12 == [status for status, _, _ in replies]
+    assert {"1", "2"} >= {headers["X-Gateway-Attempts"] for _, headers, _ in replies}
+    assert 12 == server.count
+
+
 # --- fallbacks -----------------------------------------------------------------------------
 
 

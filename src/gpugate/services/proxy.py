@@ -443,6 +443,7 @@ class Proxy:
         tried: set[str] = set()
         tries = 0
         slept = False
+        refused_again = False  # the one try past ``attempts`` a refused connect is owed
         route = self._route(out, endpoints)
         reason = "p2c"
         while True:
@@ -473,8 +474,14 @@ class Proxy:
                     run.fail(Failure(Outcome.BUSY_ENDPOINT, error=error), Reason.BUSY)
                     return None
             elif not slept:
-                if tries >= retry.attempts or not resendable:
+                if not resendable:
                     return None
+                if tries >= retry.attempts:
+                    # DESIGN §3: a refused connect is retried once on another endpoint, even
+                    # with ``attempts: 1`` (the upstream never saw it)
+                    if refused_again or run.outcome != Outcome.CONNECT or chosen.url in tried:
+                        return None
+                    refused_again = True
                 if not out.rescue and (chosen.url in tried or picking.is_backed_off(chosen, now)):
                     return None  # the caller retries itself: only a fresh peer, at once
                 wait, asked = self._wait(chosen, tried, tries, now, upstream)
