@@ -132,6 +132,32 @@ async def test_a_refused_connect_is_retried_once_on_another_endpoint_even_with_o
     assert 12 == server.count
 
 
+async def test_x_gateway_attempts_is_the_exact_count_past_fifteen(sqlite_dsn: str) -> None:
+    """`X-Gateway-Attempts` is the tries made (DESIGN §3): 10 on the primary (5 on each of its
+    endpoints, each then ejected by passive health), 5 on the first fallback, 1 on the second
+    are 16, not "16+"."""
+    no_wait = {"attempts": 10, "backoff_s": 0, "max_backoff_s": 0, "retry_after_max_s": 5}
+    failing = Step(status=500, error="down")
+    async with (
+        scripted(failing, name="pa") as pa,
+        scripted(failing, name="pb") as pb,
+        scripted(failing, name="f1") as f1,
+        scripted(OK, name="f2") as f2,
+    ):
+        upstreams = [
+            upstream("p", [pa.url, pb.url], ["m"], retry=no_wait),
+            upstream("f1", [f1.url], ["fb1"], retry=no_wait),
+            upstream("f2", [f2.url], ["fb2"], retry=no_wait),
+        ]
+        models = [{"name": "m", "fallbacks": ["fb1", "fb2"]}]
+        config = make_config(sqlite_dsn, upstreams, models=models)
+        async with serving(config) as gw, aiohttp.ClientSession() as http:
+            status, headers, _ = await post(http, gw.v1)
+    assert (200, "fb2") == (status, headers["X-Gateway-Model"])
+    assert (5, 5, 5, 1) == (pa.count, pb.count, f1.count, f2.count)
+    assert "16" == headers["X-Gateway-Attempts"]
+
+
 # --- fallbacks -----------------------------------------------------------------------------
 
 

@@ -562,7 +562,7 @@ def _tried_headers(upstream: str, overhead_s: float, attempts: int) -> list[tupl
     return [
         (b"x-gateway-upstream", upstream.encode()),
         (b"x-gateway-overhead-ms", f"{overhead_s * 1000:.3f}".encode()),
-        (b"x-gateway-attempts", _ATTEMPTS[attempts] if attempts < 16 else b"16+"),
+        (b"x-gateway-attempts", _ATTEMPTS[attempts] if attempts < 16 else b"%d" % attempts),
     ]
 
 
