@@ -189,3 +189,54 @@ async def test_a_retry_after_over_retry_after_max_s_walks_on_to_the_fallback_at_
     assert "fb" == raw.parse().model  # the fallback's own answer, relayed
     assert (1, 1) == (primary.count, fallback.count)
     assert elapsed < 2.0
+
+
+VLLM_ENGINE_MESSAGE = (
+    "The decoder prompt (length 12324) is longer than the maximum model length of 8192. Make "
+    "sure that `max_model_len` is no smaller than the number of text tokens plus multimodal "
+    "tokens. For image inputs, the number of image tokens depends on the number of images, and "
+    "possibly their aspect ratios as well."
+)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {
+            "object": "error",
+            "message": VLLM_ENGINE_MESSAGE,
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        },
+        {
+            "error": {
+                "message": VLLM_ENGINE_MESSAGE,
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            }
+        },
+    ],
+    ids=["vllm-flat", "vllm-wrapped"],
+)
+async def test_vllms_longer_than_the_maximum_model_length_400_goes_to_the_context_fallback(
+    sqlite_dsn: str, body: dict[str, Any]
+) -> None:
+    """`context_fallbacks` take a 400 `context_length_exceeded` in the shapes vLLM uses for it.
+    Besides "This model's maximum context length is ...", vLLM's engine refuses a prompt
+    (multimodal ones notably) with "The decoder prompt (length N) is longer than the maximum
+    model length of M." — the gateway used to relay that 400 instead of the long-context model."""
+    refusal = Step(status=400, body=json.dumps(body).encode())
+    async with scripted(refusal, name="p") as primary, scripted(OK, name="long") as long:
+        upstreams = [
+            upstream("p", [primary.url], ["m"], retry=QUICK),
+            upstream("long", [long.url], ["m-long"], retry=QUICK),
+        ]
+        models = [{"name": "m", "context_fallbacks": ["m-long"]}]
+        config = make_config(sqlite_dsn, upstreams, models=models)
+        async with serving(config) as gw, aiohttp.ClientSession() as http:
+            status, headers, _ = await post(http, gw.v1)
+    assert (200, "m-long") == (status, headers["X-Gateway-Model"])
+    assert (1, 1) == (primary.count, long.count)
+    assert "m-long" == long.seen[0].body["model"]
