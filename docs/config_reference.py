@@ -339,7 +339,8 @@ MEANING: dict[str, str] = {
     ),
     "server.max_body_bytes": "request bodies over this are refused (413 `PAYLOAD_TOO_LARGE`)",
     "server.idempotency_ttl_s": "how long a completed response is kept for `Idempotency-Key` "
-    "replays",
+    "replays, from its completion (a key in flight is held only as long as its request could "
+    "last: docs/dataplane.md)",
     "server.access_log": "one line per request at INFO on the `gpugate.access` logger (method, "
     "path without its query, status, duration, and for the data plane the upstream, model and "
     "attempts); probes and `/metrics` at DEBUG; false (or `serve --no-access-log`): none",

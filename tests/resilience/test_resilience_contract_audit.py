@@ -9,6 +9,7 @@ Each test pins a place where the gateway once did something other than the contr
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import socket
@@ -22,6 +23,7 @@ from multidict import CIMultiDict
 
 from harness import make_config, serving, upstream
 from scripted_upstream import OK, WORDS, Step, answer_text, scripted
+from workers.processes import serve_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -240,3 +242,70 @@ async def test_vllms_longer_than_the_maximum_model_length_400_goes_to_the_contex
     assert (200, "m-long") == (status, headers["X-Gateway-Model"])
     assert (1, 1) == (primary.count, long.count)
     assert "m-long" == long.seen[0].body["model"]
+
+
+# --- idempotency ---------------------------------------------------------------------------
+
+
+async def test_a_replay_is_served_while_the_upstreams_queue_is_full(sqlite_dsn: str) -> None:
+    """DESIGN §3: a replay is served "before admission" — with the upstream's one slot taken
+    and its queue full, a new request is refused (503 QUEUE_FULL) while a replay is not."""
+    async with scripted(OK, Step(hang_s=3.0), OK) as server:
+        entry = upstream("u", [server.url], ["m"], max_inflight=1, max_queue=0)
+        async with serving(make_config(sqlite_dsn, [entry])) as gw, aiohttp.ClientSession() as http:
+            first = await post(http, gw.v1, headers={"Idempotency-Key": "full-1"})
+            pool = gw.gateway.registry.upstream("u").pool
+            holder = asyncio.ensure_future(post(http, gw.v1))
+            deadline = time.monotonic() + 5
+            while pool.inflight < 1:
+                assert time.monotonic() < deadline, "the slot was never taken"
+                await asyncio.sleep(0.01)
+            refused = await post(http, gw.v1)
+            replay = await post(http, gw.v1, headers={"Idempotency-Key": "full-1"})
+            await holder
+    assert 200 == first[0]
+    assert (503, "QUEUE_FULL") == (refused[0], json.loads(refused[2])["error"]["code"])
+    assert (200, "true") == (replay[0], replay[1]["Idempotent-Replayed"])
+    assert first[2] == replay[2]
+    assert 2 == server.count
+
+
+async def test_a_key_whose_gateway_was_killed_mid_request_is_free_once_it_could_not_be_running(
+    sqlite_dsn: str,
+) -> None:
+    """A `gpugate serve` killed (SIGKILL) while a request under a key is in flight leaves the
+    key in flight in the store. It used to stay so for `idempotency_ttl_s` (24 h): every retry
+    of the client a 409 IDEMPOTENCY_CONFLICT for a day, for a request no process was running.
+    Now the key is held in flight only as long as its request could last (here: one try of at
+    most 2 s after at most 1 s of queueing, plus the waits — a few seconds), then the retry is
+    served by the gateway that took over the store."""
+    retry = {"attempts": 1, "backoff_s": 0, "max_backoff_s": 0, "retry_after_max_s": 0.5}
+    entry_args = {"retry": retry, "timeout_s": 2, "queue_timeout_s": 1}
+    key = {"Idempotency-Key": "killed-1"}
+    async with scripted(Step(hang_s=30.0), OK) as server:
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"], **entry_args)])
+        async with aiohttp.ClientSession() as http:
+            async with serve_process(config, workers=None) as (url, proc, _):
+                first = asyncio.ensure_future(post(http, url + "/v1", headers=key))
+                deadline = time.monotonic() + 10
+                while server.count < 1:
+                    assert time.monotonic() < deadline, "the first request never arrived"
+                    await asyncio.sleep(0.01)
+                proc.kill()  # the gateway dies with the key in flight
+                proc.wait(timeout=10)
+                with pytest.raises(aiohttp.ClientError):
+                    await first
+            async with serve_process(config, workers=None) as (url, _, _):
+                statuses = []
+                deadline = time.monotonic() + 20
+                while True:
+                    status, headers, body = await post(http, url + "/v1", headers=key)
+                    statuses.append(status)
+                    if status != 409:
+                        break
+                    assert time.monotonic() < deadline, f"still 409 after 20 s: {statuses[:3]}"
+                    await asyncio.sleep(0.25)
+    assert 200 == status, body
+    assert answer_text(WORDS) == json.loads(body)["choices"][0]["message"]["content"]
+    assert "Idempotent-Replayed" not in headers
+    assert 409 == statuses[0]  # while it could still be running, a duplicate is refused
