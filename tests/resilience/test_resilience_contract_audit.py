@@ -244,6 +244,64 @@ async def test_vllms_longer_than_the_maximum_model_length_400_goes_to_the_contex
     assert "m-long" == long.seen[0].body["model"]
 
 
+# --- streaming -----------------------------------------------------------------------------
+
+
+async def test_a_stream_with_include_usage_reaches_the_openai_client_whole(
+    sqlite_dsn: str,
+) -> None:
+    """`stream_options.include_usage`: the usage event (no choices) is relayed before
+    `[DONE]`, and the client's iterator ends cleanly."""
+    async with scripted(OK) as server:
+        config = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])
+        async with (
+            serving(config) as gw,
+            openai.AsyncOpenAI(base_url=gw.v1, api_key="unused", max_retries=0) as client,
+        ):
+            stream = await client.chat.completions.create(
+                model="m",
+                messages=CHAT,  # type: ignore[arg-type]
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert answer_text(WORDS) == text
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert 60 == usage.completion_tokens
+
+
+@pytest.mark.parametrize(
+    ("step", "code"),
+    [
+        (Step(events=5, stall_s=10.0), "UPSTREAM_TIMEOUT"),
+        (Step(events=5, cut=True), "UPSTREAM_ERROR"),
+    ],
+    ids=["stall", "cut"],
+)
+async def test_a_stream_broken_mid_way_ends_with_the_documented_error_event(
+    sqlite_dsn: str, step: Step, code: str
+) -> None:
+    """dataplane.md "Streaming failures": no continuation possible (a sampled request, one
+    upstream), the stream ends with `event: error` whose data is OpenAI's error shape — the
+    code says which break: a stall past `stream_idle_timeout_s` is `UPSTREAM_TIMEOUT`, a cut
+    `UPSTREAM_ERROR` — after the whole events delivered before it."""
+    async with scripted(step) as server:
+        entry = upstream("u", [server.url], ["m"], stream_idle_timeout_s=0.5)
+        async with serving(make_config(sqlite_dsn, [entry])) as gw, aiohttp.ClientSession() as http:
+            status, headers, body = await post(http, gw.v1, {**BODY, "stream": True})
+    assert (200, "text/event-stream") == (status, headers["Content-Type"].split(";")[0])
+    events = body.decode().split("\n\n")
+    assert "" == events[-1]
+    assert 5 == sum(1 for e in events if e.startswith("data: {"))
+    last = events[-2].split("\n")
+    assert "event: error" == last[0]
+    error = json.loads(last[1].removeprefix("data: "))["error"]
+    assert code == error["code"]
+    assert {"message", "type", "code"} == set(error)
+
+
 # --- idempotency ---------------------------------------------------------------------------
 
 
