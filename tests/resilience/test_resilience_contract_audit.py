@@ -22,6 +22,7 @@ import pytest
 from multidict import CIMultiDict
 
 from harness import make_config, serving, upstream
+from identity.keyed import ENVIRON, bearer, create_key, keyed_config
 from scripted_upstream import OK, WORDS, Step, answer_text, scripted
 from workers.processes import serve_process
 
@@ -367,3 +368,34 @@ async def test_a_key_whose_gateway_was_killed_mid_request_is_free_once_it_could_
     assert answer_text(WORDS) == json.loads(body)["choices"][0]["message"]["content"]
     assert "Idempotent-Replayed" not in headers
     assert 409 == statuses[0]  # while it could still be running, a duplicate is refused
+
+
+@pytest.mark.parametrize("plane", ["fast", "asgi"])
+async def test_idempotency_key_limits_are_the_clients_own_in_keys_mode_too(
+    sqlite_dsn: str, monkeypatch: pytest.MonkeyPatch, plane: str
+) -> None:
+    """docs/api.md: an `Idempotency-Key` is 1-255 characters, no control characters (else 400).
+    With `auth.mode: keys` the door puts the tenant in front of the key (`team-a:<key>`), and
+    the limits were checked on that: a 255-character key was refused, an empty one taken as a
+    key (`team-a:`). In `open` mode a tab inside a key was taken. The client's own key is what
+    is checked now, in both modes."""
+    monkeypatch.setenv("GPUGATE_FASTPATH", "1" if plane == "fast" else "0")
+    async with scripted(OK) as server:
+        keyed = keyed_config(sqlite_dsn, [server.url], ["m"])
+        open_mode = make_config(sqlite_dsn, [upstream("u", [server.url], ["m"])])
+        async with serving(keyed, environ=ENVIRON) as gw, aiohttp.ClientSession() as http:
+            secret = (await create_key(http, gw.url))["key"]
+            got = {}
+            for key in ("k" * 255, "", "a\tb", "k" * 256):
+                status, _, _ = await post(
+                    http, gw.v1, headers={**bearer(secret), "Idempotency-Key": key}
+                )
+                got[key] = status
+            replay = await post(
+                http, gw.v1, headers={**bearer(secret), "Idempotency-Key": "k" * 255}
+            )
+        async with serving(open_mode) as gw, aiohttp.ClientSession() as http:
+            tab = (await post(http, gw.v1, headers={"Idempotency-Key": "a\tb"}))[0]
+    assert {"k" * 255: 200, "": 400, "a\tb": 400, "k" * 256: 400} == got
+    assert "true" == replay[1]["Idempotent-Replayed"]
+    assert 400 == tab

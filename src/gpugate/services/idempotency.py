@@ -34,6 +34,11 @@ from gpugate.services.continuation import MAX_CONTINUATIONS
 from gpugate.store import InFlight, Mismatch, Replay, Store, request_fingerprint
 
 MAX_KEY_LENGTH = 255
+_CONTROL = frozenset(chr(c) for c in (*range(0x20), 0x7F))  # as every key a client sends (api.md)
+
+
+def _printable(key: str) -> bool:
+    return not any(char in _CONTROL for char in key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +113,18 @@ class Idempotency:
             self._bound = (config, bound)
         return bound
 
-    async def begin(self, key: str, method: str, path: str, body: bytes) -> Ticket | StoredResponse:
-        """A ticket to go ahead, or the stored response to replay; raises on conflict/reuse."""
-        if not key or len(key) > MAX_KEY_LENGTH:
-            raise BadRequest(f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters")
+    async def begin(
+        self, key: str, method: str, path: str, body: bytes, *, tenant_scoped: bool = False
+    ) -> Ticket | StoredResponse:
+        """A ticket to go ahead, or the stored response to replay; raises on conflict/reuse.
+
+        ``tenant_scoped``: ``key`` is ``<tenant>:<the client's key>`` (``auth.mode: keys``, the
+        door put the tenant in front); the client's own part is what the limits apply to."""
+        own = key.partition(":")[2] if tenant_scoped else key
+        if not own or len(own) > MAX_KEY_LENGTH or not _printable(own):
+            raise BadRequest(
+                f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters, no control characters"
+            )
         owner = uuid.uuid4().hex
         outcome = await self._store.idem_begin(
             key, request_fingerprint(method, path, body), ttl_s=self.in_flight_s(), owner=owner

@@ -163,7 +163,10 @@ class Handler:
             )
             ticket: Ticket | None = None
             if seen.idempotency_key is not None:
-                begun = await gw.idempotency.begin(seen.idempotency_key, "POST", path, body)
+                scoped = gw.config.auth.mode == "keys"  # the key is the tenant's own
+                begun = await gw.idempotency.begin(
+                    seen.idempotency_key, "POST", path, body, tenant_scoped=scoped
+                )
                 if isinstance(begun, StoredResponse):
                     gw.metrics.idempotent_replays.inc()
                     await _send_stored(ex, begun, rid, gw.clock.monotonic() - received_at)
