@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import socket
 import time
 from typing import Any
 
@@ -23,6 +22,7 @@ from multidict import CIMultiDict
 
 from harness import make_config, serving, upstream
 from identity.keyed import ENVIRON, bearer, create_key, keyed_config
+from proxy.test_proxy_contract import dead_url
 from scripted_upstream import OK, WORDS, Step, answer_text, scripted
 from workers.processes import serve_process
 
@@ -31,13 +31,6 @@ pytestmark = pytest.mark.timeout(120)
 CHAT = [{"role": "user", "content": "hi"}]
 BODY = {"model": "m", "messages": CHAT}
 QUICK = {"attempts": 3, "backoff_s": 0.05, "max_backoff_s": 0.1, "retry_after_max_s": 5}
-
-
-def dead_url() -> str:
-    """A loopback URL where nothing listens (connection refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 async def post(
