@@ -208,11 +208,14 @@ MEANING: dict[str, str] = {
     "upstreams[].retry": "how the sync path tries again on 429, 500/502/503/504, a connection "
     "that died before any response byte, or a missed deadline (docs/dataplane.md)",
     "upstreams[].retry.attempts": "tries of one request on this upstream's model, the first "
-    "included (1 = no retry); retries also stay within a budget of 20 % of the upstream's "
-    "requests over 10 s (at least 10)",
+    "included (1 = no retry, but for the one try on another endpoint a refused connect always "
+    "gets); retries also stay within a budget of 20 % of the upstream's requests over 10 s "
+    "(at least 10)",
     "upstreams[].retry.backoff_s": "the first retry's backoff ceiling (full jitter: uniform in "
     "[0, ceiling], doubling per retry)",
-    "upstreams[].retry.max_backoff_s": "the largest backoff ceiling",
+    "upstreams[].retry.max_backoff_s": "the largest backoff ceiling: no retry waits longer "
+    "unless the upstream's own `Retry-After` asked it to (a 429/503 without one is retried "
+    "within it too)",
     "upstreams[].retry.retry_after_max_s": "the longest `Retry-After` waited for; a longer one "
     "goes to the next candidate (or back to the client) at once",
     "upstreams[].continuation": "how a stream broken mid-way may be continued on this upstream: "
@@ -338,7 +341,8 @@ MEANING: dict[str, str] = {
     ),
     "server.max_body_bytes": "request bodies over this are refused (413 `PAYLOAD_TOO_LARGE`)",
     "server.idempotency_ttl_s": "how long a completed response is kept for `Idempotency-Key` "
-    "replays",
+    "replays, from its completion (a key in flight is held only as long as its request could "
+    "last: docs/dataplane.md)",
     "server.access_log": "one line per request at INFO on the `gpugate.access` logger (method, "
     "path without its query, status, duration, and for the data plane the upstream, model and "
     "attempts); probes and `/metrics` at DEBUG; false (or `serve --no-access-log`): none",

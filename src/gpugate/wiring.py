@@ -447,6 +447,7 @@ async def build_gateway(  # noqa: PLR0913 - the config, then keyword-only settin
                 store,
                 server.idempotency_ttl_s,
                 max_body_bytes=server.max_idempotent_response_bytes,
+                config=live.get,
             ),
             prober=Prober(registry, client, clock, metrics, interval_s=probe_interval_s),
             blobs=blobs,

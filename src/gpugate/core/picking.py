@@ -115,6 +115,9 @@ class EndpointState:
     # load signals (429/503): backed off until this time; consecutive signals double the wait
     backoff_until: float = 0.0
     load_streak: int = 0
+    # until when the endpoint's own ``Retry-After`` asked for no traffic (0: it asked nothing);
+    # a retry waits this, never the gateway's own load backoff above (that only steers picks)
+    asked_until: float = 0.0
     # passive health: the window's slices, oldest first, and its totals
     outcomes: deque[_Slice] = field(default_factory=deque)
     window_samples: int = 0

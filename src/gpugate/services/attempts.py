@@ -97,14 +97,24 @@ def error_fields(body: bytes) -> tuple[str, str, str]:
     return tuple(str(error.get(k) or "").lower() for k in ("code", "type", "message"))  # type: ignore[return-value]
 
 
-_CONTEXT_WORDS = ("context_length_exceeded", "maximum context length", "context length")
+#: OpenAI's code and message, vLLM's serving-layer message ("This model's maximum context length
+#: is ..."), vLLM's engine check ("The decoder prompt (length N) is longer than the maximum model
+#: length of M", multimodal prompts among others) and SGLang's ("... longer than the model's
+#: context length ...").
+_CONTEXT_WORDS = (
+    "context_length_exceeded",
+    "maximum context length",
+    "context length",
+    "maximum model length",
+)
 _POLICY_WORDS = ("content_filter", "content_policy", "content policy", "safety")
 
 
 def is_context_exceeded(body: bytes) -> bool:
     """Whether a 400's body says the prompt is longer than the model's context (OpenAI's
-    ``code: context_length_exceeded``, or vLLM's "maximum context length" message) — and is
-    not a content-policy refusal, which is never routed around."""
+    ``code: context_length_exceeded``, or vLLM's "maximum context length" / "longer than the
+    maximum model length" messages) — and is not a content-policy refusal, which is never
+    routed around."""
     code, kind, message = error_fields(body)
     words = f"{code} {kind} {message}"
     if any(w in words for w in _POLICY_WORDS):

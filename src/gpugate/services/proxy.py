@@ -443,6 +443,7 @@ class Proxy:
         tried: set[str] = set()
         tries = 0
         slept = False
+        refused_again = False  # the one try past ``attempts`` a refused connect is owed
         route = self._route(out, endpoints)
         reason = "p2c"
         while True:
@@ -450,14 +451,17 @@ class Proxy:
             try:
                 chosen, reason = self._pick(route, endpoints, tried)
             except NoHealthyUpstream as exc:
-                again = tries and run.last is not None and run.last.outcome is not Outcome.TIMEOUT
+                silent = run.silent or ()  # a timeout is retried on an endpoint not tried only
+                again = (
+                    tries and run.last is not None and any(ep.url not in silent for ep in endpoints)
+                )
                 if not again:  # nothing (left) to try: out of rotation, or every one timed out
                     if tries == 0 and last and not hop and run.last is None:
                         raise
                     run.fail(Failure(Outcome.BUSY_ENDPOINT, error=exc), Reason.OUT_OF_ROTATION)
                     return None
-                try:
-                    chosen = picking.pick(endpoints, self._rng, now)  # the same one, again
+                try:  # one tried already, again (never one that timed out)
+                    chosen = picking.pick(endpoints, self._rng, now, exclude=silent)
                 except NoHealthyUpstream as again_exc:
                     run.fail(Failure(Outcome.BUSY_ENDPOINT, error=again_exc), Reason.FAILED)
                     return None
@@ -470,12 +474,20 @@ class Proxy:
                     run.fail(Failure(Outcome.BUSY_ENDPOINT, error=error), Reason.BUSY)
                     return None
             elif not slept:
-                if tries >= retry.attempts or not resendable:
+                if not resendable:
                     return None
+                if tries >= retry.attempts:
+                    # DESIGN §3: a refused connect is retried once on another endpoint, even
+                    # with ``attempts: 1`` (the upstream never saw it)
+                    if refused_again or run.outcome != Outcome.CONNECT or chosen.url in tried:
+                        return None
+                    refused_again = True
                 if not out.rescue and (chosen.url in tried or picking.is_backed_off(chosen, now)):
                     return None  # the caller retries itself: only a fresh peer, at once
-                wait = self._wait(chosen, tried, tries, now, upstream)
-                if wait > retry.retry_after_max_s or not self._budget_allows(run, upstream, now):
+                wait, asked = self._wait(chosen, tried, tries, now, upstream)
+                if asked and wait > retry.retry_after_max_s:
+                    return None  # asked to wait longer than we may: the next model, or the client
+                if not self._budget_allows(run, upstream, now):
                     return None
                 if wait > 0:
                     await self.clock.sleep(wait)
@@ -525,15 +537,19 @@ class Proxy:
         tries: int,
         now: float,
         upstream: UpstreamState,
-    ) -> float:
-        """How long to wait before the next try on ``chosen``: none for a fresh endpoint, its
-        ``Retry-After``/load backoff if it asked for one, else a full-jitter backoff."""
-        if chosen.backoff_until > now:
-            return chosen.backoff_until - now
-        if chosen.url not in tried:
-            return 0.0
+    ) -> tuple[float, bool]:
+        """How long to wait before the next try on ``chosen``, and whether the endpoint asked
+        for it: its own ``Retry-After`` while that runs; none for a fresh calm endpoint; else a
+        full-jitter backoff within ``max_backoff_s`` (the gateway's own load backoff of a 429 or
+        503 without ``Retry-After`` steers the picks, it never stretches a retry's wait)."""
+        if chosen.asked_until > now:
+            return chosen.asked_until - now, True
+        fresh = chosen.url not in tried
+        if fresh and chosen.backoff_until <= now:
+            return 0.0, False
         retry = upstream.config.retry
-        return Backoff(retry.backoff_s, retry.max_backoff_s, self._rng).delay(tries)
+        delay = Backoff(retry.backoff_s, retry.max_backoff_s, self._rng).delay(tries)
+        return (min(delay, chosen.backoff_until - now) if fresh else delay), False
 
     def _route(self, out: Outbound, endpoints: Sequence[EndpointState]) -> Route | None:
         """The request's routing facts (prompt hashed once), when a router routes models and
@@ -629,7 +645,8 @@ class Proxy:
                 else Outcome.DROPPED
             )
             self._count(upstream, outcome)
-            run.fail(Failure(outcome, error=exc, upstream=upstream), Reason.FAILED)
+            failure = Failure(outcome, error=exc, upstream=upstream, endpoint=endpoint)
+            run.fail(failure, Reason.FAILED)
             return None
         except GatewayOverloaded:
             picking.release(endpoint, probe=probe)
@@ -677,7 +694,8 @@ class Proxy:
             slot.release()
             outcome = Outcome.TIMEOUT if isinstance(exc, UpstreamTimeout) else Outcome.BAD_START
             self._count(upstream, outcome)
-            run.fail(Failure(outcome, error=exc, upstream=upstream), Reason.FAILED)
+            failure = Failure(outcome, error=exc, upstream=upstream, endpoint=endpoint)
+            run.fail(failure, Reason.FAILED)
             return None
         except BaseException:
             response.release()
@@ -724,6 +742,9 @@ class Proxy:
             if retry_after is not None:
                 endpoint.backoff_until = now + min(retry_after, MAX_ENDPOINT_BACKOFF_S)
             outcome = Outcome.SERVER_ERROR
+        # what the endpoint asked for in this answer (nothing: 0): a retry there waits it
+        asked = 0.0 if retry_after is None else now + min(retry_after, MAX_ENDPOINT_BACKOFF_S)
+        endpoint.asked_until = asked
         self._count(upstream, outcome)
         try:
             body = await _read_kept(response)
@@ -978,12 +999,18 @@ class _Run:
     #: The span the next tries are children of: the request's, or a fallback hop's.
     parent: Span = NO_SPAN
     outcome: str = ""  # how the latest failed try ended (its span's status)
+    #: The endpoints that timed out for this request (None until one does): never again.
+    silent: set[str] | None = None
 
     def __post_init__(self) -> None:
         self.parent = self.out.span
 
     def fail(self, failure: Failure, reason: Reason) -> None:
         self.outcome = failure.outcome.value
+        if failure.outcome is Outcome.TIMEOUT and failure.endpoint is not None:
+            if self.silent is None:
+                self.silent = set()
+            self.silent.add(failure.endpoint.url)
         if failure.outcome is Outcome.BUSY_ENDPOINT and self.last is not None:
             self.reason = reason  # "nothing left to try" adds nothing to a real failure
             return

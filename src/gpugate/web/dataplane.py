@@ -163,7 +163,10 @@ class Handler:
             )
             ticket: Ticket | None = None
             if seen.idempotency_key is not None:
-                begun = await gw.idempotency.begin(seen.idempotency_key, "POST", path, body)
+                scoped = gw.config.auth.mode == "keys"  # the key is the tenant's own
+                begun = await gw.idempotency.begin(
+                    seen.idempotency_key, "POST", path, body, tenant_scoped=scoped
+                )
                 if isinstance(begun, StoredResponse):
                     gw.metrics.idempotent_replays.inc()
                     await _send_stored(ex, begun, rid, gw.clock.monotonic() - received_at)
@@ -562,7 +565,7 @@ def _tried_headers(upstream: str, overhead_s: float, attempts: int) -> list[tupl
     return [
         (b"x-gateway-upstream", upstream.encode()),
         (b"x-gateway-overhead-ms", f"{overhead_s * 1000:.3f}".encode()),
-        (b"x-gateway-attempts", _ATTEMPTS[attempts] if attempts < 16 else b"16+"),
+        (b"x-gateway-attempts", _ATTEMPTS[attempts] if attempts < 16 else b"%d" % attempts),
     ]
 
 
