@@ -1,0 +1,305 @@
+"""DESIGN §4 (GPU health) as an acceptance check drives it: a real ``gpugate serve`` subprocess
+reading a dcgm-exporter stand-in over loopback HTTP whose answers the test changes between
+polls, with fake model servers behind it.
+
+The monitor polls on its own (``poll_s`` 0.3 s); "within two polls" is counted in scrapes, not
+slept for: a monitor starts its next scrape only after it published the previous one, so once
+the exporter has answered two more scrapes after a change, the first of them is in effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from gpu_factories import ScrapeServer, dcgm_line
+
+from gpugate.adapters.exposition import parse
+from gpugate.config import GatewayConfig
+from gpugate.fleet import ModelServer
+from harness import eventually, make_config, upstream
+from workers.processes import serve_process
+
+e2e = pytest.mark.e2e
+TOKEN = "audit-admin-token"
+POLL_S = 0.3
+SERIES = {
+    "util": "DCGM_FI_DEV_GPU_UTIL",
+    "temp": "DCGM_FI_DEV_GPU_TEMP",
+    "xid": "DCGM_FI_DEV_XID_ERRORS",
+    "clock": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+}
+COOL = {"util": 10, "temp": 50, "xid": 0, "clock": 0}
+HOT = {**COOL, "util": 99}
+GPU_FAMILIES = (
+    "gateway_gpu_util_percent",
+    "gateway_gpu_temperature_celsius",
+    "gateway_gpu_last_xid",
+    "gateway_gpu_faulted",
+    "gateway_gpu_saturated",
+    "gateway_gpu_stale",
+)
+"""The per-GPU families docs/gpu-health.md names (labels host, gpu, instance)."""
+XID_79 = "XID 79 (GPU_HAS_FALLEN_OFF_THE_BUS): fatal"
+XID_13 = "XID 13 (GR_EXCEPTION): not fatal"
+
+
+def exposition(*gpus: Mapping[str, Any]) -> bytes:
+    """One scrape of GPUs 0, 1, ... on host ``node-a``: each given series, and for ``counts``
+    one ``DCGM_EXP_XID_ERRORS_COUNT{xid}`` per code."""
+    lines = []
+    for index, fields in enumerate(gpus):
+        for name, value in fields.items():
+            if name == "counts":
+                lines += [
+                    dcgm_line(
+                        "DCGM_EXP_XID_ERRORS_COUNT",
+                        count,
+                        gpu=index,
+                        window_size_in_ms="300000",
+                        xid=str(xid),
+                    )
+                    for xid, count in value.items()
+                ]
+            else:
+                lines.append(dcgm_line(SERIES[name], value, gpu=index))
+    return ("\n".join(lines) + "\n").encode()
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, within_s: float = 20.0) -> None:
+    """Until the async ``check()`` holds; fail naming ``what`` if it does not in time."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not await check():
+        if loop.time() > deadline:
+            pytest.fail(f"{what} did not hold within {within_s} s")
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class Served:
+    """A running ``gpugate serve`` and what the test steers."""
+
+    config: GatewayConfig
+    url: str
+    exporter: ScrapeServer
+    servers: dict[str, ModelServer]
+    http: aiohttp.ClientSession
+
+    async def polls(self, count: int = 2) -> None:
+        """Until ``count`` more scrapes were answered: the first of them is in effect."""
+        target = self.exporter.scrapes + count
+        await eventually(
+            lambda: self.exporter.scrapes >= target,
+            within_s=count * POLL_S + 20,
+            what=f"{count} more polls",
+        )
+
+    async def admin(
+        self, method: str, path: str, token: str | None = TOKEN, *, fresh: bool = False
+    ) -> tuple[int, Any]:
+        """An admin call; ``fresh``: on a new connection (with several workers, the kernel
+        hands each new connection to one of them)."""
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        async with contextlib.AsyncExitStack() as stack:
+            http = self.http
+            if fresh:
+                connector = aiohttp.TCPConnector(force_close=True)
+                http = await stack.enter_async_context(aiohttp.ClientSession(connector=connector))
+            async with http.request(method, self.url + path, headers=headers) as resp:
+                return resp.status, await resp.json()
+
+    async def gpus(self) -> dict[int, dict[str, Any]]:
+        status, body = await self.admin("GET", "/admin/gpus")
+        assert 200 == status, body
+        return {row["gpu"]: row for row in body["gpus"]}
+
+    async def out_of_rotation(self, *, fresh: bool = False) -> dict[str, str | None]:
+        status, body = await self.admin("GET", "/admin/upstreams", fresh=fresh)
+        assert 200 == status, body
+        return {u["id"]: u["out_of_rotation"] for u in body["upstreams"]}
+
+    async def chat(self, cls: str | None = None) -> tuple[int, Mapping[str, str], Any]:
+        headers = {"X-Request-Class": cls} if cls else {}
+        body = {"model": "m", "messages": [{"role": "user", "content": uuid.uuid4().hex}]}
+        async with self.http.post(
+            self.url + "/v1/chat/completions", json=body, headers=headers
+        ) as resp:
+            return resp.status, resp.headers.copy(), await resp.json()
+
+    async def samples(self, name: str, label: str) -> dict[str, float]:
+        """The ``/metrics`` samples called ``name``, by the value of their label ``label``."""
+        async with self.http.get(self.url + "/metrics") as resp:
+            text = await resp.read()
+        return {s.labels[label]: s.value for s in parse(text) if s.name == name}
+
+    async def gauges(self) -> dict[tuple[str, str], float]:
+        """The per-GPU samples of ``/metrics``, by (family, gpu index)."""
+        return {
+            (family, gpu): value
+            for family in GPU_FAMILIES
+            for gpu, value in (await self.samples(family, "gpu")).items()
+        }
+
+    async def shed_total(self, site: str) -> float:
+        return (await self.samples("gateway_gpu_shed_total", "site")).get(site, 0.0)
+
+
+@contextlib.asynccontextmanager
+async def served(
+    dsn: str,
+    body: bytes,
+    *,
+    external: bool = False,
+    workers: int | None = None,
+    **gpu_health: Any,
+) -> AsyncIterator[Served]:
+    """``gpugate serve`` with upstreams ``u0`` on GPU 0 and ``u1`` on GPU 1 (and with
+    ``external`` an ``ext`` upstream on no GPU of ours), all serving model ``m``, reading one
+    exporter that answers ``body``; the start-up poll is in when the block begins."""
+    names = ["s0", "s1", *(["ext"] if external else [])]
+    async with contextlib.AsyncExitStack() as stack:
+        exporter = await stack.enter_async_context(ScrapeServer(body))
+        servers = {
+            name: await stack.enter_async_context(ModelServer(["m"], name=name)) for name in names
+        }
+        ups = [
+            upstream("u0", [servers["s0"].url], ["m"], gpu_ids=[0]),
+            upstream("u1", [servers["s1"].url], ["m"], gpu_ids=[1]),
+        ]
+        if external:
+            ups.append(upstream("ext", [servers["ext"].url], ["m"], external=True))
+        health = {
+            "dcgm_url": exporter.metrics_url,
+            "poll_s": POLL_S,
+            "staleness_s": 3.0,
+            "scrape_timeout_s": 2.0,
+            **gpu_health,
+        }
+        config = make_config(dsn, ups, gpu_health=health)
+        url, _, _ = await stack.enter_async_context(
+            serve_process(config, workers=workers, environ={"GPUGATE_ADMIN_TOKEN": TOKEN})
+        )
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        running = Served(config, url, exporter, servers, http)
+        await running.polls(1)
+        yield running
+
+
+# -- faults: timing, XID semantics, clear, the guard ------------------------------------------
+
+
+@e2e
+async def test_serve_faults_take_effect_within_two_polls_and_an_operator_clear_at_once(
+    sqlite_dsn: str,
+) -> None:
+    async with served(sqlite_dsn, exposition(COOL, COOL)) as s:
+        assert {"u0": None, "u1": None} == await s.out_of_rotation()
+
+        s.exporter.body = exposition(COOL, {**COOL, "xid": 79})  # a change to a fatal code
+        await s.polls(2)
+        out = await s.out_of_rotation()
+        answered = {(await s.chat())[1]["X-Gateway-Upstream"] for _ in range(12)}
+        faulted = (await s.gpus())[1]
+
+        cleared = await s.admin("POST", "/admin/gpus/1/clear")
+        at_once = await s.out_of_rotation()  # no poll in between
+        await s.polls(2)
+        sticky = await s.out_of_rotation()  # the same sticky 79 is no change: it stays cleared
+
+        s.exporter.body = exposition(COOL, {**COOL, "xid": 13})  # a change to a non-fatal code
+        await s.polls(2)
+        noted = (await s.gpus())[1]
+        s.exporter.body = exposition(COOL, {**COOL, "xid": 79})  # 13 -> 79 is a change again
+        await s.polls(2)
+        again = await s.out_of_rotation()
+
+        s.exporter.body = exposition({**COOL, "clock": 0x40 | 0x01}, {**COOL, "xid": 79})
+        await s.polls(2)
+        status, headers, refused = await s.chat()
+
+    assert out["u0"] is None
+    assert out["u1"] is not None
+    assert XID_79 in out["u1"]
+    assert {"u0"} == answered
+    assert ("faulted", XID_79) == (faulted["verdict"], faulted["fault_reason"])
+    assert faulted["faulted_since"]
+    assert (200, ["node-a/1"]) == (cleared[0], cleared[1]["cleared"])
+    assert {"u0": None, "u1": None} == at_once == sticky
+    assert ("ok", [XID_13], None) == (noted["verdict"], noted["reasons"], noted["fault_reason"])
+    assert again["u1"] is not None
+    assert (503, "NO_HEALTHY_UPSTREAM") == (status, refused["error"]["code"])
+    assert {"message", "type", "code"} <= set(refused["error"])
+    assert "hw_thermal clock event" in refused["error"]["message"]
+    assert int(headers["Retry-After"]) >= 1
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+# -- saturation and the shed gate ----------------------------------------------------------------
+
+
+@e2e
+async def test_serve_batch_is_shed_only_when_every_candidate_is_saturated_over_a_full_ring(
+    sqlite_dsn: str,
+) -> None:
+    async with served(
+        sqlite_dsn, exposition(COOL, COOL), shed_batch=True, sustained_samples=2
+    ) as s:
+        s.exporter.body = exposition(HOT, HOT)
+        await s.polls(3)  # two fresh samples at 99 % fill the ring
+        shed = await s.chat("batch")
+        interactive, system = (await s.chat("interactive"))[0], (await s.chat("system"))[0]
+
+        s.exporter.body = exposition(HOT, COOL)  # one candidate has room: batch goes there
+        await s.polls(2)
+        preferred = [(await s.chat("batch"))[:2] for _ in range(6)]
+
+        # a missed poll keeps the ring: 99, (failed scrape), 99 is saturated
+        s.exporter.body = exposition(HOT, HOT)
+        s.exporter.status = 503
+        s.exporter.script = [
+            (200, exposition(COOL, COOL)),
+            (200, exposition(HOT, HOT)),
+            (503, b"down"),
+            (200, exposition(HOT, HOT)),
+        ]
+        await s.polls(5)
+        across_missed = (await s.chat("batch"))[0]
+
+        # then the data goes stale, which empties the ring: one fresh 99 is not saturated yet
+        await eventually(lambda: not s.exporter.script, what="the script played")
+        await until(lambda: all_stale(s), "both GPUs stale")
+        s.exporter.script = [(200, exposition(HOT, HOT))]
+        await s.polls(2)
+        after_stale = (await s.chat("batch"))[0]
+        fresh = await s.gpus()
+        shed_count = await s.shed_total("proxy")
+
+    status, headers, body = shed
+    assert (429, "GPU_SATURATED") == (status, body["error"]["code"])
+    assert {"message", "type", "code"} <= set(body["error"])
+    assert int(headers["Retry-After"]) >= 1
+    assert (200, 200) == (interactive, system)
+    assert [(200, "u1")] * 6 == [(code, h["X-Gateway-Upstream"]) for code, h in preferred]
+    assert 429 == across_missed
+    assert 200 == after_stale
+    assert not any(row["saturated"] or row["stale"] for row in fresh.values())
+    assert 2.0 == shed_count
+
+
+async def all_stale(s: Served) -> bool:
+    return all(row["stale"] for row in (await s.gpus()).values())
+
+
+# -- the job paths ---------------------------------------------------------------------------
+
+
+# -- the XID count window (core) -------------------------------------------------------------
