@@ -14,14 +14,16 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import aiohttp
 import pytest
-from gpu_factories import ScrapeServer, dcgm_line
+from gpu_factories import TABLE, ScrapeServer, dcgm_line, fed, reading, thresholds
 
 from gpugate.adapters.exposition import parse
 from gpugate.config import GatewayConfig
+from gpugate.core.gpu.health import assess, clear, observe
 from gpugate.fleet import ModelServer
 from harness import eventually, make_config, upstream
 from workers.processes import serve_process
@@ -240,6 +242,49 @@ async def test_serve_faults_take_effect_within_two_polls_and_an_operator_clear_a
     assert int(headers["Retry-After"]) >= 1
 
 
+@e2e
+async def test_serve_a_fault_whose_evidence_every_scrape_shows_holds_with_fault_hold_s_0(
+    sqlite_dsn: str,
+) -> None:
+    """``fault_hold_s: 0`` is allowed: no hold after the last evidence. A GPU that throttles
+    on every scrape must still be out of rotation — on main no fault ever held (the hold had
+    run out by the time the verdict was read), nor did a positive XID count."""
+    async with served(sqlite_dsn, exposition(COOL, COOL), fault_hold_s=0) as s:
+        s.exporter.body = exposition(COOL, {**COOL, "clock": 0x40})
+        await s.polls(2)
+        thermal = await s.out_of_rotation()
+        since = (await s.gpus())[1]["faulted_since"]
+        await s.polls(2)
+        later = await s.out_of_rotation()
+        since_later = (await s.gpus())[1]["faulted_since"]
+
+        s.exporter.body = exposition(COOL, COOL)
+        await s.polls(2)
+        released = await s.out_of_rotation()
+
+        s.exporter.body = exposition(COOL, {**COOL, "counts": {48: 1}})  # one XID 48 in the window
+        await s.polls(2)
+        counted = await s.out_of_rotation()
+        await s.polls(2)
+        counted_later = await s.out_of_rotation()
+        s.exporter.body = exposition(COOL, COOL)  # out of the window
+        await s.polls(2)
+        drained = await s.out_of_rotation()
+
+    assert thermal["u1"] is not None
+    assert "hw_thermal" in thermal["u1"]
+    assert later["u1"] is not None
+    assert since is not None
+    assert since_later is not None
+    moved = datetime.fromisoformat(since_later) - datetime.fromisoformat(since)
+    assert abs(moved.total_seconds()) < POLL_S, "a continuing fault keeps its since"
+    assert released["u1"] is None
+    assert counted["u1"] is not None
+    assert "XID 48" in counted["u1"]
+    assert counted_later["u1"] is not None
+    assert drained["u1"] is None
+
+
 # -- metrics ----------------------------------------------------------------------------------
 
 
@@ -303,3 +348,29 @@ async def all_stale(s: Served) -> bool:
 
 
 # -- the XID count window (core) -------------------------------------------------------------
+
+
+def test_a_fatal_xid_count_that_stays_positive_keeps_the_gpu_faulted_past_fault_hold_s() -> None:
+    """A GPU throwing XID 48 once a minute keeps a count of 5 in the exporter's 5-minute window
+    (and its sticky last-XID value never changes): it is faulted as long as that lasts. On
+    main only a *rising* count was evidence, so the GPU came back after fault_hold_s."""
+    limits = thresholds(fault_hold_s=300.0)
+    state = fed([(t * 15.0, reading(xid=48, xid_counts={48: 5})) for t in range(41)], limits)
+
+    assert assess(state, 600.0, limits).faulted
+
+
+def test_an_operator_clear_dismisses_the_counts_it_saw_until_one_rises_above_them() -> None:
+    limits = thresholds(fault_hold_s=300.0)
+    table = TABLE
+    state = fed([(0.0, reading(xid_counts={48: 3}))], limits)
+    clear(state, 5.0)
+    steps = [(15.0, {48: 3}), (30.0, {48: 2}), (45.0, {48: 2})]
+    dismissed = []
+    for now, counts in steps:
+        observe(state, reading(xid_counts=counts), now, table, limits)
+        dismissed.append(assess(state, now, limits).faulted)
+    observe(state, reading(xid_counts={48: 3}), 60.0, table, limits)  # a new one in the window
+
+    assert [False, False, False] == dismissed
+    assert assess(state, 60.0, limits).faulted
