@@ -344,6 +344,22 @@ async def all_stale(s: Served) -> bool:
     return all(row["stale"] for row in (await s.gpus()).values())
 
 
+@e2e
+async def test_serve_batch_is_not_shed_from_the_moment_the_data_is_stale(sqlite_dsn: str) -> None:
+    """Nothing is shed on stale data. On main the gate read the saturation published at the last
+    poll, so from the moment the data went stale until the next poll batch was still refused."""
+    hot = exposition(HOT, HOT)
+    health = {"shed_batch": True, "sustained_samples": 1, "poll_s": 1.0, "staleness_s": 1.5}
+    async with served(sqlite_dsn, hot, **health) as s:
+        shed = (await s.chat("batch"))[0]
+        s.exporter.status = 503  # polls at +1 s and +2 s fail; the data is stale from +1.5 s
+        await until(lambda: all_stale(s), "both GPUs stale")
+        fail_open = (await s.chat("batch"))[0]
+
+    assert 429 == shed
+    assert 200 == fail_open
+
+
 # -- the job paths ---------------------------------------------------------------------------
 
 

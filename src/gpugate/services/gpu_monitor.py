@@ -56,7 +56,8 @@ class Published:
     """What routing reads on every request, recomputed once per tick (or clear)."""
 
     out_of_rotation: dict[str, str] = field(default_factory=dict)  # upstream id -> why
-    saturated: frozenset[str] = frozenset()  # upstream ids whose every GPU is saturated
+    #: upstream ids whose every GPU is saturated -> until when (monotonic): its data goes stale
+    saturated: dict[str, float] = field(default_factory=dict)
 
 
 async def fetch_scrape(client: UpstreamClient, url: str, timeout_s: float) -> bytes:
@@ -127,8 +128,10 @@ class GpuMonitor:
         return self.published.out_of_rotation.get(upstream_id)
 
     def saturated(self, upstream_id: str) -> bool:
-        """Whether every GPU behind ``upstream_id`` is saturated. A set lookup."""
-        return upstream_id in self.published.saturated
+        """Whether every GPU behind ``upstream_id`` is saturated. A dict lookup, and the moment
+        its data goes stale: nothing is shed on stale data, not until the next poll either."""
+        until = self.published.saturated.get(upstream_id)
+        return until is not None and self._clock.monotonic() <= until
 
     def clear(self, gpu_id: int | str) -> list[str]:
         """An operator clears a GPU's held fault; it takes effect at once. Returns the rows."""
@@ -161,17 +164,18 @@ class GpuMonitor:
     def _publish(self) -> None:
         now = self._clock.monotonic()
         out: dict[str, str] = {}
-        saturated = set()
+        saturated: dict[str, float] = {}
         for upstream_id, gpu_ids in self._gpu_ids.items():
             verdicts = [(gpu_id, self.fleet.verdicts_for(gpu_id, now)) for gpu_id in gpu_ids]
             faulted = [f"GPU {gid} faulted: {v.fault_reason}" for gid, v in verdicts if v.faulted]
             if faulted and self.cfg.couple_faults:
                 out[upstream_id] = "; ".join(faulted)
-            if self.fleet.upstream_saturated(gpu_ids, now):
-                saturated.add(upstream_id)
+            until = self.fleet.saturated_until(gpu_ids, now)
+            if until is not None:
+                saturated[upstream_id] = until
         if out != self.published.out_of_rotation:
             log.warning("GPU guard: out of rotation now %s", out or "nothing")
-        self.published = Published(out, frozenset(saturated))
+        self.published = Published(out, saturated)
         self._export_gauges(now)
 
     def _export_gauges(self, now: float) -> None:

@@ -387,6 +387,18 @@ class GpuFleetState:
     def upstream_saturated(self, gpu_ids: Sequence[int | str], now: float) -> bool:
         return upstream_saturated([self.verdicts_for(gpu_id, now) for gpu_id in gpu_ids])
 
+    def saturated_until(self, gpu_ids: Sequence[int | str], now: float) -> float | None:
+        """Until when the upstream on ``gpu_ids`` is saturated unless a fresh sample says so
+        again — when the data of one of its GPUs goes stale — or None when it is not now."""
+        if not self.upstream_saturated(gpu_ids, now):
+            return None
+        ends = []
+        for gpu_id in gpu_ids:
+            rows = [self.states[key] for key in self.keys_for(gpu_id) if key.instance is None]
+            saturated = [s for s in rows if _saturated_at(s, now, self.thresholds)]
+            ends.append(max(_fresh_until(s, self.thresholds) for s in saturated))
+        return min(ends)
+
     def upstream_faulted(self, gpu_ids: Sequence[int | str], now: float) -> bool:
         verdicts = [self.verdicts_for(gpu_id, now) for gpu_id in gpu_ids]
         return upstream_faulted(verdicts, self.thresholds)
@@ -491,6 +503,19 @@ def _hold(
     merged = dict(fault.evidence)
     merged.update(evidence)  # a kind seen before keeps its place and takes the newer reason
     state.fault = Fault(tuple(merged.items()), since=fault.since, last_evidence=now)
+
+
+def _saturated_at(state: GpuState, now: float, thresholds: Thresholds) -> bool:
+    """:func:`assess`'s ``saturated``: fresh, and the ring full at or above the threshold."""
+    fresh = state.scraped_at is not None and now - state.scraped_at <= thresholds.staleness_s
+    return fresh and _saturated(state, now, thresholds)
+
+
+def _fresh_until(state: GpuState, thresholds: Thresholds) -> float:
+    """When a saturated row's data goes stale: its newest util or scrape, whichever is older."""
+    assert state.util_at is not None
+    assert state.scraped_at is not None
+    return min(state.util_at, state.scraped_at) + thresholds.staleness_s
 
 
 def _saturated(state: GpuState, now: float, thresholds: Thresholds) -> bool:
