@@ -288,6 +288,50 @@ async def test_serve_a_fault_whose_evidence_every_scrape_shows_holds_with_fault_
 # -- metrics ----------------------------------------------------------------------------------
 
 
+@e2e
+async def test_serve_gpu_gauges_show_what_the_newest_scrape_holds_and_nothing_of_a_forgotten_gpu(
+    sqlite_dsn: str,
+) -> None:
+    no_util = {key: value for key, value in COOL.items() if key != "util"}
+    async with served(sqlite_dsn, exposition(COOL, COOL)) as s:
+        first = await s.gauges()
+        s.exporter.script = [(200, b"<html><body>502 Bad Gateway</body></html>")]
+        await s.polls(2)
+        after_garbage = (await s.gauges(), await s.samples("gateway_gpu_scrapes_total", "outcome"))
+
+        s.exporter.body = exposition(no_util, COOL)  # GPU 0's util series is gone: unknown
+        await s.polls(2)
+        without_util = await s.gauges()
+
+        s.exporter.body = exposition(COOL)  # GPU 1 vanished: fault evidence (off the bus?)
+        await s.polls(2)
+        missing = await s.gauges()
+        cleared = await s.admin("POST", "/admin/gpus/1/clear")  # forgets the missing GPU
+        forgotten = await s.gauges()
+        rows = await s.gpus()
+
+    assert {(family, gpu) for family in GPU_FAMILIES for gpu in "01"} == set(first)
+    assert (10.0, 50.0, 0.0, 0.0) == tuple(
+        first[family, "1"]
+        for family in (
+            "gateway_gpu_util_percent",
+            "gateway_gpu_temperature_celsius",
+            "gateway_gpu_last_xid",
+            "gateway_gpu_faulted",
+        )
+    )
+    gauges, scrapes = after_garbage
+    assert first == gauges, "a garbage scrape changed no verdict"
+    assert scrapes["error"] >= 1
+    assert ("gateway_gpu_util_percent", "0") not in without_util
+    assert 50.0 == without_util["gateway_gpu_temperature_celsius", "0"]
+    assert 10.0 == without_util["gateway_gpu_util_percent", "1"]
+    assert 1.0 == missing["gateway_gpu_faulted", "1"]
+    assert 200 == cleared[0]
+    assert [] == [key for key in forgotten if key[1] == "1"]
+    assert [0] == sorted(rows)
+
+
 # -- saturation and the shed gate ----------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpugate.adapters import exposition
 from gpugate.adapters.upstream_client import UpstreamClient
@@ -28,6 +28,9 @@ from gpugate.core.gpu.health import GpuFleetState, Thresholds
 from gpugate.core.gpu.xid import XidTable
 from gpugate.errors import ScrapeError, UpstreamError
 from gpugate.metrics import Metrics
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
 
 log = logging.getLogger("gpugate.gpu")
 
@@ -79,6 +82,13 @@ def thresholds_of(cfg: GpuHealthConfig) -> Thresholds:
     )
 
 
+def _set_or_remove(gauge: Gauge, labels: tuple[str, str, str], value: float | None) -> None:
+    if value is None:
+        gauge.remove(*labels)
+    else:
+        gauge.labels(*labels).set(value)
+
+
 class GpuMonitor:
     """Scrapes, judges, publishes. :meth:`tick` is one poll; :meth:`run` polls every ``poll_s``."""
 
@@ -105,6 +115,7 @@ class GpuMonitor:
         self._clock = clock
         self._metrics = metrics
         self.published = Published()
+        self._exported: set[tuple[str, str, str]] = set()  # the rows with gauge samples
         self.reconfigure(upstreams)
 
     def reconfigure(self, upstreams: Sequence[UpstreamConfig]) -> None:
@@ -179,20 +190,26 @@ class GpuMonitor:
         self._export_gauges(now)
 
     def _export_gauges(self, now: float) -> None:
+        """One sample per row and family; a value the newest scrape does not have (the series
+        absent: unknown, never 0) has no sample, and a row the monitor forgot has none at all."""
         m = self._metrics
+        shown = set()
         for key, state in self.fleet.states.items():
             labels = (key.host or "", str(key.gpu), key.instance or "")
+            shown.add(labels)
             verdict = self.fleet.verdict(key, now)
             reading = state.latest
-            if reading is not None and reading.util_pct is not None:
-                m.gpu_util.labels(*labels).set(reading.util_pct)
-            if state.temp_c is not None:
-                m.gpu_temp.labels(*labels).set(state.temp_c)
-            if state.last_xid is not None:
-                m.gpu_last_xid.labels(*labels).set(state.last_xid)
+            _set_or_remove(m.gpu_util, labels, reading.util_pct if reading is not None else None)
+            _set_or_remove(m.gpu_temp, labels, state.temp_c)
+            _set_or_remove(m.gpu_last_xid, labels, state.last_xid)
             m.gpu_faulted.labels(*labels).set(int(verdict.faulted))
             m.gpu_saturated.labels(*labels).set(int(verdict.saturated))
             m.gpu_stale.labels(*labels).set(int(verdict.stale))
+        families = (m.gpu_util, m.gpu_temp, m.gpu_last_xid, m.gpu_faulted, m.gpu_saturated)
+        for labels in self._exported - shown:
+            for gauge in (*families, m.gpu_stale):
+                gauge.remove(*labels)
+        self._exported = shown
 
     def snapshot(self, wall_now: datetime) -> list[dict[str, Any]]:
         """Every GPU row for ``GET /admin/gpus``: ``gpus inspect``'s entry for its newest reading
