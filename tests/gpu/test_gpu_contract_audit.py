@@ -243,6 +243,32 @@ async def test_serve_faults_take_effect_within_two_polls_and_an_operator_clear_a
 
 
 @e2e
+async def test_serve_admin_gpu_routes_need_the_admin_token_and_clear_knows_its_gpus(
+    sqlite_dsn: str,
+) -> None:
+    async with served(sqlite_dsn, exposition(COOL, {**COOL, "xid": 79})) as s:
+        refusals = [
+            (await s.admin(method, path, token))[0]
+            for method, path in (("GET", "/admin/gpus"), ("POST", "/admin/gpus/1/clear"))
+            for token in (None, "wrong-token")
+        ]
+        still = await s.out_of_rotation()
+        unknown = await s.admin("POST", "/admin/gpus/7/clear")
+        other_host = await s.admin("POST", "/admin/gpus/node-b/1/clear")
+        malformed = await s.admin("POST", "/admin/gpus/zero/clear")
+        _, audit = await s.admin("GET", "/admin/audit")
+
+    assert [401] * 4 == refusals
+    assert still["u1"] is not None, "a refused clear cleared nothing"
+    # a GPU no exporter has shown: nothing was cleared, and the operator is told so
+    assert (404, "UNKNOWN_GPU") == (unknown[0], unknown[1]["error"]["code"])
+    assert "node-a/1" in unknown[1]["error"]["message"]
+    assert (404, "UNKNOWN_GPU") == (other_host[0], other_host[1]["error"]["code"])
+    assert (400, "BAD_REQUEST") == (malformed[0], malformed[1]["error"]["code"])
+    assert not [e for e in audit["data"] if e["action"] == "gpu.cleared"]
+
+
+@e2e
 async def test_serve_a_fault_whose_evidence_every_scrape_shows_holds_with_fault_hold_s_0(
     sqlite_dsn: str,
 ) -> None:

@@ -26,7 +26,7 @@ from gpugate.config import GpuHealthConfig, UpstreamConfig
 from gpugate.core.gpu import dcgm, report
 from gpugate.core.gpu.health import GpuFleetState, Thresholds
 from gpugate.core.gpu.xid import XidTable
-from gpugate.errors import ScrapeError, UpstreamError
+from gpugate.errors import ScrapeError, UnknownGpu, UpstreamError
 from gpugate.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -145,7 +145,15 @@ class GpuMonitor:
         return until is not None and self._clock.monotonic() <= until
 
     def clear(self, gpu_id: int | str) -> list[str]:
-        """An operator clears a GPU's held fault; it takes effect at once. Returns the rows."""
+        """An operator clears a GPU's held fault; it takes effect at once. Returns the rows;
+        :class:`UnknownGpu` when no exporter has shown that GPU (a typo must not look cleared)."""
+        if not self.fleet.keys_for(gpu_id):
+            shown = sorted(
+                {f"{k.host}/{k.gpu}" if k.host else str(k.gpu) for k in self.fleet.states}
+            )
+            raise UnknownGpu(
+                f"no exporter has shown GPU {gpu_id} (shown: {', '.join(shown) or 'none'})"
+            )
         cleared = self.fleet.clear(gpu_id, self._clock.monotonic())
         self._publish()
         return [str(key) for key in cleared]

@@ -141,7 +141,10 @@ async def list_gpus(gateway: Gateway) -> GpusView:
 
 @admin(
     responses={200: Answer("the rows whose fault was cleared", GpuCleared)},
-    errors={400: "BAD_REQUEST: not a GPU id, or gpu_health is dormant"},
+    errors={
+        400: "BAD_REQUEST: not a GPU id, or gpu_health is dormant",
+        404: "UNKNOWN_GPU: no exporter has shown a GPU with that id",
+    },
 )
 async def clear_gpu(gateway: Gateway, path: GpuPath, headers: AdminHeaders) -> GpuCleared:
     """Clear a GPU's held fault at once (`0`, or `host/0` with several exporters); audited."""
