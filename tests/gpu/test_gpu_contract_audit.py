@@ -432,6 +432,54 @@ async def test_serve_batch_is_not_shed_from_the_moment_the_data_is_stale(sqlite_
 
 # -- the job paths ---------------------------------------------------------------------------
 
+JOB = {"model": "m", "input": {"messages": [{"role": "user", "content": "hi"}]}}
+
+
+@contextlib.asynccontextmanager
+async def shedding(dsn: str, *gpus: Mapping[str, Any]) -> AsyncIterator[Served]:
+    """:func:`served` with the external upstream and ``shed_batch``, the GPUs as ``gpus`` for
+    two fresh samples (a full ring of ``sustained_samples`` 2)."""
+    body = exposition(COOL, COOL)
+    async with served(dsn, body, external=True, shed_batch=True, sustained_samples=2) as s:
+        s.exporter.body = exposition(*gpus)
+        await s.polls(3)
+        yield s
+
+
+@e2e
+async def test_serve_a_batch_job_that_may_not_leave_the_building_runs_where_the_gpus_have_room(
+    sqlite_dsn: str,
+) -> None:
+    """u0 (GPU 0) saturated, u1 (GPU 1) not, and an external upstream serves the model too.
+    A batch job with ``allow_external: false`` is one candidate short of the external one —
+    and must still go to u1. On main u0 was pinned for it before the gate looked: the call was
+    shed at the proxy, deferred, and after its attempts the job failed ``CHAIN_EXHAUSTED``."""
+    async with shedding(sqlite_dsn, HOT, COOL) as s:
+        async with s.http.post(s.url + "/v1/jobs", json={**JOB, "allow_external": False}) as resp:
+            created = (resp.status, await resp.json())
+        slug = created[1]["slug"]
+        final: dict[str, Any] = {}
+
+        async def finished() -> bool:
+            async with s.http.get(f"{s.url}/v1/jobs/{slug}") as resp:
+                final.update(await resp.json())
+            return final["state"] in ("completed", "failed")
+
+        await until(finished, "the job finished")
+        async with s.http.get(f"{s.url}/v1/jobs/{slug}/events") as resp:
+            events = (await resp.json())["data"]
+        hits = {
+            name: server.stats.requests["/v1/chat/completions"]
+            for name, server in s.servers.items()
+        }
+        jobs_shed = await s.shed_total("jobs")
+
+    assert 202 == created[0]
+    assert "completed" == final["state"], [(e["status"], e["error_code"]) for e in events][-4:]
+    assert [] == [e for e in events if e["status"] == "deferred"]
+    assert {"s0": 0, "s1": 1, "ext": 0} == hits
+    assert 0.0 == jobs_shed
+
 
 # -- the XID count window (core) -------------------------------------------------------------
 
