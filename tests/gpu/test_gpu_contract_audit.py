@@ -481,6 +481,59 @@ async def test_serve_a_batch_job_that_may_not_leave_the_building_runs_where_the_
     assert 0.0 == jobs_shed
 
 
+@e2e
+async def test_serve_the_sync_front_sheds_a_job_that_may_not_leave_the_building(
+    sqlite_dsn: str,
+) -> None:
+    """Every GPU of ours saturated; only the external upstream has room. A batch job with
+    ``allow_external: false`` has no candidate with room: 429 at the front, no job made. One
+    that may go external is not shed (the external upstream takes it)."""
+    async with shedding(sqlite_dsn, HOT, HOT) as s:
+        async with s.http.post(
+            s.url + "/v1/jobs?wait=10", json={**JOB, "allow_external": False}
+        ) as resp:
+            inside = (resp.status, resp.headers.copy(), await resp.json())
+        async with s.http.post(s.url + "/v1/jobs?wait=10", json=JOB) as resp:
+            anywhere = (resp.status, await resp.json())
+        async with s.http.get(s.url + "/v1/jobs") as resp:
+            listed = (await resp.json())["data"]
+        front_shed = await s.shed_total("sync_front")
+
+        # the job manager: the same job through POST /v1/jobs is deferred, never failed
+        async with s.http.post(s.url + "/v1/jobs", json={**JOB, "allow_external": False}) as resp:
+            slug = (await resp.json())["slug"]
+        trail: list[dict[str, Any]] = []
+
+        async def deferred() -> bool:
+            async with s.http.get(f"{s.url}/v1/jobs/{slug}/events") as resp:
+                trail[:] = (await resp.json())["data"]
+            return any(e["status"] == "deferred" for e in trail)
+
+        await until(deferred, "the job deferred")
+        async with s.http.get(f"{s.url}/v1/jobs/{slug}") as resp:
+            waiting = (await resp.json())["state"]
+        s.exporter.body = exposition(COOL, COOL)
+        state: list[str] = []
+
+        async def completed() -> bool:
+            async with s.http.get(f"{s.url}/v1/jobs/{slug}") as resp:
+                state[:] = [(await resp.json())["state"]]
+            return state == ["completed"]
+
+        await until(completed, "the deferred job completed")
+        jobs_shed = await s.shed_total("jobs")
+
+    status, headers, body = inside
+    assert (429, "GPU_SATURATED") == (status, body["error"]["code"])
+    assert int(headers["Retry-After"]) >= 1
+    assert (200, "completed") == (anywhere[0], anywhere[1]["state"])
+    assert 1 == len(listed), "the shed request made no job"
+    assert 1.0 == front_shed
+    assert waiting in ("queued", "dispatching"), "a shed job is never failed"
+    assert ["GPU_SATURATED"] == [e["error_code"] for e in trail if e["status"] == "deferred"][:1]
+    assert jobs_shed >= 1
+
+
 # -- the XID count window (core) -------------------------------------------------------------
 
 
