@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,11 +24,12 @@ import pytest
 from gpu_factories import TABLE, ScrapeServer, dcgm_line, fed, reading, thresholds
 
 from gpugate.adapters.exposition import parse
+from gpugate.cli import main
 from gpugate.config import GatewayConfig
 from gpugate.core.gpu.health import assess, clear, observe
 from gpugate.fleet import ModelServer
 from harness import eventually, make_config, upstream
-from workers.processes import serve_process
+from workers.processes import serve_process, write_config
 
 e2e = pytest.mark.e2e
 TOKEN = "audit-admin-token"
@@ -309,6 +312,33 @@ async def test_serve_a_fault_whose_evidence_every_scrape_shows_holds_with_fault_
     assert "XID 48" in counted["u1"]
     assert counted_later["u1"] is not None
     assert drained["u1"] is None
+
+
+@e2e
+async def test_serve_admin_gpus_and_gpus_inspect_with_its_config_judge_a_scrape_alike(
+    sqlite_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/gpu-health.md: the gateway shows inspect's entry per GPU. With ``xid_overrides`` and
+    ``max_temp_c`` set, only ``gpus inspect --config`` judges as that gateway does (on main
+    inspect knew the defaults only: XID 109 "not fatal", 85 °C fine)."""
+    body = exposition({**COOL, "xid": 109}, {**COOL, "temp": 85})
+    health = {"xid_overrides": {109: "fatal"}, "max_temp_c": 80}
+    async with served(sqlite_dsn, body, **health) as s:
+        listed = await s.gpus()
+        path = write_config(s.config, tmp_path)
+        capsys.readouterr()
+        code = await asyncio.to_thread(
+            main, ["gpus", "inspect", s.exporter.metrics_url, "--json", "--config", str(path)]
+        )
+        inspected = {e["gpu"]: e for e in json.loads(capsys.readouterr().out)["gpus"]}
+
+    live = {"upstreams", "stale", "saturated", "fault_reason", "faulted_since"}
+    assert 0 == code
+    assert {
+        gpu: {k: v for k, v in row.items() if k not in live} for gpu, row in listed.items()
+    } == (inspected)
+    assert ["XID 109 (CTXSW_TIMEOUT_ERROR): fatal (override)"] == inspected[0]["reasons"]
+    assert ["temperature 85 °C ≥ 80"] == inspected[1]["reasons"]
 
 
 # -- metrics ----------------------------------------------------------------------------------
