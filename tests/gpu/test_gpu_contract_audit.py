@@ -246,6 +246,26 @@ async def test_serve_faults_take_effect_within_two_polls_and_an_operator_clear_a
 
 
 @e2e
+async def test_serve_with_two_workers_an_operator_clear_reaches_both_within_a_few_polls(
+    sqlite_dsn: str,
+) -> None:
+    """The clear lands on one worker; on main the other kept the fault for ``fault_hold_s``
+    (its upstreams out of rotation for the clients that worker serves)."""
+    async with served(sqlite_dsn, exposition(COOL, {**COOL, "xid": 79}), workers=2) as s:
+
+        async def everywhere(out: bool) -> bool:
+            views = [await s.out_of_rotation(fresh=True) for _ in range(16)]
+            return all((view["u1"] is not None) == out for view in views)
+
+        await until(lambda: everywhere(out=True), "both workers hold the fault")
+        status, body = await s.admin("POST", "/admin/gpus/1/clear")
+        # a few polls of each worker (0.3 s apart); the hold the other worker had is 300 s
+        await until(lambda: everywhere(out=False), "the clear reached both workers", 10.0)
+
+    assert (200, ["node-a/1"]) == (status, body["cleared"])
+
+
+@e2e
 async def test_serve_admin_gpu_routes_need_the_admin_token_and_clear_knows_its_gpus(
     sqlite_dsn: str,
 ) -> None:

@@ -24,10 +24,11 @@ from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock
 from gpugate.config import GpuHealthConfig, UpstreamConfig
 from gpugate.core.gpu import dcgm, report
-from gpugate.core.gpu.health import GpuFleetState, Thresholds
+from gpugate.core.gpu.health import GpuFleetState, Thresholds, parse_gpu_id
 from gpugate.core.gpu.xid import XidTable
-from gpugate.errors import ScrapeError, UnknownGpu, UpstreamError
+from gpugate.errors import ScrapeError, StoreError, UnknownGpu, UpstreamError
 from gpugate.metrics import Metrics
+from gpugate.store import AuditRecord
 
 if TYPE_CHECKING:
     from prometheus_client import Gauge
@@ -36,6 +37,10 @@ log = logging.getLogger("gpugate.gpu")
 
 #: Gets an exporter's body; raises ScrapeError or UpstreamError when it cannot.
 Fetch = Callable[[str], Awaitable[bytes]]
+#: The operators' clears any process stored at or after a time (the audit events CLEARED).
+Clears = Callable[[datetime], Awaitable[Sequence[AuditRecord]]]
+CLEARED = "gpu.cleared"
+"""The audit action of an operator's clear: subject ``gpu:<id>``."""
 
 
 @dataclass(slots=True)
@@ -101,6 +106,7 @@ class GpuMonitor:
         metrics: Metrics,
         *,
         fetch: Fetch | None = None,
+        clears: Clears | None = None,
     ) -> None:
         self.cfg = cfg
         self.table = XidTable.load(cfg.xid_overrides)
@@ -116,6 +122,9 @@ class GpuMonitor:
         self._metrics = metrics
         self.published = Published()
         self._exported: set[tuple[str, str, str]] = set()  # the rows with gauge samples
+        self._clears = clears
+        self._clears_since = clock.now()  # the clears stored before this process are old news
+        self._clears_seen: set[int] = set()  # ids of the clears at _clears_since, applied
         self.reconfigure(upstreams)
 
     def reconfigure(self, upstreams: Sequence[UpstreamConfig]) -> None:
@@ -126,6 +135,7 @@ class GpuMonitor:
     async def tick(self) -> int:
         """Scrape every exporter once; returns how many scrapes succeeded."""
         results = await asyncio.gather(*(self._scrape(e) for e in self.exporters))
+        await self._follow_clears()
         self._publish()
         return sum(results)
 
@@ -157,6 +167,32 @@ class GpuMonitor:
         cleared = self.fleet.clear(gpu_id, self._clock.monotonic())
         self._publish()
         return [str(key) for key in cleared]
+
+    async def _follow_clears(self) -> None:
+        """Apply the clears other processes took (``serve --workers N``, replicas on one store):
+        an operator's ``POST /admin/gpus/{gpu}/clear`` reaches one process, and every other one
+        finds its audit event here, within a poll. A fault that began after the clear was issued
+        is not the one cleared (:meth:`GpuFleetState.clear`); this process's own clears come back
+        too and change nothing more."""
+        if self._clears is None:
+            return
+        try:
+            events = await self._clears(self._clears_since)
+        except StoreError as exc:
+            log.warning("GPU clears of other processes not read: %s", exc.message)
+            return
+        wall, mono = self._clock.now(), self._clock.monotonic()
+        fresh = sorted((e for e in events if e.id not in self._clears_seen), key=lambda e: e.id)
+        for event in fresh:
+            try:
+                gpu_id = parse_gpu_id(event.subject.removeprefix("gpu:"))
+            except ValueError:
+                continue
+            issued = mono - max(0.0, (wall - event.at).total_seconds())
+            self.fleet.clear(gpu_id, mono, issued_at=issued)
+        if events:
+            self._clears_since = max(self._clears_since, *(e.at for e in events))
+        self._clears_seen = {e.id for e in events if e.at >= self._clears_since}
 
     async def _scrape(self, exporter: Exporter) -> bool:
         started = self._clock.monotonic()

@@ -309,6 +309,14 @@ def combine(parts: Sequence[tuple[GpuKey, GpuVerdict]]) -> GpuVerdict:
     )
 
 
+def parse_gpu_id(raw: str) -> int | str:
+    """A GPU id as a path or an audit subject spells it: ``"0"`` → 0, ``"node-a/0"`` as it is
+    (ValueError when it is neither, see :func:`gpu_key_for`)."""
+    gpu_id: int | str = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 9 else raw
+    gpu_key_for(gpu_id)
+    return gpu_id
+
+
 def gpu_key_for(gpu_id: int | str) -> tuple[str | None, int]:
     """A configured GPU id as (host, index): ``0`` → (None, 0), ``"node-a/0"`` → ("node-a", 0).
 
@@ -403,15 +411,21 @@ class GpuFleetState:
         verdicts = [self.verdicts_for(gpu_id, now) for gpu_id in gpu_ids]
         return upstream_faulted(verdicts, self.thresholds)
 
-    def clear(self, gpu_id: int | str, now: float) -> list[GpuKey]:
+    def clear(
+        self, gpu_id: int | str, now: float, *, issued_at: float | None = None
+    ) -> list[GpuKey]:
         """Clear the held faults of a configured GPU (all its rows); the rows that had one.
 
         A row missing from its exporter's scrape is forgotten, as a restart of the gateway would:
         the operator says that GPU is gone (or renumbered), so its absence is no longer evidence.
+        ``issued_at`` (a clear another process took, applied here later): a row whose fault
+        began after it is left alone — that fault is not the one the operator cleared.
         """
         cleared = []
         for key in self.keys_for(gpu_id):
             state = self.states[key]
+            if issued_at is not None and state.fault is not None and state.fault.since >= issued_at:
+                continue
             if state.fault is not None:
                 cleared.append(key)
             clear(state, now)
