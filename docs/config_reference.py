@@ -167,7 +167,7 @@ MEANING: dict[str, str] = {
     "gpu_health.shed_batch": "shed `batch` (sync 429, jobs deferred) when every candidate "
     "upstream is saturated; ships off",
     "gpu_health.fault_hold_s": "how long a fault holds after its last evidence (or until an "
-    "operator clears it)",
+    "operator clears it); while the newest scrape still shows the evidence it holds anyway",
     "gpu_health.max_temp_c": "a temperature at or above this is a thermal fault; null: no "
     "threshold",
     "gpu_health.scrape_timeout_s": "a scrape taking longer fails (counted; no verdict changes)",

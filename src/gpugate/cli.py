@@ -177,7 +177,8 @@ def cmd_gpus_inspect(args: argparse.Namespace) -> int:
 
     from gpugate.services.gpu_inspect import inspect_source, render_table
 
-    result = _run(inspect_source(args.source))
+    health = load_config(args.config).gpu_health if args.config else None
+    result = _run(inspect_source(args.source, health))
     assert isinstance(result, tuple)
     entries, errors = result
     if args.json:
@@ -719,6 +720,12 @@ def _add_gpus_commands(sub: Any) -> None:
     p.add_argument("source", help="a file, or an http(s) URL of an exporter's /metrics")
     p.add_argument(
         "--json", action="store_true", help='one object: {"gpus": [...], "errors": [...]}'
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="judge as the gateway with this config does: its gpu_health's max_temp_c and "
+        "xid_overrides (default: the defaults)",
     )
     p.set_defaults(func=cmd_gpus_inspect)
 

@@ -37,6 +37,7 @@ one table (``gpugate.web.errors``), looked up through this hierarchy.
     │   ├── FileNotFound               FILE_NOT_FOUND: no Batch API file has this id
     │   ├── BatchNotFound              BATCH_NOT_FOUND: no Batch API batch has this id
     │   ├── UnknownRuntime             UNKNOWN_RUNTIME
+    │   ├── UnknownGpu                 UNKNOWN_GPU: no exporter has shown a GPU with that id
     │   ├── UnknownConfigVersion       UNKNOWN_CONFIG_VERSION
     │   ├── WrongRuntime               WRONG_RUNTIME: a worker's secret is not the lease holder's
     │   └── LeaseTokenStale            LEASE_TOKEN_STALE: a worker's lease token is not current
@@ -443,6 +444,12 @@ class UnknownRuntime(ClientError):
     """No runtime with that id is configured."""
 
     code = "UNKNOWN_RUNTIME"
+
+
+class UnknownGpu(ClientError):
+    """No exporter has shown a GPU with that id (nothing to clear)."""
+
+    code = "UNKNOWN_GPU"
 
 
 class UnknownConfigVersion(ClientError):

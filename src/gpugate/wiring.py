@@ -54,7 +54,7 @@ from gpugate.services.batches import Batches, BatchFiles
 from gpugate.services.config_versions import ConfigVersions
 from gpugate.services.dispatcher import Dispatcher
 from gpugate.services.engine_monitor import EngineMonitor
-from gpugate.services.gpu_monitor import GpuMonitor
+from gpugate.services.gpu_monitor import CLEARED, GpuMonitor
 from gpugate.services.guardrails import Guardrails
 from gpugate.services.idempotency import Idempotency
 from gpugate.services.job_gauges import RuntimeGauges
@@ -83,7 +83,7 @@ from gpugate.services.stop_conditions import StopConditions
 from gpugate.services.supervisor import Supervisor
 from gpugate.services.sync_front import SyncFront
 from gpugate.services.usage import UsageMeter
-from gpugate.store import JobRecord, Store
+from gpugate.store import AuditRecord, JobRecord, Store
 from gpugate.store.factory import open_store
 from gpugate.telemetry import NO_TRACER, Tracer
 
@@ -382,7 +382,7 @@ async def build_gateway(  # noqa: PLR0913 - the config, then keyword-only settin
         client = UpstreamClient()
         await client.start()
         stack.push_async_callback(client.close)
-        monitor, gate = _gpu_health(config, client, clock, metrics)
+        monitor, gate = _gpu_health(config, client, clock, metrics, store)
         guard = monitor.guard if monitor is not None and monitor.cfg.couple_faults else None
         registry = Registry(config.upstreams, clock, guard=guard, processes=processes)
         engine_monitor, router = _routing(config, registry, monitor, client, clock, metrics)
@@ -877,14 +877,19 @@ def _routing(
 
 
 def _gpu_health(
-    config: GatewayConfig, client: UpstreamClient, clock: Clock, metrics: Metrics
+    config: GatewayConfig, client: UpstreamClient, clock: Clock, metrics: Metrics, store: Store
 ) -> tuple[GpuMonitor | None, ShedGate | None]:
     """The monitor and the shed gate — or nothing at all when dormant, so a config without
-    ``gpu_health`` behaves exactly as one whose monitor never existed."""
+    ``gpu_health`` behaves exactly as one whose monitor never existed. The monitor follows the
+    operators' clears every process stores (the audit log), so a clear reaches every worker."""
     cfg = config.gpu_health
     if cfg is None or cfg.dormant:
         return None, None
-    monitor = GpuMonitor(cfg, config.upstreams, client, clock, metrics)
+
+    async def clears(since: datetime) -> list[AuditRecord]:
+        return await store.list_audit(action=CLEARED, since=since, limit=500)
+
+    monitor = GpuMonitor(cfg, config.upstreams, client, clock, metrics, clears=clears)
     gate = ShedGate(monitor, metrics, retry_after_s=cfg.poll_s) if cfg.shed_batch else None
     return monitor, gate
 

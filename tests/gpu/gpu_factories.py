@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import Self
+
+from aiohttp import web
 
 from gpugate.adapters.exposition import parse
 from gpugate.core.gpu.dcgm import GpuKey, GpuReading, readings
 from gpugate.core.gpu.health import GpuState, Thresholds, observe
 from gpugate.core.gpu.xid import XidTable
+from gpugate.fleet.site import LocalSite
 
 TABLE = XidTable.load()
 POLL_S = 15.0
@@ -129,3 +133,38 @@ def dcgm_line(
 def scrape(*lines: str) -> list[GpuReading]:
     """The readings of an exposition made of these lines."""
     return readings(parse("\n".join(lines) + "\n"))
+
+
+class ScrapeServer:
+    """A dcgm-exporter stand-in on a loopback port: ``GET /metrics`` answers ``body`` with
+    ``status``, both of which the test may change between polls — or, while ``script`` holds
+    any, the next (status, body) of it, one per scrape. ``scrapes`` counts the GETs (a poll is
+    over once the next one has started: a monitor polls one scrape at a time)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.status = 200
+        self.script: list[tuple[int, bytes]] = []
+        self.scrapes = 0
+        self._site = LocalSite(self._app)
+
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        self.scrapes += 1
+        status, body = self.script.pop(0) if self.script else (self.status, self.body)
+        return web.Response(status=status, body=body, content_type="text/plain")
+
+    @property
+    def metrics_url(self) -> str:
+        return self._site.url + "/metrics"
+
+    async def __aenter__(self) -> Self:
+        await self._site.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._site.stop()

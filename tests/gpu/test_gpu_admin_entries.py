@@ -13,17 +13,15 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from gpu_factories import dcgm_line, fixture_dir
+from gpu_factories import ScrapeServer, dcgm_line, fixture_dir
 
 from gpugate.cli import main
 from gpugate.clock import ManualClock
 from gpugate.core.gpu.report import NOTHING_TO_JUDGE
-from gpugate.fleet.site import LocalSite
 from harness import RunningGateway, eventually, make_config, serving, upstream
 
 TOKEN = "admin-token"
@@ -56,35 +54,6 @@ SCRAPES = {
     ),
 }
 """Every real dcgm-exporter scrape in tests/fixtures/metrics, and a few written for a case."""
-
-
-class ScrapeServer:
-    """A dcgm-exporter stand-in on a loopback port: ``GET /metrics`` answers ``body`` with
-    ``status``, both of which the test may change between polls."""
-
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-        self.status = 200
-        self._site = LocalSite(self._app)
-
-    def _app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        return app
-
-    async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(status=self.status, body=self.body, content_type="text/plain")
-
-    @property
-    def metrics_url(self) -> str:
-        return self._site.url + "/metrics"
-
-    async def __aenter__(self) -> Self:
-        await self._site.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self._site.stop()
 
 
 @dataclass

@@ -17,22 +17,30 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpugate.adapters import exposition
 from gpugate.adapters.upstream_client import UpstreamClient
 from gpugate.clock import Clock
 from gpugate.config import GpuHealthConfig, UpstreamConfig
 from gpugate.core.gpu import dcgm, report
-from gpugate.core.gpu.health import GpuFleetState, Thresholds
+from gpugate.core.gpu.health import GpuFleetState, Thresholds, parse_gpu_id
 from gpugate.core.gpu.xid import XidTable
-from gpugate.errors import ScrapeError, UpstreamError
+from gpugate.errors import ScrapeError, StoreError, UnknownGpu, UpstreamError
 from gpugate.metrics import Metrics
+from gpugate.store import AuditRecord
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
 
 log = logging.getLogger("gpugate.gpu")
 
 #: Gets an exporter's body; raises ScrapeError or UpstreamError when it cannot.
 Fetch = Callable[[str], Awaitable[bytes]]
+#: The operators' clears any process stored at or after a time (the audit events CLEARED).
+Clears = Callable[[datetime], Awaitable[Sequence[AuditRecord]]]
+CLEARED = "gpu.cleared"
+"""The audit action of an operator's clear: subject ``gpu:<id>``."""
 
 
 @dataclass(slots=True)
@@ -56,7 +64,8 @@ class Published:
     """What routing reads on every request, recomputed once per tick (or clear)."""
 
     out_of_rotation: dict[str, str] = field(default_factory=dict)  # upstream id -> why
-    saturated: frozenset[str] = frozenset()  # upstream ids whose every GPU is saturated
+    #: upstream ids whose every GPU is saturated -> until when (monotonic): its data goes stale
+    saturated: dict[str, float] = field(default_factory=dict)
 
 
 async def fetch_scrape(client: UpstreamClient, url: str, timeout_s: float) -> bytes:
@@ -78,6 +87,13 @@ def thresholds_of(cfg: GpuHealthConfig) -> Thresholds:
     )
 
 
+def _set_or_remove(gauge: Gauge, labels: tuple[str, str, str], value: float | None) -> None:
+    if value is None:
+        gauge.remove(*labels)
+    else:
+        gauge.labels(*labels).set(value)
+
+
 class GpuMonitor:
     """Scrapes, judges, publishes. :meth:`tick` is one poll; :meth:`run` polls every ``poll_s``."""
 
@@ -90,6 +106,7 @@ class GpuMonitor:
         metrics: Metrics,
         *,
         fetch: Fetch | None = None,
+        clears: Clears | None = None,
     ) -> None:
         self.cfg = cfg
         self.table = XidTable.load(cfg.xid_overrides)
@@ -104,6 +121,10 @@ class GpuMonitor:
         self._clock = clock
         self._metrics = metrics
         self.published = Published()
+        self._exported: set[tuple[str, str, str]] = set()  # the rows with gauge samples
+        self._clears = clears
+        self._clears_since = clock.now()  # the clears stored before this process are old news
+        self._clears_seen: set[int] = set()  # ids of the clears at _clears_since, applied
         self.reconfigure(upstreams)
 
     def reconfigure(self, upstreams: Sequence[UpstreamConfig]) -> None:
@@ -114,6 +135,7 @@ class GpuMonitor:
     async def tick(self) -> int:
         """Scrape every exporter once; returns how many scrapes succeeded."""
         results = await asyncio.gather(*(self._scrape(e) for e in self.exporters))
+        await self._follow_clears()
         self._publish()
         return sum(results)
 
@@ -127,14 +149,50 @@ class GpuMonitor:
         return self.published.out_of_rotation.get(upstream_id)
 
     def saturated(self, upstream_id: str) -> bool:
-        """Whether every GPU behind ``upstream_id`` is saturated. A set lookup."""
-        return upstream_id in self.published.saturated
+        """Whether every GPU behind ``upstream_id`` is saturated. A dict lookup, and the moment
+        its data goes stale: nothing is shed on stale data, not until the next poll either."""
+        until = self.published.saturated.get(upstream_id)
+        return until is not None and self._clock.monotonic() <= until
 
     def clear(self, gpu_id: int | str) -> list[str]:
-        """An operator clears a GPU's held fault; it takes effect at once. Returns the rows."""
+        """An operator clears a GPU's held fault; it takes effect at once. Returns the rows;
+        :class:`UnknownGpu` when no exporter has shown that GPU (a typo must not look cleared)."""
+        if not self.fleet.keys_for(gpu_id):
+            shown = sorted(
+                {f"{k.host}/{k.gpu}" if k.host else str(k.gpu) for k in self.fleet.states}
+            )
+            raise UnknownGpu(
+                f"no exporter has shown GPU {gpu_id} (shown: {', '.join(shown) or 'none'})"
+            )
         cleared = self.fleet.clear(gpu_id, self._clock.monotonic())
         self._publish()
         return [str(key) for key in cleared]
+
+    async def _follow_clears(self) -> None:
+        """Apply the clears other processes took (``serve --workers N``, replicas on one store):
+        an operator's ``POST /admin/gpus/{gpu}/clear`` reaches one process, and every other one
+        finds its audit event here, within a poll. A fault that began after the clear was issued
+        is not the one cleared (:meth:`GpuFleetState.clear`); this process's own clears come back
+        too and change nothing more."""
+        if self._clears is None:
+            return
+        try:
+            events = await self._clears(self._clears_since)
+        except StoreError as exc:
+            log.warning("GPU clears of other processes not read: %s", exc.message)
+            return
+        wall, mono = self._clock.now(), self._clock.monotonic()
+        fresh = sorted((e for e in events if e.id not in self._clears_seen), key=lambda e: e.id)
+        for event in fresh:
+            try:
+                gpu_id = parse_gpu_id(event.subject.removeprefix("gpu:"))
+            except ValueError:
+                continue
+            issued = mono - max(0.0, (wall - event.at).total_seconds())
+            self.fleet.clear(gpu_id, mono, issued_at=issued)
+        if events:
+            self._clears_since = max(self._clears_since, *(e.at for e in events))
+        self._clears_seen = {e.id for e in events if e.at >= self._clears_since}
 
     async def _scrape(self, exporter: Exporter) -> bool:
         started = self._clock.monotonic()
@@ -161,34 +219,41 @@ class GpuMonitor:
     def _publish(self) -> None:
         now = self._clock.monotonic()
         out: dict[str, str] = {}
-        saturated = set()
+        saturated: dict[str, float] = {}
         for upstream_id, gpu_ids in self._gpu_ids.items():
             verdicts = [(gpu_id, self.fleet.verdicts_for(gpu_id, now)) for gpu_id in gpu_ids]
             faulted = [f"GPU {gid} faulted: {v.fault_reason}" for gid, v in verdicts if v.faulted]
             if faulted and self.cfg.couple_faults:
                 out[upstream_id] = "; ".join(faulted)
-            if self.fleet.upstream_saturated(gpu_ids, now):
-                saturated.add(upstream_id)
+            until = self.fleet.saturated_until(gpu_ids, now)
+            if until is not None:
+                saturated[upstream_id] = until
         if out != self.published.out_of_rotation:
             log.warning("GPU guard: out of rotation now %s", out or "nothing")
-        self.published = Published(out, frozenset(saturated))
+        self.published = Published(out, saturated)
         self._export_gauges(now)
 
     def _export_gauges(self, now: float) -> None:
+        """One sample per row and family; a value the newest scrape does not have (the series
+        absent: unknown, never 0) has no sample, and a row the monitor forgot has none at all."""
         m = self._metrics
+        shown = set()
         for key, state in self.fleet.states.items():
             labels = (key.host or "", str(key.gpu), key.instance or "")
+            shown.add(labels)
             verdict = self.fleet.verdict(key, now)
             reading = state.latest
-            if reading is not None and reading.util_pct is not None:
-                m.gpu_util.labels(*labels).set(reading.util_pct)
-            if state.temp_c is not None:
-                m.gpu_temp.labels(*labels).set(state.temp_c)
-            if state.last_xid is not None:
-                m.gpu_last_xid.labels(*labels).set(state.last_xid)
+            _set_or_remove(m.gpu_util, labels, reading.util_pct if reading is not None else None)
+            _set_or_remove(m.gpu_temp, labels, state.temp_c)
+            _set_or_remove(m.gpu_last_xid, labels, state.last_xid)
             m.gpu_faulted.labels(*labels).set(int(verdict.faulted))
             m.gpu_saturated.labels(*labels).set(int(verdict.saturated))
             m.gpu_stale.labels(*labels).set(int(verdict.stale))
+        families = (m.gpu_util, m.gpu_temp, m.gpu_last_xid, m.gpu_faulted, m.gpu_saturated)
+        for labels in self._exported - shown:
+            for gauge in (*families, m.gpu_stale):
+                gauge.remove(*labels)
+        self._exported = shown
 
     def snapshot(self, wall_now: datetime) -> list[dict[str, Any]]:
         """Every GPU row for ``GET /admin/gpus``: ``gpus inspect``'s entry for its newest reading

@@ -10,8 +10,9 @@ In this order (seed 000, DESIGN §4 — what uses no GPU is served before the ga
    ``Cache-Control: no-cache`` skips the lookup (the fresh result is still stored);
 3. **shed gate** — ``batch`` work whose every candidate upstream is saturated is refused with
    429 ``GPU_SATURATED`` (counted once in ``gateway_gpu_shed_total{site="sync_front"}``) and no
-   job is created. Candidates are the upstreams serving the model; a model only push or
-   serverless runtimes serve has none, and is not gated here;
+   job is created. Candidates are the upstreams serving the model (not the ``external`` ones
+   for a job with ``allow_external: false``); a model only push or serverless runtimes serve
+   has none, and is not gated here;
 4. **dispatch** — the job is created as ``POST /v1/jobs`` does (the key honoured) and waited for
    up to ``wait`` seconds (at most :data:`MAX_WAIT_S`): 200 with the job when it finished in
    time (``completed`` with its ``result``, or ``failed``/``cancelled`` with its ``error``), else
@@ -111,6 +112,8 @@ class SyncFront:
             candidates = self._proxy.candidates(probe)
         except (UnknownModel, NoHealthyUpstream):
             return  # nothing here to shed for: the job path decides
+        if not request.allow_external:  # an external upstream is no candidate of this job
+            candidates = [u for u in candidates if not u.config.external]
         gate.admit(candidates, request.cls, SHED_SITE)
 
     def _remember(self, job: JobRecord, key: str, policy: CacheConfig) -> None:

@@ -13,9 +13,10 @@ from functools import partial
 from typing import Any
 
 from gpugate.core import picking
-from gpugate.core.gpu.health import gpu_key_for
+from gpugate.core.gpu.health import parse_gpu_id
 from gpugate.core.registry import UpstreamState
 from gpugate.errors import BadRequest
+from gpugate.services.gpu_monitor import CLEARED
 from gpugate.store import AuditEvent
 from gpugate.web.api import operation, route, throttled_match
 from gpugate.web.schemas.admin import (
@@ -99,17 +100,14 @@ def gpus_view(gateway: Gateway) -> dict[str, Any]:
 
 async def clear_gpu_fault(gateway: Gateway, raw: str, actor: str) -> list[str]:
     """Clear a GPU's held fault (``0``, or ``host/0``) at once, audited; returns the rows."""
-    gpu_id: int | str = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 9 else raw
     try:
-        gpu_key_for(gpu_id)
+        gpu_id = parse_gpu_id(raw)
     except ValueError as exc:
         raise BadRequest(str(exc)) from exc
     if gateway.monitor is None:
         raise BadRequest("gpu_health is dormant: there is no GPU state to clear")
     cleared = gateway.monitor.clear(gpu_id)
-    await gateway.store.append_audit(
-        AuditEvent(actor, "gpu.cleared", f"gpu:{raw}", {"rows": cleared})
-    )
+    await gateway.store.append_audit(AuditEvent(actor, CLEARED, f"gpu:{raw}", {"rows": cleared}))
     return cleared
 
 
@@ -141,7 +139,10 @@ async def list_gpus(gateway: Gateway) -> GpusView:
 
 @admin(
     responses={200: Answer("the rows whose fault was cleared", GpuCleared)},
-    errors={400: "BAD_REQUEST: not a GPU id, or gpu_health is dormant"},
+    errors={
+        400: "BAD_REQUEST: not a GPU id, or gpu_health is dormant",
+        404: "UNKNOWN_GPU: no exporter has shown a GPU with that id",
+    },
 )
 async def clear_gpu(gateway: Gateway, path: GpuPath, headers: AdminHeaders) -> GpuCleared:
     """Clear a GPU's held fault at once (`0`, or `host/0` with several exporters); audited."""

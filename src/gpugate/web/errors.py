@@ -44,6 +44,7 @@ STATUS: dict[type[errors.GpugateError], int] = {
     errors.FileNotFound: 404,
     errors.BatchNotFound: 404,
     errors.UnknownRuntime: 404,
+    errors.UnknownGpu: 404,
     errors.UnknownConfigVersion: 404,
     errors.WrongRuntime: 403,
     errors.LeaseTokenStale: 409,

@@ -3,16 +3,21 @@
 One :class:`GpuState` per :class:`~gpugate.core.gpu.dcgm.GpuKey`, fed by :func:`observe` on every
 successful scrape and read by :func:`assess`. Times are seconds on a monotonic clock.
 
-* **Fault evidence.** XID: a *change* of the last-XID value to a fatal code, a fatal code on the
-  first value this gateway sees for the GPU ("seen at start"), or a fatal code's windowed count
-  rising (``DCGM_EXP_XID_ERRORS_COUNT``). The value is sticky, so an unchanged value is never new
-  evidence — not after the hold runs out, not after an operator's :func:`clear`; an exporter
-  restart resets it to 0, so the same code afterwards is a change again. The remembered value
-  survives exporter outages (a GPU's state is dropped only when an operator clears it while it
-  is missing, see below). XID evidence is an event; HW
+* **Fault evidence.** XID: a *change* of the last-XID value to a fatal code, or a fatal code on
+  the first value this gateway sees for the GPU ("seen at start"). The value is sticky, so an
+  unchanged value is never new evidence — not after the hold runs out, not after an operator's
+  :func:`clear`; an exporter restart resets it to 0, so the same code afterwards is a change
+  again. The remembered value survives exporter outages (a GPU's state is dropped only when an
+  operator clears it while it is missing, see below). A change of the value is an event; a
+  positive windowed count of a fatal code (``DCGM_EXP_XID_ERRORS_COUNT{xid}``), HW
   thermal/slowdown clock events, ``temp ≥ max_temp_c``, a row-remap failure and DCGM health FAIL
-  are continuing evidence, refreshed on every scrape that shows them. A fault holds for
-  ``fault_hold_s`` after its last evidence, or until cleared.
+  are continuing evidence, refreshed on every scrape that shows them — a GPU throwing the same
+  fatal XID every minute keeps a positive count, so it stays faulted. An operator's clear
+  dismisses the counts it saw: a count is evidence again once it rises above the one cleared
+  (or above the lower value it drained to since). A fault holds while the newest fresh scrape
+  of the row still shows its evidence, then for ``fault_hold_s`` after its last evidence, or
+  until cleared (so a ``fault_hold_s`` shorter than ``poll_s``, or 0, still keeps a GPU that
+  throttles on every scrape out of rotation).
 * **A GPU missing from its exporter's scrape.** A GPU that falls off the bus (XID 79) often
   vanishes from dcgm-exporter's output instead of reporting the XID (dcgm-exporter issue #348). So
   when a successful scrape shows other GPUs of a host but no row at all of a GPU it showed before,
@@ -155,6 +160,7 @@ class GpuState:
     fault: Fault | None = None
     cleared_xid: int | None = None  # the XID value an operator's clear saw
     cleared_at: float | None = None
+    cleared_counts: dict[int, int] = field(default_factory=dict)  # counts a clear dismissed
 
     @property
     def temp_c(self) -> float | None:
@@ -187,6 +193,7 @@ def observe(
     state: GpuState, reading: GpuReading, now: float, table: XidTable, thresholds: Thresholds
 ) -> None:
     """Fold a successful scrape's ``reading`` of ``state.key``, taken at ``now``, into ``state``."""
+    previous = state.scraped_at
     if reading.util_pct is not None:
         ring = state.util
         if ring.maxlen != thresholds.sustained_samples:  # new state, or the config changed
@@ -201,7 +208,7 @@ def observe(
     state.missing_since = None
     state.samples += 1
     if evidence:
-        _hold(state, evidence, now, thresholds)
+        _hold(state, evidence, now, thresholds, previous)
 
 
 def observe_missing(state: GpuState, now: float, thresholds: Thresholds) -> None:
@@ -212,16 +219,17 @@ def observe_missing(state: GpuState, now: float, thresholds: Thresholds) -> None
     """
     if state.missing_since is None:
         state.missing_since = now
-    state.scraped_at = now
+    previous, state.scraped_at = state.scraped_at, now
     reason = f"GPU {state.key.gpu} missing from its exporter's scrape (fallen off the bus?)"
-    _hold(state, [("missing", reason)], now, thresholds)
+    _hold(state, [("missing", reason)], now, thresholds, previous)
 
 
 def assess(state: GpuState | None, now: float, thresholds: Thresholds) -> GpuVerdict:
     """``state``'s verdict at ``now``; a GPU never seen (None) is stale. Pure.
 
     Stale when no successful scrape of its exporter has judged the row (shown it or missed it)
-    for longer than ``staleness_s``. A fault inside its hold is faulted, stale or not.
+    for longer than ``staleness_s``. A fault inside its hold is faulted, stale or not; so is one
+    whose evidence the newest scrape showed, while that scrape is fresh.
     """
     if state is None or state.scraped_at is None:
         return NEVER_SEEN
@@ -232,7 +240,7 @@ def assess(state: GpuState | None, now: float, thresholds: Thresholds) -> GpuVer
             f"stale: no successful scrape of its exporter for {now - state.scraped_at:.0f} s"
         )
     fault = state.fault
-    held = fault is not None and now - fault.last_evidence < thresholds.fault_hold_s
+    held = fault is not None and _holding(fault, state.scraped_at, now, thresholds)
     fault_reasons = fault.reasons if fault is not None and held else ()
     reasons.extend(fault_reasons)
     saturated = not stale and _saturated(state, now, thresholds)
@@ -254,12 +262,14 @@ def assess(state: GpuState | None, now: float, thresholds: Thresholds) -> GpuVer
 def clear(state: GpuState, now: float) -> None:
     """An operator clears ``state``'s held fault.
 
-    The sticky XID value it leaves behind does not fault again (only a change does); continuing
-    evidence that is still there (a GPU still throttling) faults again on the next scrape.
+    The sticky XID value it leaves behind does not fault again (only a change does), nor do the
+    XID counts it saw (only a count above them does); other continuing evidence that is still
+    there (a GPU still throttling) faults again on the next scrape.
     """
     state.fault = None
     state.cleared_xid = state.last_xid
     state.cleared_at = now
+    state.cleared_counts = dict(state.xid_counts)
 
 
 def upstream_saturated(verdicts: Sequence[GpuVerdict]) -> bool:
@@ -297,6 +307,14 @@ def combine(parts: Sequence[tuple[GpuKey, GpuVerdict]]) -> GpuVerdict:
         fault_reason=first.fault_reason if first else None,
         faulted_since=first.faulted_since if first else None,
     )
+
+
+def parse_gpu_id(raw: str) -> int | str:
+    """A GPU id as a path or an audit subject spells it: ``"0"`` → 0, ``"node-a/0"`` as it is
+    (ValueError when it is neither, see :func:`gpu_key_for`)."""
+    gpu_id: int | str = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 9 else raw
+    gpu_key_for(gpu_id)
+    return gpu_id
 
 
 def gpu_key_for(gpu_id: int | str) -> tuple[str | None, int]:
@@ -377,19 +395,37 @@ class GpuFleetState:
     def upstream_saturated(self, gpu_ids: Sequence[int | str], now: float) -> bool:
         return upstream_saturated([self.verdicts_for(gpu_id, now) for gpu_id in gpu_ids])
 
+    def saturated_until(self, gpu_ids: Sequence[int | str], now: float) -> float | None:
+        """Until when the upstream on ``gpu_ids`` is saturated unless a fresh sample says so
+        again — when the data of one of its GPUs goes stale — or None when it is not now."""
+        if not self.upstream_saturated(gpu_ids, now):
+            return None
+        ends = []
+        for gpu_id in gpu_ids:
+            rows = [self.states[key] for key in self.keys_for(gpu_id) if key.instance is None]
+            saturated = [s for s in rows if _saturated_at(s, now, self.thresholds)]
+            ends.append(max(_fresh_until(s, self.thresholds) for s in saturated))
+        return min(ends)
+
     def upstream_faulted(self, gpu_ids: Sequence[int | str], now: float) -> bool:
         verdicts = [self.verdicts_for(gpu_id, now) for gpu_id in gpu_ids]
         return upstream_faulted(verdicts, self.thresholds)
 
-    def clear(self, gpu_id: int | str, now: float) -> list[GpuKey]:
+    def clear(
+        self, gpu_id: int | str, now: float, *, issued_at: float | None = None
+    ) -> list[GpuKey]:
         """Clear the held faults of a configured GPU (all its rows); the rows that had one.
 
         A row missing from its exporter's scrape is forgotten, as a restart of the gateway would:
         the operator says that GPU is gone (or renumbered), so its absence is no longer evidence.
+        ``issued_at`` (a clear another process took, applied here later): a row whose fault
+        began after it is left alone — that fault is not the one the operator cleared.
         """
         cleared = []
         for key in self.keys_for(gpu_id):
             state = self.states[key]
+            if issued_at is not None and state.fault is not None and state.fault.since >= issued_at:
+                continue
             if state.fault is not None:
                 cleared.append(key)
             clear(state, now)
@@ -419,10 +455,19 @@ def _xid_evidence(
         state.last_xid = code
         state.xid_changed_at = now
     counts = reading.xid_counts
+    cleared = state.cleared_counts
     for xid, count in counts.items():
-        if count > state.xid_counts.get(xid, 0) and table.is_fatal(xid):
-            window = f"{table.describe(xid)} ({count} in the exporter's count window)"
-            found.append((f"xid count {xid}", window))
+        if not table.is_fatal(xid):
+            continue
+        dismissed = cleared.get(xid)
+        if dismissed is not None and count <= dismissed:
+            cleared[xid] = count  # the window drains: a rise from here is a new XID
+            continue
+        cleared.pop(xid, None)
+        window = f"{table.describe(xid)} ({count} in the exporter's count window)"
+        found.append((f"xid count {xid}", window))
+    for xid in [xid for xid in cleared if xid not in counts]:
+        del cleared[xid]  # out of the window: whatever comes next is new
     state.xid_counts = dict(counts)
     return found
 
@@ -443,14 +488,48 @@ def _continuing_evidence(reading: GpuReading, thresholds: Thresholds) -> list[Ev
     return found
 
 
-def _hold(state: GpuState, evidence: list[Evidence], now: float, thresholds: Thresholds) -> None:
+def _holding(fault: Fault, scraped_at: float | None, now: float, thresholds: Thresholds) -> bool:
+    """Whether ``fault`` holds at ``now``, the row's newest successful scrape at ``scraped_at``:
+    inside ``fault_hold_s`` after its last evidence, or that newest scrape showed the evidence
+    and is fresh (a hold shorter than a poll does not release a GPU between two scrapes that
+    both show the fault)."""
+    if now - fault.last_evidence < thresholds.fault_hold_s:
+        return True
+    return (
+        scraped_at is not None
+        and fault.last_evidence == scraped_at
+        and now - scraped_at <= thresholds.staleness_s
+    )
+
+
+def _hold(
+    state: GpuState,
+    evidence: list[Evidence],
+    now: float,
+    thresholds: Thresholds,
+    previous: float | None,
+) -> None:
+    """Hold ``evidence`` seen at ``now``; ``previous`` is the row's scrape before this one."""
     fault = state.fault
-    if fault is None or now - fault.last_evidence >= thresholds.fault_hold_s:
+    if fault is None or not _holding(fault, previous, now, thresholds):
         state.fault = Fault(tuple(dict(evidence).items()), since=now, last_evidence=now)
         return
     merged = dict(fault.evidence)
     merged.update(evidence)  # a kind seen before keeps its place and takes the newer reason
     state.fault = Fault(tuple(merged.items()), since=fault.since, last_evidence=now)
+
+
+def _saturated_at(state: GpuState, now: float, thresholds: Thresholds) -> bool:
+    """:func:`assess`'s ``saturated``: fresh, and the ring full at or above the threshold."""
+    fresh = state.scraped_at is not None and now - state.scraped_at <= thresholds.staleness_s
+    return fresh and _saturated(state, now, thresholds)
+
+
+def _fresh_until(state: GpuState, thresholds: Thresholds) -> float:
+    """When a saturated row's data goes stale: its newest util or scrape, whichever is older."""
+    assert state.util_at is not None
+    assert state.scraped_at is not None
+    return min(state.util_at, state.scraped_at) + thresholds.staleness_s
 
 
 def _saturated(state: GpuState, now: float, thresholds: Thresholds) -> bool:

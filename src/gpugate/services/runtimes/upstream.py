@@ -202,6 +202,7 @@ class UpstreamRuntime:
             raise RuntimeRejected(f"{self._id}: {exc.message}") from exc
         except NoHealthyUpstream as exc:
             raise RuntimeUnreachable(f"{self._id}: {exc.message}") from exc
+        pin = False
         if not job.allow_external:
             internal = [u for u in upstreams if not u.config.external]
             if not internal:
@@ -209,12 +210,12 @@ class UpstreamRuntime:
                     f"{self._id}: the job may not leave the building, and only external "
                     f"upstreams of {job.model!r} are in rotation"
                 )
-            if len(internal) < len(upstreams):
-                upstreams = internal
-                chosen = min(internal, key=lambda u: u.pool.inflight)
-                out = dataclasses.replace(out, upstream_id=chosen.id)
+            pin, upstreams = len(internal) < len(upstreams), internal
         if self._proxy.gate is not None:  # raises GpuSaturated: the dispatcher defers
-            self._proxy.gate.admit(upstreams, cls, "jobs")
+            upstreams = self._proxy.gate.admit(upstreams, cls, "jobs")
+        if pin:  # chosen among what the gate admitted: batch goes where the GPUs have room
+            chosen = min(upstreams, key=lambda u: u.pool.inflight)
+            out = dataclasses.replace(out, upstream_id=chosen.id)
         return out
 
     # -- the call --------------------------------------------------------------------------
