@@ -189,3 +189,25 @@ async def test_many_concurrent_begins_from_two_stores_start_the_key_exactly_once
     )
 
     assert [InFlight()] * 9 + [Started()] == sorted(outcomes, key=lambda o: isinstance(o, Started))
+
+
+async def test_a_replay_is_read_without_claiming_the_key(store: Store, clock: ManualClock) -> None:
+    """``idem_replay`` says what ``idem_begin`` would replay and claims nothing: nothing for
+    an unknown key, one in flight, another request's or an expired one."""
+    assert None is await store.idem_replay("key-1", FINGERPRINT)
+    await begin(store)
+    assert None is await store.idem_replay("key-1", FINGERPRINT)  # in flight
+    assert await complete(store)
+
+    found = await store.idem_replay("key-1", FINGERPRINT)
+    assert isinstance(found, Replay)
+    assert (200, tuple(HEADERS), RESPONSE) == (
+        found.record.status,
+        found.record.headers,
+        found.record.body,
+    )
+    assert None is await store.idem_replay("key-1", OTHER_FINGERPRINT)
+    assert found == await begin(store, owner="owner-b")  # still kept, as begin sees it
+    clock.advance(61)
+    assert None is await store.idem_replay("key-1", FINGERPRINT)
+    assert Started() == await begin(store, owner="owner-c")

@@ -130,11 +130,7 @@ class Idempotency:
             key, request_fingerprint(method, path, body), ttl_s=self.in_flight_s(), owner=owner
         )
         if isinstance(outcome, Replay):
-            record = outcome.record
-            headers = [
-                (name.encode("latin-1"), value.encode("latin-1")) for name, value in record.headers
-            ]
-            return StoredResponse(record.status, headers, record.body)
+            return _stored(outcome)
         if isinstance(outcome, InFlight):
             raise IdempotencyConflict(
                 f"a request with Idempotency-Key {key!r} is still in flight", retry_after_s=1
@@ -144,6 +140,13 @@ class Idempotency:
                 f"Idempotency-Key {key!r} was used with a different request body"
             )
         return Ticket(key, owner)
+
+    async def kept(self, key: str, method: str, path: str, body: bytes) -> StoredResponse | None:
+        """The response :meth:`begin` would replay for this request, if one is kept; claims
+        nothing (a client key over its limits still gets its kept answer: a replay comes before
+        admission, DESIGN §3)."""
+        found = await self._store.idem_replay(key, request_fingerprint(method, path, body))
+        return None if found is None else _stored(found)
 
     async def complete(
         self, ticket: Ticket, status: int, headers: list[tuple[bytes, bytes]], body: bytes
@@ -164,3 +167,9 @@ class Idempotency:
 
     def __repr__(self) -> str:
         return f"<Idempotency ttl={self._ttl_s:g}s>"
+
+
+def _stored(replay: Replay) -> StoredResponse:
+    record = replay.record
+    headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in record.headers]
+    return StoredResponse(record.status, headers, record.body)

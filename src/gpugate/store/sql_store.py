@@ -113,8 +113,13 @@ def _idem_begin(c: Codec, params: dict[str, Any]) -> Tx[IdemBegin]:
     row = yield from first(_IDEM_HELD, params)
     if row is None:
         raise StoreError(f"idempotency key {params['key']!r} vanished inside its transaction")
-    key, fingerprint, state, status, headers, body, created_at, expires_at = row
-    if fingerprint != params["fingerprint"]:
+    return _held(c, row, params["fingerprint"])
+
+
+def _held(c: Codec, row: Sequence[Any], fingerprint: str) -> InFlight | Replay | Mismatch:
+    """What a held key's row (``_IDEM_HELD``'s) says to a request of ``fingerprint``."""
+    key, held_by, state, status, headers, body, created_at, expires_at = row
+    if held_by != fingerprint:
         return Mismatch()
     if state != "completed":
         return InFlight()
@@ -209,6 +214,16 @@ class Store(
         params = {"key": key, "fingerprint": fingerprint, "owner": owner, "now": now}
         params["expires_at"] = now + timedelta(seconds=ttl_s)
         return await self._transact(_idem_begin(self._codec, params))
+
+    async def idem_replay(self, key: str, fingerprint: str) -> Replay | None:
+        """The response ``key`` completed with for the request of ``fingerprint``, if one is
+        kept and not expired; a read that claims nothing (what :meth:`idem_begin` would
+        replay)."""
+        row = await self._query(first(_IDEM_HELD, {"key": key}))
+        if row is None or self._codec.time(row[7]) <= self._clock.now():
+            return None
+        held = _held(self._codec, row, fingerprint)
+        return held if isinstance(held, Replay) else None
 
     async def idem_complete(
         self,

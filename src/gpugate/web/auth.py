@@ -51,6 +51,7 @@ from gpugate.errors import (
     BadRequest,
     ExternalUpstreamForbidden,
     GpugateError,
+    KeyLimited,
     ModelNotAllowed,
     PayloadTooLarge,
     RunnerNotAllowed,
@@ -270,20 +271,31 @@ class ClientKeys:
         self, principal: Principal, head: _Head, scope: Scope, receive: Receive
     ) -> tuple[Scope, Receive, _Watch]:
         body = await _read_body(receive, self.gateway.config.server.max_body_bytes)
-        headers, body, watch = await self.admit(principal, head, body)
+        query = scope["query_string"]
+        path = scope["path"] + "?" + query.decode("latin-1") if query else scope["path"]
+        headers, body, watch = await self.admit(principal, head, body, path)
         return {**scope, "headers": headers}, _replay(body, receive), watch
 
     async def admit(
-        self, principal: Principal, head: _Head, body: bytes
+        self, principal: Principal, head: _Head, body: bytes, path: str
     ) -> tuple[list[tuple[bytes, bytes]], bytes, _Watch]:
-        """An authenticated request to an OpenAI route, let in or refused (a
-        :class:`GpugateError`): the headers and body the data plane gets, and the watch its
-        response goes through. Shared by the ASGI path and :meth:`serve`."""
+        """An authenticated request to ``path`` (an OpenAI route, its query with it), let in
+        or refused (a :class:`GpugateError`): the headers and body the data plane gets, and the
+        watch its response goes through. A key over its limits is let in, unreserved, when the
+        data plane will replay a kept answer (a replay comes before admission, DESIGN §3)."""
         gw = self.gateway
         headers, body, model, hide, doc = self._checked(principal, head, body, gw.config)
         held = None
         if principal.limited:
-            held = await gw.quota.reserve(principal, model, doc, len(body))
+            try:
+                held = await gw.quota.reserve(principal, model, doc, len(body))
+            except KeyLimited:
+                key = next((v for k, v in headers if k == b"idempotency-key"), None)
+                if (
+                    key is None
+                    or await gw.idempotency.kept(key.decode("latin-1"), "POST", path, body) is None
+                ):
+                    raise
         return headers, body, _Watch(gw, principal, held, model, hide=hide)
 
     def _checked(

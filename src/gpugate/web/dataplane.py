@@ -36,6 +36,7 @@ from gpugate.errors import (
     BadRequest,
     ExternalUpstreamForbidden,
     GpugateError,
+    KeyLimited,
     MethodNotAllowed,
     UpstreamError,
 )
@@ -141,14 +142,20 @@ class Handler:
             body = await ex.read_body(seen.content_length, gw.config.server.max_body_bytes)
             doc = _parse_doc(body)
             model, stream = _routing_fields(doc)
+            path = ex.path + "?" + ex.query.decode("latin-1") if ex.query else ex.path
             keyed = ex.keyed
             if keyed is not None:  # a client key's checks of the body, its reservation
-                body = keyed.admit(doc, body, model, stream=stream)
-                if keyed.waiting:
-                    await keyed.reserve(doc, len(body))
+                try:
+                    body = keyed.admit(doc, body, model, stream=stream)
+                    if keyed.waiting:
+                        await keyed.reserve(doc, len(body))
+                except KeyLimited:  # a kept answer is replayed before admission (§3)
+                    key = seen.idempotency_key
+                    if key is None or await gw.idempotency.kept(key, "POST", path, body) is None:
+                        raise
+                    keyed.waiting = False
             span.set("gen_ai.request.model", model[:200])
             cls = parse_request_class(seen.request_class, default=RequestClass.INTERACTIVE)
-            path = ex.path + "?" + ex.query.decode("latin-1") if ex.query else ex.path
             out = Outbound(
                 "POST",
                 path,
