@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -1017,6 +1018,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         result = args.func(args)
+        sys.stdout.flush()  # here, so that a reader gone away is the except below
+    except BrokenPipeError:  # `gpugate keys list | head`: stop quietly, as other Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 128 + signal.SIGPIPE
     except ConfigError as exc:
         _print_problems(
             exc, sys.stdout if args.func is cmd_check_config else sys.stderr, sys.stderr

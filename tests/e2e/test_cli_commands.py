@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -232,3 +234,30 @@ def test_demo_with_a_work_directory_it_cannot_make_is_one_error_line_before_it_s
     err = capsys.readouterr().err.splitlines()
     assert (1, 1) == (code, len(err))
     assert err[0].startswith(f"gpugate: error: cannot use the work directory {workdir} (--workdir)")
+
+
+def test_a_reader_that_goes_away_stops_the_command_quietly(tmp_path: Path) -> None:
+    """``gpugate gpus inspect … | head -1``: the pipe's reader leaves before the output is
+    written; the command ends with the shell's SIGPIPE status and no traceback."""
+    scrape = (
+        ROOT
+        / "tests"
+        / "fixtures"
+        / "metrics"
+        / "dcgm-exporter-aiperf-rtx6000ada-1gpu-violations.prom"
+    )
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the command writes a byte
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpugate", "gpus", "inspect", str(scrape), "--json"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert 128 + signal.SIGPIPE == done.returncode
+    assert "" == done.stderr
