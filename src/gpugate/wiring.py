@@ -398,10 +398,10 @@ async def build_gateway(  # noqa: PLR0913 - the config, then keyword-only settin
         )
         blobs = open_blobs(config.blobs, environ)
         stack.push_async_callback(blobs.close)
-        keys = Keys(store, live.get, clock)
         prices = prices_of(live.get)  # one table for the quota and the usage meter
         quota = Quota(store, clock, metrics, prices)
-        keys.looked_up = quota.limits_seen  # a key's changed limits end its leases here
+        # a key's changed limits end its leases here
+        keys = Keys(store, live.get, clock, looked_up=quota.limits_seen)
         await keys.load_bootstrap(environ)
         push_keys = PushKeys()
         engine = await _jobs_engine(

@@ -122,7 +122,14 @@ class KeyCache:
 class Keys:
     """The client keys of a gateway."""
 
-    def __init__(self, store: Store, config: Callable[[], GatewayConfig], clock: Clock) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: Callable[[], GatewayConfig],
+        clock: Clock,
+        *,
+        looked_up: Callable[[ClientKey], None] | None = None,
+    ) -> None:
         self._store = store
         self._config = config
         self._clock = clock
@@ -132,7 +139,7 @@ class Keys:
         #: cache key → its store lookup running now (bounded by the requests in flight)
         self._lookups: dict[str, asyncio.Task[object]] = {}
         #: told each key a lookup found (its limits may have changed: the quota's leases)
-        self.looked_up: Callable[[ClientKey], None] | None = None
+        self.looked_up = looked_up
 
     @property
     def enforced(self) -> bool:
