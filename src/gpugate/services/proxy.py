@@ -731,20 +731,19 @@ class Proxy:
             if name == b"retry-after":
                 retry_after = parse_retry_after(value, datetime.now(UTC))
                 break
+        wait = None if retry_after is None else min(retry_after, MAX_ENDPOINT_BACKOFF_S)
+        # what the endpoint asked for in this answer (nothing: 0): a retry there waits it
+        endpoint.asked_until = 0.0 if wait is None else now + wait
         if is_load_signal(status):
-            wait = None if retry_after is None else min(retry_after, MAX_ENDPOINT_BACKOFF_S)
             picking.record_load_signal(
                 endpoint, now, wait, base_s=LOAD_BACKOFF_S, max_s=MAX_LOAD_BACKOFF_S
             )
             outcome = Outcome.RATE_LIMITED if status == 429 else Outcome.BUSY
         else:
             picking.record_failure(endpoint, now)
-            if retry_after is not None:
-                endpoint.backoff_until = now + min(retry_after, MAX_ENDPOINT_BACKOFF_S)
+            if wait is not None:
+                endpoint.backoff_until = endpoint.asked_until
             outcome = Outcome.SERVER_ERROR
-        # what the endpoint asked for in this answer (nothing: 0): a retry there waits it
-        asked = 0.0 if retry_after is None else now + min(retry_after, MAX_ENDPOINT_BACKOFF_S)
-        endpoint.asked_until = asked
         self._count(upstream, outcome)
         try:
             body = await _read_kept(response)
